@@ -1,0 +1,1 @@
+"""policy_optimization phase."""

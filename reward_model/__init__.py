@@ -1,0 +1,1 @@
+"""reward_model phase."""

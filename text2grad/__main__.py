@@ -1,0 +1,5 @@
+import sys
+
+from text2grad.cli import main
+
+sys.exit(main())

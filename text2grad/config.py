@@ -1,0 +1,180 @@
+"""One way to configure every trainer: a dataclass, a YAML file over its defaults, CLI flags over the YAML.
+
+Each trainer defines one dataclass whose fields carry their help text::
+
+    @dataclass
+    class RewardModelConfig:
+        model_name_or_path: str = field(default="meta-llama/Llama-3.1-8B-Instruct",
+                                        metadata={"help": "Hub id or local path of the base model."})
+
+and its CLI calls ``cfg = parse_config(RewardModelConfig)``. Then::
+
+    python -m reward_model.train --config configs/slf5k/reward_model.yaml --learning_rate 1e-5
+
+reads the defaults, overrides them with the YAML file, then with the flags. ``--help`` lists every field
+with its help text and default. Unknown YAML keys and badly typed values are errors that name the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Sequence, TypeVar
+
+import yaml
+
+__all__ = ["ConfigError", "parse_config", "load_config", "save_config", "config_to_dict"]
+
+C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A configuration value or file is wrong; the message says which and how to fix it."""
+
+
+def _field_type(cls: type, f: dataclasses.Field) -> Any:
+    hints = typing.get_type_hints(cls)
+    return hints.get(f.name, str)
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def _coerce(value: Any, tp: Any, name: str) -> Any:
+    """Convert a YAML or CLI value to the field's type, or raise ConfigError naming the field."""
+    base, optional = _unwrap_optional(tp)
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional or base is Any:
+            return None
+        raise ConfigError(f"'{name}' may not be null")
+    origin = typing.get_origin(base)
+    try:
+        if base is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+                return True
+            if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(f"expected true/false, got {value!r}")
+        if base in (int, float):
+            if isinstance(value, bool):
+                raise ValueError(f"expected a number, got {value!r}")
+            if base is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError(f"expected an integer, got {value!r}")
+            return base(float(value)) if base is int and isinstance(value, str) and "e" in value.lower() else base(value)
+        if base is str:
+            return str(value)
+        if origin in (list, tuple, Sequence) or base in (list, tuple):
+            if isinstance(value, str):
+                value = json.loads(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
+            (item_type,) = typing.get_args(base)[:1] or (Any,)
+            items = [_coerce(v, item_type, name) if item_type is not Any else v for v in value]
+            return tuple(items) if (origin is tuple or base is tuple) else items
+        if origin is dict or base is dict:
+            if isinstance(value, str):
+                value = json.loads(value)
+            if not isinstance(value, dict):
+                raise ValueError(f"expected a mapping, got {value!r}")
+            return value
+        if origin is typing.Literal:
+            allowed = typing.get_args(base)
+            if value not in allowed:
+                raise ValueError(f"expected one of {list(allowed)}, got {value!r}")
+            return value
+    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"bad value for '{name}': {exc}") from None
+    return value
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as plain YAML/JSON-able data."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        out[f.name] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def load_config(cls: type[C], path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> C:
+    """Build ``cls`` from its defaults, then a YAML file, then ``overrides`` (later wins)."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path} must contain a mapping of field: value, got {type(data).__name__}")
+        values.update(data)
+    values.update(overrides or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        where = f" in {path}" if path else ""
+        raise ConfigError(
+            f"unknown config key(s){where}: {', '.join(unknown)}. Valid keys for {cls.__name__}: {', '.join(sorted(fields))}"
+        )
+    kwargs = {k: _coerce(v, _field_type(cls, fields[k]), k) for k, v in values.items()}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    """Write the config as YAML (checkpoints carry the exact config that produced them)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def build_parser(cls: type, description: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=description or (cls.__doc__ or "").strip().split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--config", default=None, help="YAML file whose keys override the defaults below.")
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+        )
+        tp = _field_type(cls, f)
+        base, _ = _unwrap_optional(tp)
+        extra = ""
+        if typing.get_origin(base) is typing.Literal:
+            extra = f" Choices: {', '.join(map(str, typing.get_args(base)))}."
+        names = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
+        parser.add_argument(
+            *names,
+            dest=f.name,
+            default=argparse.SUPPRESS,
+            metavar=base.__name__.upper() if isinstance(base, type) else "VALUE",
+            help=f.metadata.get("help", "") + extra + f" (default: {default!r})",
+        )
+    return parser
+
+
+def parse_config(cls: type[C], argv: Sequence[str] | None = None, description: str | None = None) -> C:
+    """Parse ``--config file.yaml`` and ``--field value`` flags into ``cls``; exits with a message on error."""
+    parser = build_parser(cls, description)
+    args = vars(parser.parse_args(list(sys.argv[1:] if argv is None else argv)))
+    path = args.pop("config", None)
+    try:
+        return load_config(cls, path, args)
+    except ConfigError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits

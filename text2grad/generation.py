@@ -1,0 +1,145 @@
+"""Batched generation shared by the reward model, the policy trainer and the evaluation scripts.
+
+Prompts are left-padded so every row's new tokens start at the same column, the KV cache is on, and
+the exact generated token ids are returned (rewards must land on the ids the model sampled, not on a
+re-tokenization of the decoded text).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+__all__ = ["Generation", "generate", "apply_chat_template"]
+
+
+@dataclass
+class Generation:
+    """One generated continuation.
+
+    Attributes:
+        prompt_ids: the prompt's token ids (no padding).
+        response_ids: generated ids up to and including the first EOS (no padding).
+        text: ``response_ids`` decoded without special tokens.
+        finished: True if the model emitted EOS (or a stop string) before ``max_new_tokens``.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    text: str
+    finished: bool
+
+
+def apply_chat_template(tokenizer, prompt: str, system: str | None = None) -> str:
+    """Wrap ``prompt`` in the tokenizer's chat template if it has one; otherwise return it unchanged."""
+    if not getattr(tokenizer, "chat_template", None):
+        return prompt
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int = 128,
+    batch_size: int = 16,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_prompt_length: int | None = None,
+    stop_strings: Sequence[str] | None = None,
+    add_special_tokens: bool = True,
+    generator_seed: int | None = None,
+    show_progress: bool = False,
+) -> list[Generation]:
+    """Generate one continuation per prompt, in order, in batches of ``batch_size``.
+
+    ``max_prompt_length`` truncates prompts from the left (keeping their end, where the question is).
+    ``stop_strings`` end a row once its decoded text contains one of them; the text is cut just after
+    the stop string and the ids are cut to the tokens that produced it.
+    """
+    if generator_seed is not None:
+        torch.manual_seed(generator_seed)
+    device = next(model.parameters()).device
+    old_side, old_trunc = tokenizer.padding_side, tokenizer.truncation_side
+    tokenizer.padding_side, tokenizer.truncation_side = "left", "left"
+    eos_ids = _eos_ids(model, tokenizer)
+    outputs: list[Generation] = []
+    starts = range(0, len(prompts), batch_size)
+    if show_progress:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc="generate", unit="batch")
+    try:
+        for start in starts:
+            batch = list(prompts[start : start + batch_size])
+            enc = tokenizer(
+                batch,
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=add_special_tokens,
+                truncation=max_prompt_length is not None,
+                max_length=max_prompt_length,
+            )
+            enc = {k: v.to(device) for k, v in enc.items()}
+            gen_kwargs = dict(
+                max_new_tokens=max_new_tokens,
+                do_sample=do_sample,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=eos_ids,
+                use_cache=True,
+            )
+            if do_sample:
+                gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k)
+            else:
+                gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+            if stop_strings:
+                gen_kwargs.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
+            sequences = model.generate(**enc, **gen_kwargs)
+            width = enc["input_ids"].shape[1]
+            for row in range(len(batch)):
+                prompt_ids = enc["input_ids"][row][enc["attention_mask"][row].bool()].tolist()
+                new = sequences[row, width:].tolist()
+                outputs.append(_finish(tokenizer, prompt_ids, new, eos_ids, stop_strings))
+    finally:
+        tokenizer.padding_side, tokenizer.truncation_side = old_side, old_trunc
+    return outputs
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids = getattr(model.generation_config, "eos_token_id", None) if hasattr(model, "generation_config") else None
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def _finish(tokenizer, prompt_ids, new_ids, eos_ids, stop_strings) -> Generation:
+    """Cut a generated row at its first EOS (kept) and drop the padding after it."""
+    response, finished = [], False
+    for tok in new_ids:
+        response.append(tok)
+        if tok in eos_ids:
+            finished = True
+            break
+    if not finished:  # strip trailing pad tokens that generate() appends after a stop string
+        while response and response[-1] == tokenizer.pad_token_id and tokenizer.pad_token_id not in eos_ids:
+            response.pop()
+    text = tokenizer.decode(response, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    if stop_strings and not finished:
+        cut = min((text.find(s) + len(s) for s in stop_strings if s in text), default=-1)
+        if cut >= 0:
+            finished = True
+            # keep the shortest prefix of ids whose text reaches the stop string
+            for k in range(1, len(response) + 1):
+                if len(tokenizer.decode(response[:k], skip_special_tokens=True, clean_up_tokenization_spaces=False)) >= cut:
+                    response = response[:k]
+                    break
+            text = tokenizer.decode(response, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return Generation(prompt_ids, response, text, finished)

@@ -1,0 +1,169 @@
+"""Loading and building models and tokenizers, the same way for every phase.
+
+Real runs pass a hub id (``meta-llama/Llama-3.1-8B-Instruct``) or a local directory, optionally with a
+LoRA adapter directory. Tests and the quickstart build tiny models from a `LlamaConfig` and train a
+tokenizer on the fly with the ``tokenizers`` library, so nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Literal
+
+import torch
+
+__all__ = [
+    "resolve_dtype",
+    "load_tokenizer",
+    "load_causal_lm",
+    "train_tokenizer",
+    "build_tiny_llama",
+    "SPECIAL_TOKENS",
+]
+
+SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+
+
+def resolve_dtype(name: str | None) -> torch.dtype | None:
+    """"auto" / None -> None (let transformers choose); "bf16", "bfloat16", "fp16", "float32", ... -> dtype."""
+    if name in (None, "auto"):
+        return None
+    table = {
+        "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+        "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+        "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+    }
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; use one of {sorted(table)} or 'auto'")
+    return table[name]
+
+
+def load_tokenizer(name_or_path: str, padding_side: Literal["left", "right"] = "left", **kwargs):
+    """A fast tokenizer with a pad token (EOS is reused if the model has none).
+
+    Generation wants left padding (so every prompt ends where generation starts); training code that
+    needs right padding passes ``padding_side="right"``.
+    """
+    from transformers import AutoTokenizer
+
+    _check_local_or_hub(name_or_path, "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, use_fast=True, **kwargs)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+def load_causal_lm(
+    name_or_path: str,
+    adapter: str | None = None,
+    dtype: str | None = "auto",
+    merge_adapter: bool = False,
+    trainable_adapter: bool = False,
+    **kwargs,
+):
+    """Load a causal LM from a hub id or local path, optionally with a PEFT adapter on top.
+
+    Args:
+        name_or_path: base model (hub id or directory). A directory holding only an adapter
+            (adapter_config.json) is also accepted: its base model is loaded from the adapter config.
+        adapter: a LoRA adapter directory to apply.
+        dtype: "auto", "bf16", "fp16" or "fp32".
+        merge_adapter: fold the adapter into the weights (faster inference, no PEFT wrapper).
+        trainable_adapter: keep the adapter trainable (to continue training it).
+    """
+    from transformers import AutoModelForCausalLM
+
+    _check_local_or_hub(name_or_path, "model")
+    path = Path(name_or_path)
+    if adapter is None and (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        from peft import PeftConfig
+
+        adapter, name_or_path = str(path), PeftConfig.from_pretrained(str(path)).base_model_name_or_path
+    torch_dtype = resolve_dtype(dtype)
+    model = AutoModelForCausalLM.from_pretrained(
+        name_or_path, **({"dtype": torch_dtype} if torch_dtype is not None else {}), **kwargs
+    )
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter, is_trainable=trainable_adapter)
+        if merge_adapter:
+            model = model.merge_and_unload()
+    return model
+
+
+def _check_local_or_hub(name_or_path: str, what: str) -> None:
+    """Fail early with a useful message when a path-looking name does not exist."""
+    looks_local = name_or_path.startswith((".", "/", "~")) or os.sep in name_or_path.strip("/").split("/", 1)[-1]
+    if looks_local and not Path(name_or_path).expanduser().exists():
+        raise FileNotFoundError(
+            f"{what} path {name_or_path!r} does not exist. Pass a local directory saved with save_pretrained(), "
+            "or a hub id such as 'meta-llama/Llama-3.1-8B-Instruct' (needs network access or a warm HF cache)."
+        )
+
+
+def train_tokenizer(
+    corpus: Iterable[str], vocab_size: int = 512, kind: Literal["bpe", "unigram"] = "bpe", chat_template: str | None = None
+):
+    """Train a small fast tokenizer on ``corpus`` and wrap it as a `PreTrainedTokenizerFast`.
+
+    kind="bpe" is byte-level BPE (GPT-2 / Llama-3 family: leading spaces become part of tokens);
+    kind="unigram" is a SentencePiece-style Unigram model with the Metaspace pre-tokenizer (Llama-2 / T5
+    family: spaces become "▁"). Both give exact offset mappings.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = list(SPECIAL_TOKENS.values())
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token=None))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        )
+    elif kind == "unigram":
+        tok = Tokenizer(models.Unigram())
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials, unk_token="<unk>")
+    else:
+        raise ValueError(f"kind must be 'bpe' or 'unigram', got {kind!r}")
+    tok.train_from_iterator(list(corpus), trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
+    wrapped.padding_side = "left"
+    if chat_template:
+        wrapped.chat_template = chat_template
+    return wrapped
+
+
+def build_tiny_llama(
+    tokenizer,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+):
+    """A randomly initialised Llama-architecture model sized for CPU tests and the quickstart."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or hidden_size * 4,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
