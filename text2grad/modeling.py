@@ -81,6 +81,11 @@ def load_causal_lm(
         from peft import PeftConfig
 
         adapter, name_or_path = str(path), PeftConfig.from_pretrained(str(path)).base_model_name_or_path
+        if not name_or_path:
+            raise ValueError(
+                f"{path} holds only a LoRA adapter and its adapter_config.json names no base model; "
+                "pass the base model as name_or_path and this directory as adapter="
+            )
     torch_dtype = resolve_dtype(dtype)
     model = AutoModelForCausalLM.from_pretrained(
         name_or_path, **({"dtype": torch_dtype} if torch_dtype is not None else {}), **kwargs

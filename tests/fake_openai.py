@@ -1,0 +1,219 @@
+"""A real HTTP server on loopback that speaks OpenAI chat-completions, scripted per request.
+
+Tests point the real ``openai`` client (or a CLI's ``--base_url``) at it and script what each request gets::
+
+    from fake_openai import FakeOpenAIServer, Reply
+
+    def handler(body: dict, n: int) -> Reply:
+        if n == 0:
+            return Reply(status=429, headers={"Retry-After": "0.1"})
+        return Reply(content='Good.\\n{"good_spans": ["x"], "poor_spans": []}')
+
+    with FakeOpenAIServer(handler) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="test-key")
+        ...
+        assert len(server.requests) == 2
+
+``handler(body, n)`` gets the request's JSON body and its arrival index (0, 1, ...; counted across all
+threads) and returns a `Reply` (a plain ``str`` is shorthand for ``Reply(content=str)``). Replies can carry
+any status with headers (``Retry-After``), a delay before answering, or ``drop=True`` to close the
+connection without answering. A handler that raises gets a 500 answer and the exception is kept in
+``server.errors`` so a test can assert its script had no bug.
+
+The server is threaded (one thread per connection, keep-alive supported), so concurrent clients really run
+concurrently and a per-request delay models API latency. Closing the server cuts pending delays short.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+__all__ = ["FakeOpenAIServer", "Reply", "chat_completion"]
+
+
+@dataclass
+class Reply:
+    """What the fake server answers to one request.
+
+    Attributes:
+        content: the assistant message text (for status 200), or the error message (other statuses).
+        status: HTTP status code.
+        headers: extra response headers, e.g. ``{"Retry-After": "1"}``.
+        delay_s: seconds to wait before answering (or before dropping).
+        drop: close the connection without sending any response.
+        prompt_tokens / completion_tokens: reported in ``usage``.
+        body: send this JSON-able object (or raw ``str``) instead of the standard response body.
+    """
+
+    content: str = ""
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+    drop: bool = False
+    prompt_tokens: int = 10
+    completion_tokens: int = 10
+    body: Any = None
+
+
+Handler = Callable[[dict, int], "Reply | str"]
+
+
+def chat_completion(content: str, model: str, prompt_tokens: int, completion_tokens: int) -> dict:
+    """The OpenAI chat-completions response object for one assistant message."""
+    return {
+        "id": f"chatcmpl-fake-{time.monotonic_ns()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def _error_body(status: int, message: str) -> dict:
+    kind = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_error"}.get(status, "server_error")
+    return {"error": {"message": message or f"fake error {status}", "type": kind, "param": None, "code": str(status)}}
+
+
+class FakeOpenAIServer:
+    """Context manager running the scripted server on ``127.0.0.1`` at a free port.
+
+    Attributes:
+        base_url: ``"http://127.0.0.1:<port>/v1"`` for ``openai.OpenAI(base_url=...)``.
+        requests: the JSON bodies received, in arrival order.
+        request_headers: the headers of each request (lower-cased names), same order.
+        errors: tracebacks of handler exceptions (each answered with a 500).
+    """
+
+    def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.handler = handler
+        self.requests: list[dict] = []
+        self.request_headers: list[dict[str, str]] = []
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._count = 0
+        self._httpd = ThreadingHTTPServer((host, port), self._request_handler_class())
+        self._httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> "FakeOpenAIServer":
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closing.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "FakeOpenAIServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------------------------
+
+    def _next(self, body: dict, headers: dict[str, str]) -> Reply:
+        with self._lock:
+            n = self._count
+            self._count += 1
+            self.requests.append(body)
+            self.request_headers.append(headers)
+        try:
+            reply = self.handler(body, n)
+        except Exception:  # a bug in the test's script: answer 500 and keep the traceback
+            self.errors.append(traceback.format_exc())
+            return Reply(status=500, content="fake server handler raised")
+        return Reply(content=reply) if isinstance(reply, str) else reply
+
+    def _request_handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class _Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, like the real API
+
+            def log_message(self, format: str, *args: Any) -> None:  # quiet test output
+                pass
+
+            def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+                data = payload if isinstance(payload, (bytes, str)) else json.dumps(payload)
+                raw = data.encode("utf-8") if isinstance(data, str) else data
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, str(v))
+                self.end_headers()
+                self.wfile.write(raw)
+                self.wfile.flush()
+
+            def do_GET(self) -> None:
+                if self.path.rstrip("/").endswith("/models"):
+                    self._send_json(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+                else:
+                    self._send_json(404, _error_body(404, f"no route {self.path}"))
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    self._send_json(404, _error_body(404, f"no route {self.path}"))
+                    return
+                try:
+                    body = json.loads(raw or b"{}")
+                except json.JSONDecodeError:
+                    self._send_json(400, _error_body(400, "request body is not JSON"))
+                    return
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                reply = server._next(body, headers)
+                if reply.delay_s > 0 and server._closing.wait(reply.delay_s):
+                    self.close_connection = True
+                    return
+                if reply.drop:
+                    # Close without a byte of response: the client sees a dropped connection.
+                    self.close_connection = True
+                    try:
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                    return
+                if reply.body is not None:
+                    self._send_json(reply.status, reply.body, reply.headers)
+                elif reply.status == 200:
+                    model = str(body.get("model", "fake-model"))
+                    payload = chat_completion(reply.content, model, reply.prompt_tokens, reply.completion_tokens)
+                    self._send_json(200, payload, reply.headers)
+                else:
+                    self._send_json(reply.status, _error_body(reply.status, reply.content), reply.headers)
+
+        return _Handler

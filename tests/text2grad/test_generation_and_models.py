@@ -1,0 +1,70 @@
+"""Batched generation returns exact ids; models and tokenizers load from local paths."""
+
+import pytest
+import torch
+
+from text2grad.generation import generate
+from text2grad.modeling import build_tiny_llama, load_causal_lm, load_tokenizer, resolve_dtype
+
+
+def test_batched_generation_matches_one_at_a_time(bpe_tokenizer, tiny_llama):
+    prompts = ["The author wrote", "My roommate keeps eating my food and", "def add(a, b):"]
+    batched = generate(tiny_llama, bpe_tokenizer, prompts, max_new_tokens=6, batch_size=3)
+    single = [generate(tiny_llama, bpe_tokenizer, [p], max_new_tokens=6)[0] for p in prompts]
+    for b, s, p in zip(batched, single, prompts):
+        assert b.response_ids == s.response_ids  # left padding does not change greedy continuations
+        assert b.prompt_ids == bpe_tokenizer(p)["input_ids"]
+        assert b.text == bpe_tokenizer.decode(b.response_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def test_generation_stops_at_eos(bpe_tokenizer):
+    model = build_tiny_llama(bpe_tokenizer, hidden_size=32, num_layers=1, num_heads=2)
+    with torch.no_grad():  # make EOS the only likely token
+        model.lm_head.weight.zero_()
+        model.lm_head.bias = None
+        model.model.norm.weight.fill_(0.0)
+    model.config.tie_word_embeddings = False
+    eos = bpe_tokenizer.eos_token_id
+    out = generate(model, bpe_tokenizer, ["hello"], max_new_tokens=5)
+    assert len(out[0].response_ids) <= 5
+    if eos in out[0].response_ids:
+        assert out[0].response_ids[-1] == eos and out[0].finished
+
+
+def test_save_and_load_local_paths(tmp_path, bpe_tokenizer, tiny_llama):
+    tiny_llama.save_pretrained(tmp_path / "m")
+    bpe_tokenizer.save_pretrained(tmp_path / "m")
+    tok = load_tokenizer(str(tmp_path / "m"))
+    model = load_causal_lm(str(tmp_path / "m"), dtype="fp32")
+    assert tok.padding_side == "left" and tok.pad_token is not None
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in tiny_llama.parameters())
+
+
+def test_lora_adapter_round_trip(tmp_path, bpe_tokenizer, tiny_llama):
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    tiny_llama.save_pretrained(tmp_path / "base")
+    base = load_causal_lm(str(tmp_path / "base"))  # records its path, as a hub model records its id
+    peft_model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    peft_model.save_pretrained(tmp_path / "adapter")
+    with torch.no_grad():  # make the adapter non-trivial so the comparison means something
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        expected = peft_model(ids).logits
+        loaded = load_causal_lm(str(tmp_path / "base"), adapter=str(tmp_path / "adapter"))
+        merged = load_causal_lm(str(tmp_path / "base"), adapter=str(tmp_path / "adapter"), merge_adapter=True)
+        adapter_only_dir = load_causal_lm(str(tmp_path / "adapter"))  # base found through adapter_config.json
+        assert isinstance(loaded, PeftModel) and not isinstance(merged, PeftModel)
+        for m in (loaded, merged, adapter_only_dir):
+            torch.testing.assert_close(m(ids).logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_missing_local_path_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_causal_lm(str(tmp_path / "no" / "model"))
+    with pytest.raises(ValueError, match="unknown dtype"):
+        resolve_dtype("int3")
