@@ -19,6 +19,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 _py="$VENV/bin/python"
+# pip, minus the noise some machines' pip configs add about missing local index folders
+_pip() { "$_py" -m pip "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2); }
 
 # The stamp records what was installed; if pyproject.toml, the torch spec and the extras are unchanged, skip.
 _stamp="$VENV/.text2grad-installed"
@@ -26,17 +28,17 @@ _want="$(cat "$_t2g_root/pyproject.toml" | sha256sum | cut -c1-16) $TORCH_SPEC $
 if [ -f "$_stamp" ] && [ "$(cat "$_stamp")" = "$_want" ] && "$_py" -c "import text2grad" 2>/dev/null; then
     echo "[env.sh] $VENV is up to date"
 else
-    "$_py" -m pip install --quiet --upgrade pip
+    _pip install --quiet --upgrade pip
     if ! "$_py" -c "import torch" 2>/dev/null; then
         echo "[env.sh] installing $TORCH_SPEC"
         if [ -n "${TORCH_INDEX_URL:-}" ]; then
-            "$_py" -m pip install --quiet "$TORCH_SPEC" --index-url "$TORCH_INDEX_URL"
+            _pip install --quiet "$TORCH_SPEC" --index-url "$TORCH_INDEX_URL"
         else
-            "$_py" -m pip install --quiet "$TORCH_SPEC"
+            _pip install --quiet "$TORCH_SPEC"
         fi
     fi
     echo "[env.sh] installing text2grad[$EXTRAS] (editable)"
-    "$_py" -m pip install --quiet -e "$_t2g_root[$EXTRAS]"
+    _pip install --quiet -e "$_t2g_root[$EXTRAS]"
     echo "$_want" > "$_stamp"
 fi
 
