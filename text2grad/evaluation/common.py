@@ -94,6 +94,7 @@ def continuation_logprobs(
     *,
     batch_size: int = 8,
     max_length: int | None = None,
+    add_special_tokens: bool = True,
     show_progress: bool = False,
 ) -> list[ContinuationScore]:
     """Score ``continuations[i]`` given ``contexts[i]`` under a causal LM, in batches, in input order.
@@ -103,7 +104,8 @@ def continuation_logprobs(
     joined string moves the boundary). Put the separating space at the start of the continuation
     (``" Paris"``), as a model would generate it. An empty context is replaced by BOS when the tokenizer has
     one; otherwise the first continuation token has nothing to condition on and is not scored.
-    ``max_length`` cuts the context from the left, then the continuation from the right.
+    ``max_length`` cuts the context from the left, then the continuation from the right. Pass
+    ``add_special_tokens=False`` for contexts that already hold BOS (chat-templated prompts).
 
     Rows are left-padded so every continuation ends at the last column; only the last
     ``max continuation length + 1`` positions' logits are computed (``logits_to_keep``), which keeps memory
@@ -115,7 +117,7 @@ def continuation_logprobs(
         raise ValueError(f"got {len(contexts)} contexts but {len(continuations)} continuations; pass one of each per item")
     if not contexts:
         return []
-    ctx_ids = tokenizer(list(contexts), add_special_tokens=True)["input_ids"]
+    ctx_ids = tokenizer(list(contexts), add_special_tokens=add_special_tokens)["input_ids"]
     cont_ids = tokenizer(list(continuations), add_special_tokens=False)["input_ids"]
     items: list[tuple[list[int], int, bool]] = []  # (ids, number of scored tokens at the end, truncated)
     for ctx, cont in zip(ctx_ids, cont_ids):
@@ -124,8 +126,8 @@ def continuation_logprobs(
             ctx = [tokenizer.bos_token_id]
         if max_length is not None and len(ctx) + len(cont) > max_length:
             truncated = True
-            cont = cont[: max_length - 1] if len(cont) >= max_length else cont
-            ctx = ctx[len(ctx) - (max_length - len(cont)) :] if max_length > len(cont) else []
+            cont = cont[: max_length - 1]  # keep at least one context token to condition on
+            ctx = ctx[len(ctx) - (max_length - len(cont)) :]
         scored = len(cont) if ctx else max(len(cont) - 1, 0)
         items.append((ctx + cont, scored, truncated))
 
