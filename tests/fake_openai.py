@@ -26,8 +26,12 @@ concurrently and a per-request delay models API latency. Closing the server cuts
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import re
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-__all__ = ["FakeOpenAIServer", "Reply", "chat_completion"]
+__all__ = ["FakeOpenAIServer", "Reply", "chat_completion", "quoting_handler", "response_of"]
 
 
 @dataclass
@@ -100,6 +104,7 @@ class FakeOpenAIServer:
         base_url: ``"http://127.0.0.1:<port>/v1"`` for ``openai.OpenAI(base_url=...)``.
         requests: the JSON bodies received, in arrival order.
         request_headers: the headers of each request (lower-cased names), same order.
+        paths: the request path (with query string) of each request, same order.
         errors: tracebacks of handler exceptions (each answered with a 500).
     """
 
@@ -107,6 +112,7 @@ class FakeOpenAIServer:
         self.handler = handler
         self.requests: list[dict] = []
         self.request_headers: list[dict[str, str]] = []
+        self.paths: list[str] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -143,12 +149,13 @@ class FakeOpenAIServer:
 
     # ---------------------------------------------------------------------------------------------
 
-    def _next(self, body: dict, headers: dict[str, str]) -> Reply:
+    def _next(self, body: dict, headers: dict[str, str], path: str = "") -> Reply:
         with self._lock:
             n = self._count
             self._count += 1
             self.requests.append(body)
             self.request_headers.append(headers)
+            self.paths.append(path)
         try:
             reply = self.handler(body, n)
         except Exception:  # a bug in the test's script: answer 500 and keep the traceback
@@ -177,8 +184,11 @@ class FakeOpenAIServer:
                 self.wfile.write(raw)
                 self.wfile.flush()
 
+            def _route(self) -> str:
+                return self.path.split("?", 1)[0].rstrip("/")
+
             def do_GET(self) -> None:
-                if self.path.rstrip("/").endswith("/models"):
+                if self._route().endswith("/models"):
                     self._send_json(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
                 else:
                     self._send_json(404, _error_body(404, f"no route {self.path}"))
@@ -186,7 +196,7 @@ class FakeOpenAIServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                if not self.path.rstrip("/").endswith("/chat/completions"):
+                if not self._route().endswith("/chat/completions"):
                     self._send_json(404, _error_body(404, f"no route {self.path}"))
                     return
                 try:
@@ -195,7 +205,7 @@ class FakeOpenAIServer:
                     self._send_json(400, _error_body(400, "request body is not JSON"))
                     return
                 headers = {k.lower(): v for k, v in self.headers.items()}
-                reply = server._next(body, headers)
+                reply = server._next(body, headers, self.path)
                 if reply.delay_s > 0 and server._closing.wait(reply.delay_s):
                     self.close_connection = True
                     return
@@ -217,3 +227,67 @@ class FakeOpenAIServer:
                     self._send_json(reply.status, _error_body(reply.status, reply.content), reply.headers)
 
         return _Handler
+
+
+# --------------------------------------------------------------------------------------------------
+# A scripted annotator for smoke runs and benchmarks
+# --------------------------------------------------------------------------------------------------
+
+_RESPONSE_BLOCK = re.compile(r"<response>\n(.*?)\n</response>", re.DOTALL)
+
+
+def response_of(body: dict) -> str:
+    """The text of the first <response>...</response> block (tags on their own lines) in the request's user
+    messages (annotation prompts put the response there; a retry's follow-up message has none), or ""."""
+    for message in body.get("messages", []):
+        if message.get("role") == "user":
+            found = _RESPONSE_BLOCK.search(str(message.get("content", "")))
+            if found:
+                return found.group(1)
+    return ""
+
+
+def quoting_handler(body: dict, n: int) -> Reply:
+    """A deterministic annotator: praises the response's first line and faults its last line (exact quotes),
+    after a line of 'reasoning', in the chain-of-thought answer format."""
+    lines = [ln.strip() for ln in response_of(body).splitlines() if ln.strip()]
+    good = [lines[0][:60].strip()] if lines else []
+    poor = [lines[-1][-40:].strip()] if len(lines) > 1 else []
+    answer = {"critique": "The opening is on point; the ending is weak.", "good_spans": good, "poor_spans": poor}
+    prompt_chars = sum(len(str(m.get("content", ""))) for m in body.get("messages", []))
+    content = "Reasoning: scripted offline annotator.\n" + json.dumps(answer)
+    return Reply(content=content, prompt_tokens=max(1, prompt_chars // 4), completion_tokens=max(1, len(content) // 4))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve `quoting_handler` until killed: ``python tests/fake_openai.py --port_file F [--delay_s 0.2]``.
+
+    Writes the base URL to --port_file once listening (scripts read it to set --base_url).
+    """
+    parser = argparse.ArgumentParser(description="Serve a scripted OpenAI-compatible annotator on 127.0.0.1.")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--port_file", required=True, help="file to write the base URL to once listening")
+    parser.add_argument("--delay_s", type=float, default=0.0, help="latency added to every answer")
+    args = parser.parse_args(argv)
+
+    def handler(body: dict, n: int) -> Reply:
+        reply = quoting_handler(body, n)
+        reply.delay_s = args.delay_s
+        return reply
+
+    server = FakeOpenAIServer(handler, port=args.port).start()
+    tmp = args.port_file + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(server.base_url + "\n")
+    os.replace(tmp, args.port_file)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""The one configuration of an annotation run (`AnnotationConfig`), read by ``python -m text2grad.annotate``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+__all__ = ["AnnotationConfig", "DATASETS", "CRITICS", "DEFAULT_FIELD_MAPS", "REQUIRED_FIELDS"]
+
+DATASETS = ("slf5k", "ultrafeedback", "kodcode")
+CRITICS = ("llm", "code_tests", "human")
+
+# Our field name -> the dataset's own field name. The per-dataset YAML in configs/ repeats these; they are
+# the defaults when only --dataset is given.
+DEFAULT_FIELD_MAPS: dict[str, dict[str, str]] = {
+    "slf5k": {"prompt": "post", "response": "generated_summary_for_feedback", "feedback": "feedback"},
+    "ultrafeedback": {"prompt": "prompt", "response": "response"},
+    "kodcode": {"prompt": "question", "response": "solution", "tests": "test"},
+}
+
+# Fields each critic needs (after field mapping).
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
+    "llm": ("prompt", "response"),
+    "human": ("prompt", "response", "feedback"),
+    "code_tests": ("prompt", "response", "tests"),
+}
+
+
+@dataclass
+class AnnotationConfig:
+    """Annotate (prompt, response) records with a critique and good/poor spans (Text2Grad phase 1)."""
+
+    # --- data -------------------------------------------------------------------------------------
+    input: str = field(
+        default="",
+        metadata={"help": "Records to annotate: a .jsonl or .json file, a directory saved with "
+                  "datasets' save_to_disk, or a Hugging Face hub dataset id."},
+    )
+    output: str = field(
+        default="",
+        metadata={"help": "Annotation records are appended here (JSONL, one line per record id). Rerunning the "
+                  "same command resumes: ids already in this file or in the failures file are skipped."},
+    )
+    failures: Optional[str] = field(
+        default=None,
+        metadata={"help": "Records that could not be annotated, with the reason (JSONL). Default: "
+                  "<output>.failures.jsonl."},
+    )
+    report: Optional[str] = field(
+        default=None,
+        metadata={"help": "Where the run's report (counts, tokens, cost) is written as JSON. Default: "
+                  "<output>.report.json."},
+    )
+    dataset: Literal["slf5k", "ultrafeedback", "kodcode"] = field(
+        default="ultrafeedback",
+        metadata={"help": "Which dataset's prompt template and default field mapping to use "
+                  "(ultrafeedback is the general question-answering template)."},
+    )
+    split: str = field(default="train", metadata={"help": "Split to read from a hub dataset or a DatasetDict."})
+    field_map: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"help": "JSON object mapping our field names (prompt, response; feedback for --critic human; "
+                  "tests for --critic code_tests) to the input's field names, e.g. "
+                  "'{\"prompt\": \"post\", \"response\": \"summary\"}'. Merged over the dataset's defaults."},
+    )
+    limit: Optional[int] = field(default=None, metadata={"help": "Annotate only the first N input records."})
+    retry_failures: bool = field(
+        default=False,
+        metadata={"help": "Also retry records listed in the failures file (they are removed from it first)."},
+    )
+
+    # --- feedback source --------------------------------------------------------------------------
+    critic: str = field(
+        default="llm",
+        metadata={"help": "Source of feedback: 'llm' (an OpenAI-compatible model critiques the response), "
+                  "'human' (the record's human feedback is the critique; the LLM grounds it in exact spans), "
+                  "'code_tests' (run the response against the record's unit tests in the sandbox), or "
+                  "'package.module:ClassName' for any FeedbackSource class, built with critic_kwargs."},
+    )
+    critic_kwargs: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "JSON object of keyword arguments for a custom critic class."},
+    )
+    cot: bool = field(
+        default=True,
+        metadata={"help": "Chain-of-thought prompt (reason step by step, then critique, then spans justified by "
+                  "the critique). false: the no-CoT prompt asks for spans directly."},
+    )
+    prompt_template: Optional[str] = field(
+        default=None,
+        metadata={"help": "A YAML file with 'system' and 'user' templates ({prompt}, {response}, and {feedback} "
+                  "for --critic human) to use instead of the built-in one."},
+    )
+
+    # --- model and API ----------------------------------------------------------------------------
+    model: str = field(default="gpt-4o", metadata={"help": "Model name (the deployment name on Azure)."})
+    base_url: Optional[str] = field(
+        default=None,
+        metadata={"help": "Any OpenAI-compatible server, e.g. http://localhost:8000/v1 for vLLM. Default: "
+                  "the OpenAI API (or $OPENAI_BASE_URL)."},
+    )
+    api_key_env: str = field(
+        default="OPENAI_API_KEY",
+        metadata={"help": "Name of the environment variable holding the API key (the key itself is never "
+                  "taken as a flag, logged or written). With a --base_url and no key set, a placeholder is "
+                  "sent (local servers usually need none)."},
+    )
+    azure: bool = field(
+        default=False,
+        metadata={"help": "Use Azure OpenAI: endpoint from --azure_endpoint or $AZURE_OPENAI_ENDPOINT, API "
+                  "version from --azure_api_version or $OPENAI_API_VERSION, key from $AZURE_OPENAI_API_KEY "
+                  "(or the --api_key_env variable); --model is the deployment name."},
+    )
+    azure_endpoint: Optional[str] = field(default=None, metadata={"help": "Azure OpenAI endpoint URL."})
+    azure_api_version: Optional[str] = field(default=None, metadata={"help": "Azure OpenAI API version."})
+    temperature: float = field(default=0.0, metadata={"help": "Sampling temperature of the annotator."})
+    max_tokens: int = field(default=1024, metadata={"help": "Maximum tokens in one annotator answer."})
+    seed: Optional[int] = field(
+        default=0,
+        metadata={"help": "Sent to the API as 'seed' (best-effort determinism) and seeds the backoff jitter."},
+    )
+
+    # --- throughput and robustness ----------------------------------------------------------------
+    concurrency: int = field(default=8, metadata={"help": "Records annotated at the same time."})
+    max_retries: int = field(
+        default=2,
+        metadata={"help": "Re-asks when an answer cannot be parsed as span JSON (the model is shown the error); "
+                  "after that the record goes to the failures file."},
+    )
+    max_api_retries: int = field(
+        default=6,
+        metadata={"help": "Retries of one request on 408/409/429/5xx, timeouts and dropped connections."},
+    )
+    backoff_base_s: float = field(
+        default=1.0,
+        metadata={"help": "First retry waits about this long; each further retry doubles it (with jitter). A "
+                  "Retry-After header from the server takes precedence."},
+    )
+    backoff_max_s: float = field(default=60.0, metadata={"help": "Cap on one exponential-backoff wait."})
+    retry_after_max_s: float = field(
+        default=600.0, metadata={"help": "Cap on one wait requested by a Retry-After header."}
+    )
+    timeout_s: float = field(default=120.0, metadata={"help": "Timeout of one API request, in seconds."})
+    max_requests: Optional[int] = field(
+        default=None,
+        metadata={"help": "Stop cleanly after this many API requests (retries count). Unfinished records are "
+                  "left for the next run."},
+    )
+    max_cost_usd: Optional[float] = field(
+        default=None,
+        metadata={"help": "Stop cleanly before the estimated cost (tokens x prices below) would exceed this. "
+                  "Requests in flight are reserved at the average cost so far."},
+    )
+    price_per_1k_input: float = field(
+        default=0.0025, metadata={"help": "USD per 1,000 prompt tokens (default: gpt-4o's list price)."}
+    )
+    price_per_1k_output: float = field(
+        default=0.01, metadata={"help": "USD per 1,000 completion tokens (default: gpt-4o's list price)."}
+    )
+
+    fsync_interval_s: float = field(
+        default=1.0,
+        metadata={"help": "Each finished record is appended at once as one complete line (it survives kill -9); "
+                  "lines reach the disk itself (fsync, surviving a power cut) in batches at most this many "
+                  "seconds apart and at the end. 0: fsync after every record."},
+    )
+
+    # --- code_tests critic ------------------------------------------------------------------------
+    test_timeout_s: float = field(default=10.0, metadata={"help": "code_tests: time limit of one test run."})
+    test_memory_mb: int = field(default=1024, metadata={"help": "code_tests: memory limit of one test run."})
+
+    progress: bool = field(default=True, metadata={"help": "Show a progress bar with rate and ETA (stderr)."})
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        for name in ("max_retries", "max_api_retries"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_requests is not None and self.max_requests < 0:
+            raise ValueError(f"max_requests must be >= 0, got {self.max_requests}")
+        if self.critic not in CRITICS and ":" not in self.critic:
+            raise ValueError(
+                f"critic must be one of {list(CRITICS)} or 'package.module:ClassName', got {self.critic!r}"
+            )
+
+    # Derived paths -------------------------------------------------------------------------------
+    @property
+    def failures_path(self) -> Path:
+        return Path(self.failures) if self.failures else Path(self.output + ".failures.jsonl")
+
+    @property
+    def report_path(self) -> Path:
+        return Path(self.report) if self.report else Path(self.output + ".report.json")
+
+    def resolved_field_map(self) -> dict[str, str]:
+        """The dataset's default mapping with the user's --field_map over it."""
+        return {**DEFAULT_FIELD_MAPS.get(self.dataset, {}), **self.field_map}
+
+    def required_fields(self) -> tuple[str, ...]:
+        return REQUIRED_FIELDS.get(self.critic, ("prompt", "response"))

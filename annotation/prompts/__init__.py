@@ -1,0 +1,1 @@
+"""Prompt templates of the annotation phase (YAML package data, loaded by annotation.prompts)."""

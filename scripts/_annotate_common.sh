@@ -1,0 +1,42 @@
+# Shared by scripts/annotate_<dataset>.sh; sourced, not run. Expects DATASET, DEFAULT_INPUT and TINY_FIELD_MAP.
+#
+#   INPUT=...  OUTPUT=...  CRITIC=llm|human|code_tests  bash scripts/annotate_<dataset>.sh [extra flags]
+#   TEXT2GRAD_TINY=1 bash scripts/annotate_<dataset>.sh     # offline smoke run (CI): tiny data + scripted local server
+#
+# Extra flags go straight to `python -m text2grad.annotate` (see its --help), e.g. --model, --base_url,
+# --cot false, --concurrency 32, --max_cost_usd 20. Rerunning the same command resumes an interrupted run.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python}"
+cd "$ROOT"
+
+INPUT="${INPUT:-$DEFAULT_INPUT}"
+OUTPUT="${OUTPUT:-runs/$DATASET/annotations.jsonl}"
+CRITIC="${CRITIC:-}"
+EXTRA=()
+[ -n "$CRITIC" ] && EXTRA+=(--critic "$CRITIC")
+
+if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
+    # Offline: a generated tiny dataset, annotated by a scripted OpenAI-compatible server on 127.0.0.1
+    # (tests/fake_openai.py), so the real client, retries and resume logic run end to end without an API.
+    WORK="${TINY_DIR:-$(mktemp -d)}"
+    mkdir -p "$WORK"
+    "$PY" -m text2grad.tiny --dataset "$DATASET" --output_dir "$WORK" >/dev/null 2>&1
+    INPUT="$WORK/data/train.jsonl"
+    OUTPUT="$WORK/annotations.${CRITIC:-llm}.jsonl"
+    EXTRA+=(--field_map "$TINY_FIELD_MAP" --progress false)
+    if [ "$CRITIC" != "code_tests" ]; then
+        rm -f "$WORK/fake_openai.url"
+        "$PY" "$ROOT/tests/fake_openai.py" --port_file "$WORK/fake_openai.url" &
+        SERVER_PID=$!
+        trap 'kill "$SERVER_PID" 2>/dev/null || true' EXIT
+        for _ in $(seq 1 200); do [ -s "$WORK/fake_openai.url" ] && break; sleep 0.05; done
+        [ -s "$WORK/fake_openai.url" ] || { echo "scripted server did not start" >&2; exit 1; }
+        # An unset variable as the key source: the local server gets a placeholder, never a real key.
+        EXTRA+=(--base_url "$(cat "$WORK/fake_openai.url")" --api_key_env TEXT2GRAD_TINY_NO_KEY)
+    fi
+fi
+
+"$PY" -m text2grad.annotate --config "configs/$DATASET/annotation.yaml" \
+    --input "$INPUT" --output "$OUTPUT" "${EXTRA[@]}" "$@"
+echo "annotations: $OUTPUT"

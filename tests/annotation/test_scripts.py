@@ -1,0 +1,41 @@
+"""The per-dataset annotation scripts run end to end offline (TEXT2GRAD_TINY=1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "dataset, critic, source",
+    [("slf5k", "human", "human+llm:gpt-4o"), ("ultrafeedback", "", "llm:gpt-4o"), ("kodcode", "code_tests", "code_tests")],
+)
+def test_annotation_script_tiny_mode(tmp_path, dataset, critic, source):
+    env = {**os.environ, "TEXT2GRAD_TINY": "1", "TINY_DIR": str(tmp_path), "CRITIC": critic,
+           "PYTHON": sys.executable}
+    env.pop("OPENAI_API_KEY", None)  # the offline run must not need (or send) a key
+    proc = subprocess.run(["bash", f"scripts/annotate_{dataset}.sh", "--concurrency", "4"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / f"annotations.{critic or 'llm'}.jsonl"
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    data = [json.loads(line) for line in (tmp_path / "data" / "train.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == sorted(d["id"] for d in data)
+    assert all(r["source"] == source for r in records)
+    assert all(s in r["response"] for r in records for s in r["good_spans"] + r["poor_spans"])
+    assert sum(len(r["good_spans"]) + len(r["poor_spans"]) for r in records) > 0
+    if critic == "human":
+        feedback = {d["id"]: d["feedback"] for d in data}
+        assert all(r["critique"] == feedback[r["id"]] for r in records)
+    if critic == "code_tests":
+        assert all(r["meta"]["_annotation"]["verdict"] in ("passed", "failed") for r in records)
+    report = json.loads(Path(str(out) + ".report.json").read_text())
+    assert report["complete"] and report["done"] == len(data)
