@@ -7,9 +7,12 @@
 #   VENV=/path/to/venv bash env.sh                        # another venv location
 #
 # Source it (`source env.sh`) to also activate the venv in your shell.
-set -euo pipefail
 _t2g_root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${VENV:-$_t2g_root/.venv}"
+
+# The install runs in a subshell with strict error handling, so `source env.sh` never changes your shell's options.
+(
+set -euo pipefail
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 EXTRAS="${TEXT2GRAD_EXTRAS:-test,offline-eval}"
 PYTHON="${PYTHON:-python3}"
@@ -41,6 +44,7 @@ else
     _pip install --quiet -e "$_t2g_root[$EXTRAS]"
     echo "$_want" > "$_stamp"
 fi
+) || { echo "[env.sh] setting up $VENV failed" >&2; return 1 2>/dev/null || exit 1; }
 
 # Offline by default: the hub is not reachable on CI machines; real users unset these to download models.
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"

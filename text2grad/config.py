@@ -142,8 +142,9 @@ def save_config(cfg: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
-def build_parser(cls: type, description: str | None = None) -> argparse.ArgumentParser:
+def build_parser(cls: type, description: str | None = None, prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        prog=prog or _program_name(),
         description=description or (cls.__doc__ or "").strip().split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -168,9 +169,21 @@ def build_parser(cls: type, description: str | None = None) -> argparse.Argument
     return parser
 
 
-def parse_config(cls: type[C], argv: Sequence[str] | None = None, description: str | None = None) -> C:
+def _program_name() -> str:
+    """``python -m package.module`` when run as a module (argparse would show ``module.py``)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        name = spec.name[: -len(".__main__")] if spec.name.endswith(".__main__") else spec.name
+        return f"python -m {name}"
+    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "text2grad"
+
+
+def parse_config(
+    cls: type[C], argv: Sequence[str] | None = None, description: str | None = None, prog: str | None = None
+) -> C:
     """Parse ``--config file.yaml`` and ``--field value`` flags into ``cls``; exits with a message on error."""
-    parser = build_parser(cls, description)
+    parser = build_parser(cls, description, prog)
     args = vars(parser.parse_args(list(sys.argv[1:] if argv is None else argv)))
     path = args.pop("config", None)
     try:
