@@ -8,7 +8,7 @@ re-tokenization of the decoded text).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -57,12 +57,15 @@ def generate(
     add_special_tokens: bool = True,
     generator_seed: int | None = None,
     show_progress: bool = False,
+    stop_fn: Callable[[str], bool] | None = None,
 ) -> list[Generation]:
     """Generate one continuation per prompt, in order, in batches of ``batch_size``.
 
     ``max_prompt_length`` truncates prompts from the left (keeping their end, where the question is).
     ``stop_strings`` end a row once its decoded text contains one of them; the text is cut just after
-    the stop string and the ids are cut to the tokens that produced it.
+    the stop string and the ids are cut to the tokens that produced it. ``stop_fn`` is the general form:
+    a row stops as soon as ``stop_fn(decoded new text)`` is true (e.g. "a complete JSON object has been
+    written"), and its ids are cut to the shortest prefix whose text satisfies it.
     """
     if generator_seed is not None:
         torch.manual_seed(generator_seed)
@@ -101,12 +104,16 @@ def generate(
                 gen_kwargs.update(temperature=None, top_p=None, top_k=None)
             if stop_strings:
                 gen_kwargs.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
-            sequences = model.generate(**enc, **gen_kwargs)
             width = enc["input_ids"].shape[1]
+            if stop_fn is not None:
+                from transformers import StoppingCriteriaList
+
+                gen_kwargs.update(stopping_criteria=StoppingCriteriaList([_TextStop(tokenizer, width, stop_fn)]))
+            sequences = model.generate(**enc, **gen_kwargs)
             for row in range(len(batch)):
                 prompt_ids = enc["input_ids"][row][enc["attention_mask"][row].bool()].tolist()
                 new = sequences[row, width:].tolist()
-                outputs.append(_finish(tokenizer, prompt_ids, new, eos_ids, stop_strings))
+                outputs.append(_finish(tokenizer, prompt_ids, new, eos_ids, stop_strings, stop_fn))
     finally:
         tokenizer.padding_side, tokenizer.truncation_side = old_side, old_trunc
     return outputs
@@ -120,7 +127,26 @@ def _eos_ids(model, tokenizer) -> list[int]:
     return ids
 
 
-def _finish(tokenizer, prompt_ids, new_ids, eos_ids, stop_strings) -> Generation:
+class _TextStop:
+    """A per-row stopping criterion: row ``b`` is done once ``stop_fn`` accepts its decoded new text."""
+
+    def __init__(self, tokenizer, prompt_width: int, stop_fn: Callable[[str], bool]):
+        self.tokenizer, self.width, self.stop_fn = tokenizer, prompt_width, stop_fn
+        self.done: set[int] = set()
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        flags = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for row in range(input_ids.shape[0]):
+            if row not in self.done:
+                new = input_ids[row, self.width :].tolist()
+                text = self.tokenizer.decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+                if self.stop_fn(text):
+                    self.done.add(row)
+            flags[row] = row in self.done
+        return flags
+
+
+def _finish(tokenizer, prompt_ids, new_ids, eos_ids, stop_strings, stop_fn=None) -> Generation:
     """Cut a generated row at its first EOS (kept) and drop the padding after it."""
     response, finished = [], False
     for tok in new_ids:
@@ -142,4 +168,11 @@ def _finish(tokenizer, prompt_ids, new_ids, eos_ids, stop_strings) -> Generation
                     response = response[:k]
                     break
             text = tokenizer.decode(response, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    if stop_fn is not None and not finished and stop_fn(text):
+        finished = True
+        for k in range(1, len(response) + 1):
+            if stop_fn(tokenizer.decode(response[:k], skip_special_tokens=True, clean_up_tokenization_spaces=False)):
+                response = response[:k]
+                break
+        text = tokenizer.decode(response, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     return Generation(prompt_ids, response, text, finished)

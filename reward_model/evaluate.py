@@ -1,0 +1,176 @@
+"""Evaluate a reward model on held-out annotations (the paper's Table 1 and Appendix C metrics).
+
+    python -m reward_model.evaluate --model_name_or_path outputs/slf5k/reward_model \\
+        --eval_file outputs/slf5k/annotations/eval.jsonl --output_dir outputs/slf5k/rm_eval
+
+For every (prompt, response) the model writes a critique and span JSON, which is compared with the
+annotator's feedback by `text2grad.metrics`: JSON-validity rate, unmatched-span rate, token-level
+precision / recall / F1 for positive, negative and neutral tokens, and span exact / partial match counts.
+Writes ``report.json``, ``report.md`` and ``predictions.jsonl`` (one line per example: the reference, the
+prediction, the raw output and the per-example counts) to ``output_dir``.
+
+``--predictions_file`` scores saved critic outputs (e.g. an LLM critic's) instead of running a model:
+a JSONL with ``id`` and either ``raw`` (the critic's text) or ``critique``/``good_spans``/``poor_spans``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from reward_model.serialization import parse_target, record_feedback
+from text2grad.config import ConfigError, config_to_dict, parse_config
+from text2grad.data import DataError, iter_jsonl, load_records, record_id, write_jsonl
+from text2grad.feedback import Feedback
+from text2grad.metrics import evaluate_feedback, format_markdown
+from text2grad.spans import Boundary, Occurrence, Overlap
+
+__all__ = ["EvalConfig", "evaluate", "main"]
+
+REQUIRED_FIELDS = ("prompt", "response", "critique", "good_spans", "poor_spans")
+
+
+@dataclass
+class EvalConfig:
+    """Evaluate a generative reward model (or saved critic outputs) against annotated feedback."""
+
+    model_name_or_path: str = field(
+        default="",
+        metadata={"help": "Reward model: training output dir (adapter), merged model, or base model with --adapter."},
+    )
+    adapter: str | None = field(default=None, metadata={"help": "LoRA adapter directory on top of model_name_or_path."})
+    eval_file: str = field(default="", metadata={"help": "Annotated held-out data (JSONL/JSON/dataset dir/hub id)."})
+    eval_split: str = field(default="validation", metadata={"help": "Split when eval_file is a hub dataset."})
+    field_map: dict[str, str] = field(default_factory=dict, metadata={"help": "Rename fields, {our_name: their_name}."})
+    limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N records."})
+    output_dir: str = field(default="outputs/reward_model_eval", metadata={"help": "Where the report files go."})
+    predictions_file: str | None = field(
+        default=None, metadata={"help": "Score these saved critic outputs instead of running a model."}
+    )
+    label_tokenizer: str | None = field(
+        default=None,
+        metadata={
+            "help": "Tokenizer whose tokens the token-level metrics count (e.g. the policy's); "
+            "defaults to the reward model's tokenizer."
+        },
+    )
+    instruction: str | None = field(
+        default=None,
+        metadata={"help": "Override the instruction saved with the model (for models trained without text2grad)."},
+    )
+    prompt_format: Literal["auto", "chat", "plain"] | None = field(
+        default=None, metadata={"help": "Override the saved prompt format."}
+    )
+    batch_size: int = field(default=16, metadata={"help": "Generation batch size."})
+    max_new_tokens: int = field(default=512, metadata={"help": "Bound on the generated critique + JSON."})
+    dtype: str = field(default="auto", metadata={"help": "auto, bf16, fp16 or fp32."})
+    backend: Literal["hf", "vllm"] = field(default="hf", metadata={"help": "Generation backend."})
+    occurrence: Occurrence = field(default="all", metadata={"help": "Label all occurrences of a repeated quote, or the first."})
+    overlap: Overlap = field(default="poor", metadata={"help": "Which label wins where good and poor spans overlap."})
+    boundary: Boundary = field(default="any", metadata={"help": "Token boundary rule: any, majority or all."})
+
+
+def _load_predictions(path: str, records: list[dict[str, Any]]) -> list[Feedback]:
+    """Saved outputs, matched to records by id (or by position when they carry no id)."""
+    rows = list(iter_jsonl(path))
+    by_id = {str(r["id"]): r for r in rows if "id" in r}
+    out = []
+    for i, rec in enumerate(records):
+        rid = record_id(rec, i)
+        row = by_id.get(rid) if by_id else (rows[i] if i < len(rows) else None)
+        if row is None:
+            raise DataError(f"{path}: no prediction for record {rid!r}")
+        if isinstance(row.get("raw"), str):
+            parsed = parse_target(row["raw"])
+            out.append(parsed.feedback if parsed.ok else Feedback.failed(parsed.error or "unparseable", raw=row["raw"]))
+        else:
+            out.append(Feedback.from_dict(row))
+    return out
+
+
+def evaluate(cfg: EvalConfig) -> dict[str, Any]:
+    """Run the evaluation and write the report files. Returns the report dictionary."""
+    from tqdm.auto import tqdm
+
+    from text2grad.modeling import load_tokenizer
+
+    if not cfg.eval_file:
+        raise ConfigError("eval_file is required")
+    if not cfg.predictions_file and not cfg.model_name_or_path:
+        raise ConfigError("pass --model_name_or_path (a reward model) or --predictions_file (saved critic outputs)")
+    records = load_records(cfg.eval_file, split=cfg.eval_split, field_map=cfg.field_map, required=REQUIRED_FIELDS, limit=cfg.limit)
+    prompts = [str(r["prompt"]) for r in records]
+    responses = [str(r["response"]) for r in records]
+    references = [record_feedback(r) for r in records]
+    stats: dict[str, Any] = {}
+    if cfg.predictions_file:
+        predictions = _load_predictions(cfg.predictions_file, records)
+        if not cfg.label_tokenizer:
+            raise ConfigError("--predictions_file needs --label_tokenizer (the tokenizer to count tokens with)")
+        label_tokenizer = load_tokenizer(cfg.label_tokenizer)
+    else:
+        from reward_model.inference import GenerativeRewardModel
+
+        overrides = {k: v for k, v in (("instruction", cfg.instruction), ("prompt_format", cfg.prompt_format)) if v}
+        rm = GenerativeRewardModel.from_pretrained(
+            cfg.model_name_or_path,
+            adapter=cfg.adapter,
+            dtype=cfg.dtype,
+            backend=cfg.backend,
+            batch_size=cfg.batch_size,
+            max_new_tokens=cfg.max_new_tokens,
+            **overrides,
+        )
+        predictions = []
+        chunk = cfg.batch_size * 4  # several batches per progress step, so length-sorting still pays
+        for start in tqdm(range(0, len(records), chunk), desc="reward model", unit="chunk"):
+            predictions.extend(rm.generate_feedback(prompts[start : start + chunk], responses[start : start + chunk]))
+        stats = rm.stats.as_dict()
+        label_tokenizer = load_tokenizer(cfg.label_tokenizer) if cfg.label_tokenizer else rm.tokenizer
+    metrics, per_example = evaluate_feedback(
+        predictions, references, responses, label_tokenizer, occurrence=cfg.occurrence, overlap=cfg.overlap, boundary=cfg.boundary
+    )
+    report = metrics.to_dict()
+    if stats:
+        report["generation"] = stats
+    report["config"] = config_to_dict(cfg)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    title = f"Reward model evaluation: {cfg.predictions_file or cfg.model_name_or_path} on {cfg.eval_file}"
+    (out / "report.md").write_text(format_markdown(report, title=title))
+    write_jsonl(
+        out / "predictions.jsonl",
+        [
+            {
+                "id": record_id(rec, i),
+                "response": resp,
+                "reference": ref.to_dict(),
+                "predicted": pred.to_dict(),
+                "raw": pred.raw,
+                "error": pred.error,
+                **cmp.to_dict(),
+            }
+            for i, (rec, resp, ref, pred, cmp) in enumerate(zip(records, responses, references, predictions, per_example))
+        ],
+    )
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_config(EvalConfig, argv)
+    try:
+        report = evaluate(cfg)
+    except (ConfigError, DataError, FileNotFoundError) as exc:
+        print(f"reward_model.evaluate: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_markdown(report, title="Reward model evaluation"))
+    print(f"report written to {cfg.output_dir}/report.json and report.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

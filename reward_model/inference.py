@@ -1,0 +1,434 @@
+"""Batched reward-model inference: (prompt, response) pairs -> parsed Feedback and token rewards.
+
+`GenerativeRewardModel` is the one entry point the policy phase and the evaluation use::
+
+    rm = GenerativeRewardModel.from_pretrained("outputs/slf5k/reward_model")     # adapter dir or merged model
+    feedback = rm.feedback(prompts, responses)                                   # FeedbackSource protocol
+    rewards = rm.token_rewards(prompts, None, policy_tokenizer, response_token_ids=sampled_ids)
+
+- The input is built by `reward_model.serialization` with the instruction and prompt format stored in the
+  model directory's ``text2grad_config.yaml``, so the model is asked exactly the way it was trained.
+- Generation is batched (inputs sorted by length, left padding, KV cache; `text2grad.generation.generate`),
+  greedy by default, bounded by ``max_new_tokens``, and each row stops at EOS or as soon as it has written
+  a complete span-JSON object.
+- A generation that does not parse becomes ``Feedback.failed`` (no spans, zero reward) and is counted in
+  `stats`; it never raises, so one bad critique never costs a PPO batch.
+- Token rewards go through the shared core: `decode_with_offsets` on the exact ids the policy sampled (or the
+  policy tokenizer's offsets of the text), `feedback_token_labels`, then `span_token_rewards`.
+- ``backend="vllm"`` serves the same interface from vLLM (imported only when asked for; GPU only).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import torch
+import yaml
+
+from reward_model.serialization import DEFAULT_INSTRUCTION, PromptFormat, RMInput, fit_rm_input, parse_target
+from text2grad.feedback import Feedback
+from text2grad.rewards import RewardScheme, span_token_rewards
+from text2grad.spans import (
+    Boundary,
+    Occurrence,
+    Overlap,
+    decode_with_offsets,
+    feedback_token_labels,
+    token_offsets,
+)
+
+__all__ = ["GenerativeRewardModel", "RewardModelStats", "ScoredResponse", "json_complete", "CONFIG_FILENAME"]
+
+logger = logging.getLogger("reward_model.inference")
+
+CONFIG_FILENAME = "text2grad_config.yaml"
+Backend = Literal["hf", "vllm"]
+
+
+def json_complete(text: str) -> bool:
+    """True once ``text`` ends with a complete, valid span-JSON object (the end of z).
+
+    Cheap on the common path (the text must end with ``}``), exact on the rest: the object must parse
+    without repair, so a ``}`` inside a quoted span never stops generation early.
+    """
+    tail = text.rstrip()
+    if not tail.endswith("}"):
+        return False
+    result = parse_target(tail)
+    return result.ok and not result.repaired
+
+
+@dataclass
+class RewardModelStats:
+    """Counters over the model's lifetime (or since `GenerativeRewardModel.reset_stats`)."""
+
+    requests: int = 0  # (prompt, response) pairs asked for
+    malformed: int = 0  # outputs that did not parse: empty feedback, zero reward
+    truncated: int = 0  # outputs that hit max_new_tokens before EOS / the end of the JSON
+    repaired: int = 0  # outputs that parsed only after repair (e.g. truncated JSON closed)
+    bad_inputs: int = 0  # pairs that could not be rendered (e.g. not strings)
+    unmatched_quotes: int = 0  # quoted spans not found in the response (token_rewards only)
+    quotes: int = 0  # quoted spans seen by token_rewards
+
+    @property
+    def malformed_rate(self) -> float:
+        return self.malformed / self.requests if self.requests else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {**asdict(self), "malformed_rate": self.malformed_rate}
+
+
+@dataclass
+class ScoredResponse:
+    """Feedback on one response and the token rewards it implies for the policy's tokens.
+
+    ``rewards`` has shape (T,) with T = number of policy tokens of the response (``token_ids``), so it lines
+    up with the policy's log-probabilities of exactly those ids.
+    """
+
+    feedback: Feedback
+    token_ids: list[int]
+    labels: list[int]
+    rewards: torch.Tensor
+    text: str
+    unmatched: list[tuple[str, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Output:
+    text: str
+    finished: bool
+
+
+def _read_training_config(*dirs: str | None) -> dict[str, Any]:
+    """The ``text2grad_config.yaml`` saved by training, from the first directory that has one."""
+    for d in dirs:
+        if d and (Path(d) / CONFIG_FILENAME).is_file():
+            data = yaml.safe_load((Path(d) / CONFIG_FILENAME).read_text()) or {}
+            return data if isinstance(data, dict) else {}
+    return {}
+
+
+class GenerativeRewardModel:
+    """A causal LM that writes z = critique + span JSON for (prompt, response) pairs.
+
+    Args:
+        model: a causal LM (plain, merged, or a PeftModel); ignored by the vLLM backend (pass None).
+        tokenizer: the reward model's tokenizer.
+        instruction, prompt_format: how inputs are rendered; must match training (``from_pretrained``
+            reads them from ``text2grad_config.yaml``).
+        max_new_tokens: bound on the critique + JSON length.
+        batch_size: rows per generation batch.
+        max_input_length: inputs longer than this have their task prompt shortened in the middle
+            (the response is always kept whole).
+        do_sample, temperature, top_p: greedy by default.
+        stop_at_json: stop a row as soon as it has written a complete span-JSON object.
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        instruction: str = DEFAULT_INSTRUCTION,
+        prompt_format: PromptFormat = "auto",
+        max_new_tokens: int = 512,
+        batch_size: int = 16,
+        max_input_length: int | None = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_at_json: bool = True,
+        backend: Backend = "hf",
+        engine: Any = None,
+    ):
+        if backend not in ("hf", "vllm"):
+            raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
+        if max_new_tokens <= 0 or batch_size <= 0:
+            raise ValueError("max_new_tokens and batch_size must be positive")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.instruction = instruction
+        self.prompt_format: PromptFormat = prompt_format
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+        self.max_input_length = max_input_length
+        self.do_sample = do_sample
+        self.temperature = temperature
+        self.top_p = top_p
+        self.stop_at_json = stop_at_json
+        self.backend = backend
+        self.engine = engine  # the vLLM wrapper when backend == "vllm"
+        self.stats = RewardModelStats()
+        if backend == "hf" and model is None:
+            raise ValueError("the 'hf' backend needs a model")
+        if model is not None:
+            model.eval()
+
+    # ----------------------------------------------------------------------------------------------
+    # Loading
+    # ----------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_hub_id: str,
+        adapter: str | None = None,
+        *,
+        merge_adapter: bool = True,
+        dtype: str | None = "auto",
+        device: str | torch.device | None = None,
+        backend: Backend = "hf",
+        tokenizer_name_or_path: str | None = None,
+        vllm_kwargs: dict[str, Any] | None = None,
+        **kwargs,
+    ) -> "GenerativeRewardModel":
+        """Load a trained reward model.
+
+        Args:
+            path_or_hub_id: a merged model, a full fine-tune, a training output directory holding a LoRA
+                adapter (its base model is read from adapter_config.json), or a base model when ``adapter``
+                is given.
+            adapter: a LoRA adapter directory to put on ``path_or_hub_id``.
+            merge_adapter: fold the adapter into the weights (same outputs, faster generation).
+            dtype: "auto", "bf16", "fp16" or "fp32".
+            device: defaults to CUDA when available, else CPU.
+            backend: "hf" (transformers) or "vllm".
+            tokenizer_name_or_path: defaults to the adapter/model directory when it has tokenizer files.
+            vllm_kwargs: extra arguments for ``vllm.LLM`` (e.g. gpu_memory_utilization).
+            **kwargs: GenerativeRewardModel options (max_new_tokens, batch_size, ...); they override
+                what the saved training config says.
+        """
+        from text2grad.modeling import load_tokenizer
+
+        path = Path(path_or_hub_id)
+        is_adapter_dir = (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
+        adapter_dir = adapter or (str(path) if is_adapter_dir else None)
+        trained = _read_training_config(adapter_dir, str(path) if path.is_dir() else None)
+        tok_source = tokenizer_name_or_path
+        if tok_source is None:
+            has_tok = lambda d: d and (Path(d) / "tokenizer_config.json").is_file()  # noqa: E731
+            tok_source = next((d for d in (adapter_dir, str(path)) if has_tok(d)), None)
+        if tok_source is None:
+            tok_source = trained.get("tokenizer_name_or_path") or trained.get("model_name_or_path") or path_or_hub_id
+        tokenizer = load_tokenizer(str(tok_source), padding_side="left")
+        options: dict[str, Any] = {
+            "instruction": trained.get("instruction", DEFAULT_INSTRUCTION),
+            "prompt_format": trained.get("prompt_format", "auto"),
+        }
+        if trained.get("max_length"):
+            options["max_input_length"] = int(trained["max_length"])
+        options.update(kwargs)
+        if backend == "vllm":
+            base = path_or_hub_id
+            if is_adapter_dir:
+                from peft import PeftConfig
+
+                base = PeftConfig.from_pretrained(str(path)).base_model_name_or_path
+            engine = _VLLMEngine(base, adapter_dir, str(tok_source), dtype, vllm_kwargs or {})
+            return cls(None, tokenizer, backend="vllm", engine=engine, **options)
+        from text2grad.modeling import load_causal_lm
+
+        model = load_causal_lm(path_or_hub_id, adapter=adapter, dtype=dtype, merge_adapter=merge_adapter)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        return cls(model.to(device), tokenizer, **options)
+
+    # ----------------------------------------------------------------------------------------------
+    # Feedback
+    # ----------------------------------------------------------------------------------------------
+
+    def reset_stats(self) -> RewardModelStats:
+        """Zero the counters and return the old ones."""
+        old, self.stats = self.stats, RewardModelStats()
+        return old
+
+    def _inputs(self, prompts: Sequence[str], responses: Sequence[str]) -> list[RMInput | str]:
+        """Render each pair; a pair that cannot be rendered becomes its error message (a str)."""
+        out: list[RMInput | str] = []
+        for prompt, response in zip(prompts, responses):
+            try:
+                out.append(
+                    fit_rm_input(
+                        self.tokenizer,
+                        prompt,
+                        response,
+                        instruction=self.instruction,
+                        prompt_format=self.prompt_format,
+                        max_input_length=self.max_input_length,
+                    )
+                )
+            except (TypeError, ValueError) as exc:
+                out.append(f"bad input: {exc}")
+        return out
+
+    def _generate(self, inputs: list[RMInput]) -> list[_Output]:
+        if not inputs:
+            return []
+        # Longest first, so each batch pads little and an out-of-memory error shows up on the first batch.
+        lengths = [len(self.tokenizer(i.text, add_special_tokens=i.add_special_tokens)["input_ids"]) for i in inputs]
+        order = sorted(range(len(inputs)), key=lambda k: lengths[k], reverse=True)
+        results: dict[int, _Output] = {}
+        if self.backend == "vllm":
+            ids = [self.tokenizer(inputs[k].text, add_special_tokens=inputs[k].add_special_tokens)["input_ids"] for k in order]
+            generated = self.engine.generate(
+                ids, self.max_new_tokens, do_sample=self.do_sample, temperature=self.temperature, top_p=self.top_p
+            )
+            for k, (text, finished) in zip(order, generated):
+                results[k] = _Output(text, finished)
+        else:
+            from text2grad.generation import generate
+
+            for flag in (True, False):  # plain-template and chat-template inputs tokenize differently
+                group = [k for k in order if inputs[k].add_special_tokens is flag]
+                if not group:
+                    continue
+                gens = generate(
+                    self.model,
+                    self.tokenizer,
+                    [inputs[k].text for k in group],
+                    max_new_tokens=self.max_new_tokens,
+                    batch_size=self.batch_size,
+                    do_sample=self.do_sample,
+                    temperature=self.temperature,
+                    top_p=self.top_p,
+                    add_special_tokens=flag,
+                    stop_fn=json_complete if self.stop_at_json else None,
+                )
+                for k, g in zip(group, gens):
+                    results[k] = _Output(g.text, g.finished)
+        return [results[k] for k in range(len(inputs))]
+
+    def generate_feedback(self, prompts: Sequence[str], responses: Sequence[str]) -> list[Feedback]:
+        """One `Feedback` per (prompt, response), in order. Malformed outputs are `Feedback.failed` and counted."""
+        if len(prompts) != len(responses):
+            raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses; pass one prompt per response")
+        inputs = self._inputs(prompts, responses)
+        good = [k for k, i in enumerate(inputs) if isinstance(i, RMInput)]
+        outputs = dict(zip(good, self._generate([inputs[k] for k in good])))  # type: ignore[list-item]
+        results: list[Feedback] = []
+        for k, item in enumerate(inputs):
+            self.stats.requests += 1
+            if isinstance(item, str):
+                self.stats.bad_inputs += 1
+                self.stats.malformed += 1
+                results.append(Feedback.failed(item))
+                continue
+            out = outputs[k]
+            if not out.finished:
+                self.stats.truncated += 1
+            parsed = parse_target(out.text)
+            if not parsed.ok:
+                self.stats.malformed += 1
+                results.append(Feedback.failed(parsed.error or "unparseable output", raw=out.text))
+                continue
+            self.stats.repaired += int(parsed.repaired)
+            results.append(parsed.feedback)
+        return results
+
+    def feedback(self, prompts: Sequence[str], responses: Sequence[str]) -> list[Feedback]:
+        """`text2grad.feedback.FeedbackSource` protocol: same as `generate_feedback`."""
+        return self.generate_feedback(prompts, responses)
+
+    # ----------------------------------------------------------------------------------------------
+    # Token rewards
+    # ----------------------------------------------------------------------------------------------
+
+    def score(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[str] | None,
+        policy_tokenizer,
+        response_token_ids: Sequence[Sequence[int]] | None = None,
+        *,
+        scheme: RewardScheme = "uniform",
+        span_normalize: bool = False,
+        occurrence: Occurrence = "all",
+        overlap: Overlap = "poor",
+        boundary: Boundary = "any",
+    ) -> list[ScoredResponse]:
+        """Feedback plus token rewards aligned to the policy's tokens, for a batch of pairs.
+
+        With ``response_token_ids`` (the ids the policy sampled), the text is their decoding
+        (`decode_with_offsets`) and rewards have one entry per id, special tokens (EOS) included with 0;
+        ``responses`` may then be None and is ignored. Without ids, ``responses`` are tokenized with
+        ``policy_tokenizer`` (no special tokens). The other options are the core's span-to-token rules.
+        """
+        if response_token_ids is not None:
+            if len(response_token_ids) != len(prompts):
+                raise ValueError(f"got {len(prompts)} prompts but {len(response_token_ids)} response_token_ids")
+            decoded = [decode_with_offsets(policy_tokenizer, ids) for ids in response_token_ids]
+            ids_list = [[int(t) for t in ids] for ids in response_token_ids]
+        else:
+            if responses is None:
+                raise ValueError("pass responses or response_token_ids")
+            if len(responses) != len(prompts):
+                raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses")
+            decoded, ids_list = [], []
+            for text in responses:
+                ids, offsets = token_offsets(policy_tokenizer, text)
+                decoded.append((text, offsets))
+                ids_list.append(ids)
+        texts = [text for text, _ in decoded]
+        feedbacks = self.generate_feedback(prompts, texts)
+        scored = []
+        for fb, (text, offsets), ids in zip(feedbacks, decoded, ids_list):
+            result = feedback_token_labels(fb, text, offsets, occurrence=occurrence, overlap=overlap, boundary=boundary)
+            self.stats.quotes += result.alignment.n_quotes
+            self.stats.unmatched_quotes += result.alignment.n_unmatched
+            rewards = span_token_rewards(result.labels, scheme, span_normalize=span_normalize)
+            scored.append(ScoredResponse(fb, ids, result.labels, rewards, text, list(result.alignment.unmatched)))
+        return scored
+
+    def token_rewards(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[str] | None,
+        policy_tokenizer,
+        response_token_ids: Sequence[Sequence[int]] | None = None,
+        **options,
+    ) -> list[torch.Tensor]:
+        """Per-response reward tensors of shape (T_i,) aligned to the policy tokens (see `score`)."""
+        return [s.rewards for s in self.score(prompts, responses, policy_tokenizer, response_token_ids, **options)]
+
+
+class _VLLMEngine:
+    """The vLLM backend: token-id prompts in, (text, finished) out. vLLM is imported only here."""
+
+    def __init__(self, model: str, adapter: str | None, tokenizer: str, dtype: str | None, engine_kwargs: dict):
+        try:
+            from vllm import LLM, SamplingParams  # noqa: F401
+        except ImportError as exc:
+            raise ImportError(
+                "backend='vllm' needs the vllm package, which is not installed. Install it on a GPU machine with "
+                "`pip install 'text2grad[vllm]'`, or use backend='hf'."
+            ) from exc
+        kwargs = dict(model=model, tokenizer=tokenizer, dtype=dtype if dtype not in (None, "auto") else "auto")
+        self.lora = None
+        if adapter:
+            import json
+
+            from vllm.lora.request import LoRARequest
+
+            rank = int(json.loads((Path(adapter) / "adapter_config.json").read_text()).get("r", 16))
+            kwargs.update(enable_lora=True, max_lora_rank=max(rank, 8))
+            self.lora = LoRARequest("text2grad_reward_model", 1, str(adapter))
+        kwargs.update(engine_kwargs)
+        self.llm = LLM(**kwargs)
+
+    def generate(
+        self, input_ids: list[list[int]], max_new_tokens: int, *, do_sample: bool, temperature: float, top_p: float
+    ) -> list[tuple[str, bool]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            temperature=temperature if do_sample else 0.0,
+            top_p=top_p if do_sample else 1.0,
+            max_tokens=max_new_tokens,
+            skip_special_tokens=True,
+        )
+        prompts = [{"prompt_token_ids": list(ids)} for ids in input_ids]
+        outputs = self.llm.generate(prompts, params, lora_request=self.lora, use_tqdm=False)
+        return [(o.outputs[0].text, o.outputs[0].finish_reason == "stop") for o in outputs]

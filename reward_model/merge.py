@@ -1,0 +1,80 @@
+"""Fold a LoRA reward-model adapter into its base model and save a standalone model directory.
+
+    python -m reward_model.merge --adapter outputs/slf5k/reward_model --output_dir outputs/slf5k/reward_model_merged
+
+The merged directory holds the weights, the tokenizer (the adapter's own copy when it has one) and the
+training ``text2grad_config.yaml``, so `GenerativeRewardModel.from_pretrained(merged_dir)` asks it the same
+way it was trained, and serving stacks without PEFT (vLLM without LoRA, TGI) can load it directly.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from text2grad.config import ConfigError, parse_config
+
+__all__ = ["MergeConfig", "merge", "main"]
+
+CONFIG_FILENAME = "text2grad_config.yaml"
+
+
+@dataclass
+class MergeConfig:
+    """Merge a LoRA adapter into its base model (base + adapter -> one model directory with tokenizer)."""
+
+    adapter: str = field(default="", metadata={"help": "Adapter directory (a training output_dir or a checkpoint-N)."})
+    output_dir: str = field(default="", metadata={"help": "Where the merged model, tokenizer and config are written."})
+    base_model: str | None = field(
+        default=None,
+        metadata={"help": "Base model hub id or path; defaults to base_model_name_or_path in adapter_config.json."},
+    )
+    dtype: str = field(default="auto", metadata={"help": "dtype of the saved weights: auto, bf16, fp16, fp32."})
+    max_shard_size: str = field(default="5GB", metadata={"help": "Largest safetensors shard."})
+
+
+def merge(cfg: MergeConfig) -> Path:
+    """Write the merged model to ``cfg.output_dir`` and return that path."""
+    from peft import PeftConfig
+
+    from text2grad.modeling import load_causal_lm, load_tokenizer
+
+    adapter = Path(cfg.adapter)
+    if not cfg.adapter or not (adapter / "adapter_config.json").is_file():
+        raise ConfigError(
+            f"adapter {cfg.adapter!r} is not a LoRA adapter directory (no adapter_config.json); a full fine-tune "
+            "needs no merge"
+        )
+    if not cfg.output_dir:
+        raise ConfigError("output_dir is required")
+    out = Path(cfg.output_dir)
+    if out.resolve() == adapter.resolve():
+        raise ConfigError("output_dir must differ from the adapter directory")
+    base = cfg.base_model or PeftConfig.from_pretrained(str(adapter)).base_model_name_or_path
+    model = load_causal_lm(base, adapter=str(adapter), dtype=cfg.dtype, merge_adapter=True)
+    tok_dir = str(adapter) if (adapter / "tokenizer_config.json").is_file() else base
+    tokenizer = load_tokenizer(tok_dir, padding_side="left")
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, max_shard_size=cfg.max_shard_size)
+    tokenizer.save_pretrained(out)
+    if (adapter / CONFIG_FILENAME).is_file():
+        shutil.copyfile(adapter / CONFIG_FILENAME, out / CONFIG_FILENAME)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_config(MergeConfig, argv)
+    try:
+        out = merge(cfg)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"reward_model.merge: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"merged model written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

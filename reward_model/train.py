@@ -1,0 +1,436 @@
+"""Train the generative reward model: (prompt x, response y) -> z = critique + span JSON (paper Sec. 3.4).
+
+One device::
+
+    python -m reward_model.train --config configs/slf5k/reward_model.yaml
+
+Several devices with DeepSpeed (ZeRO-2 or ZeRO-3 JSON from configs/deepspeed/)::
+
+    deepspeed --num_gpus 8 -m reward_model.train --config configs/slf5k/reward_model.yaml \\
+        --deepspeed configs/deepspeed/zero3.json
+    accelerate launch --num_processes 8 -m reward_model.train --config ...
+
+Causal-LM maximum likelihood on z only (teacher forcing; prompt and response tokens carry label -100), built
+on the transformers `Trainer`. LoRA through peft by default; ``--use_lora false`` fine-tunes every weight.
+The output directory (and every ``checkpoint-N`` in it) holds the adapter (or full weights), the tokenizer
+and ``text2grad_config.yaml``, the exact config, which inference reads back so the model is always asked
+the way it was trained. ``--resume_from_checkpoint latest`` continues from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from reward_model.serialization import (
+    DEFAULT_INSTRUCTION,
+    PromptFormat,
+    collate,
+    encode_example,
+    record_feedback,
+)
+from text2grad.config import ConfigError, parse_config, save_config
+from text2grad.data import DataError, load_records
+
+__all__ = ["RewardModelConfig", "CONFIG_FILENAME", "build_dataset", "train", "main"]
+
+logger = logging.getLogger("reward_model.train")
+
+CONFIG_FILENAME = "text2grad_config.yaml"
+REQUIRED_FIELDS = ("prompt", "response", "critique", "good_spans", "poor_spans")
+LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class RewardModelConfig:
+    """Train the Text2Grad generative reward model (critique + span JSON) with LoRA or full fine-tuning.
+
+    Defaults follow the paper's reward-model setting for Llama-3.1-8B-Instruct (its public training
+    script: LoRA r=16, alpha=32, dropout=0.05, learning rate 1e-5, 3 epochs, batch 1 per device,
+    sequences up to 1400 tokens, gradient clipping 1.0, DeepSpeed ZeRO-3). One difference: LoRA here
+    targets every linear projection of the Llama block (the paper's script adapted q_proj and v_proj
+    only; pass ``--lora_target_modules q_proj,v_proj`` to match it exactly).
+    """
+
+    # ----- model and data
+    model_name_or_path: str = field(
+        default="meta-llama/Llama-3.1-8B-Instruct",
+        metadata={"help": "Base model: a hub id or a local directory saved with save_pretrained()."},
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Tokenizer to use; defaults to model_name_or_path."}
+    )
+    train_file: str = field(
+        default="",
+        metadata={
+            "help": "Annotated training data: a JSONL/JSON file (annotation phase output), a save_to_disk "
+            "directory or a hub dataset id, with prompt, response, critique, good_spans, poor_spans."
+        },
+    )
+    train_split: str = field(default="train", metadata={"help": "Split of train_file when it is a hub dataset."})
+    eval_file: str | None = field(
+        default=None, metadata={"help": "Held-out annotated data for the evaluation loss (same layout)."}
+    )
+    eval_split: str = field(default="validation", metadata={"help": "Split of eval_file when it is a hub dataset."})
+    field_map: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"help": "Rename dataset fields, {our_name: their_name}, e.g. {\"prompt\": \"post\"}."},
+    )
+    limit: int | None = field(default=None, metadata={"help": "Use only the first N training records."})
+    output_dir: str = field(
+        default="outputs/reward_model",
+        metadata={"help": "Where checkpoints and the final adapter/model, tokenizer and config go."},
+    )
+    # ----- how the model is asked
+    instruction: str = field(
+        default=DEFAULT_INSTRUCTION,
+        metadata={"help": "Instruction placed before the prompt and response (saved with the model for inference)."},
+    )
+    prompt_format: PromptFormat = field(
+        default="auto",
+        metadata={"help": "auto: the tokenizer's chat template if it has one, else the plain template; chat; plain."},
+    )
+    max_length: int = field(
+        default=1400,
+        metadata={
+            "help": "Max tokens of input + target. Long task prompts are shortened in the middle; examples "
+            "whose response + target cannot fit are dropped (and counted)."
+        },
+    )
+    # ----- LoRA
+    use_lora: bool = field(default=True, metadata={"help": "Train a LoRA adapter (true) or every weight (false)."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha (scaling = alpha / r)."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input."})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: list(LLAMA_LINEAR_MODULES),
+        metadata={"help": "Module names that get LoRA adapters (comma-separated on the command line)."},
+    )
+    # ----- optimisation
+    learning_rate: float = field(default=1e-5, metadata={"help": "Peak learning rate."})
+    lr_scheduler_type: str = field(default="linear", metadata={"help": "transformers scheduler name."})
+    warmup_ratio: float = field(default=0.0, metadata={"help": "Share of training steps for linear warmup."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    num_train_epochs: float = field(default=3.0, metadata={"help": "Epochs over the training data."})
+    max_steps: int = field(default=-1, metadata={"help": "Stop after this many optimizer steps (overrides epochs if > 0)."})
+    per_device_train_batch_size: int = field(default=1, metadata={"help": "Sequences per device per micro-step."})
+    per_device_eval_batch_size: int = field(default=1, metadata={"help": "Sequences per device for eval loss."})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-steps per optimizer step."})
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Recompute activations in backward (less memory, ~30% slower)."}
+    )
+    bf16: bool = field(default=False, metadata={"help": "Train in bfloat16 mixed precision (Ampere+ GPUs)."})
+    fp16: bool = field(default=False, metadata={"help": "Train in float16 mixed precision."})
+    dtype: str = field(
+        default="auto",
+        metadata={"help": "dtype the base weights are loaded in: auto, bf16, fp16, fp32."},
+    )
+    deepspeed: str | None = field(
+        default=None,
+        metadata={"help": "DeepSpeed JSON config, e.g. configs/deepspeed/zero2.json or zero3.json."},
+    )
+    # ----- bookkeeping
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={"help": "A checkpoint-N directory to resume from, or 'latest' for the newest one in output_dir."},
+    )
+    save_steps: int = field(default=500, metadata={"help": "Save a checkpoint every N optimizer steps."})
+    save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most N checkpoints."})
+    eval_steps: int = field(default=500, metadata={"help": "Evaluation loss every N steps (when eval_file is set)."})
+    logging_steps: int = field(default=10, metadata={"help": "Log the training loss every N steps."})
+    seed: int = field(default=42, metadata={"help": "Random seed (data order, LoRA init)."})
+    report_to: str = field(
+        default="none", metadata={"help": "Experiment tracker(s): none, tensorboard, wandb (comma-separated)."}
+    )
+    disable_tqdm: bool = field(default=False, metadata={"help": "Hide the progress bar."})
+
+    def __post_init__(self) -> None:
+        if self.max_length < 8:
+            raise ConfigError(f"max_length must be at least 8 tokens, got {self.max_length}")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError(f"warmup_ratio is a share of the training steps in [0, 1), got {self.warmup_ratio}")
+        if self.bf16 and self.fp16:
+            raise ConfigError("choose at most one of bf16 and fp16")
+        if self.use_lora and (self.lora_r <= 0 or not self.lora_target_modules):
+            raise ConfigError("LoRA needs lora_r > 0 and at least one lora_target_modules entry")
+        if self.deepspeed and not Path(self.deepspeed).is_file():
+            raise ConfigError(f"deepspeed config {self.deepspeed!r} does not exist (see configs/deepspeed/)")
+
+
+# --------------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------------
+
+
+class _Examples(torch.utils.data.Dataset):
+    def __init__(self, examples: list[dict[str, list[int]]]):
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> dict[str, list[int]]:
+        return self.examples[i]
+
+
+def build_dataset(
+    cfg: RewardModelConfig, tokenizer, source: str, split: str, limit: int | None = None
+) -> tuple[_Examples, int]:
+    """Load annotated records and tokenize them. Returns (dataset, number of records dropped for length)."""
+    records = load_records(source, split=split, field_map=cfg.field_map, required=REQUIRED_FIELDS, limit=limit)
+    examples, dropped = [], 0
+    for rec in records:
+        enc = encode_example(
+            tokenizer,
+            str(rec["prompt"]),
+            str(rec["response"]),
+            record_feedback(rec),
+            max_length=cfg.max_length,
+            instruction=cfg.instruction,
+            prompt_format=cfg.prompt_format,
+        )
+        if enc is None:
+            dropped += 1
+        else:
+            examples.append(enc.as_dict())
+    if not examples:
+        raise DataError(
+            f"{source}: none of {len(records)} records fit in max_length={cfg.max_length} tokens "
+            "(response + critique + JSON); raise --max_length"
+        )
+    return _Examples(examples), dropped
+
+
+# --------------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------------
+
+
+def _build_model(cfg: RewardModelConfig):
+    from text2grad.modeling import load_causal_lm
+
+    model = load_causal_lm(cfg.model_name_or_path, dtype=cfg.dtype)
+    if cfg.gradient_checkpointing:
+        model.config.use_cache = False
+    if not cfg.use_lora:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [m for m in cfg.lora_target_modules if m not in names]
+    if len(missing) == len(cfg.lora_target_modules):
+        raise ConfigError(
+            f"none of lora_target_modules {cfg.lora_target_modules} exist in {cfg.model_name_or_path}; "
+            f"set --lora_target_modules to some of its linear layers"
+        )
+    lora = LoraConfig(
+        task_type="CAUSAL_LM",
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=[m for m in cfg.lora_target_modules if m in names],
+        bias="none",
+    )
+    model = get_peft_model(model, lora)
+    if cfg.gradient_checkpointing:
+        model.enable_input_require_grads()  # checkpointed blocks need an input that requires grad
+    return model
+
+
+def _last_checkpoint(output_dir: str) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+
+
+def _resume_path(cfg: RewardModelConfig) -> str | None:
+    if cfg.resume_from_checkpoint in (None, "", "false", "False"):
+        return None
+    if cfg.resume_from_checkpoint in ("latest", "true", "True"):
+        last = _last_checkpoint(cfg.output_dir)
+        if last is None:
+            raise ConfigError(f"resume_from_checkpoint=latest but {cfg.output_dir} holds no checkpoint-N directory")
+        return last
+    if not Path(cfg.resume_from_checkpoint).is_dir():
+        raise ConfigError(f"resume_from_checkpoint {cfg.resume_from_checkpoint!r} is not a directory")
+    return cfg.resume_from_checkpoint
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------
+
+
+def _allow_deepspeed_on_cpu() -> None:
+    """Let the Trainer run DeepSpeed on CPU ranks (``DS_ACCELERATOR=cpu``), as CI does to test the ZeRO path.
+
+    accelerate only knows DeepSpeed on accelerators: on a CPU rank under the deepspeed launcher it finds no
+    communication backend and sets up a world of one process, so every rank trains alone. DeepSpeed itself
+    runs its CPU ranks over a gloo process group; this tells accelerate the same. GPU runs never get here.
+    """
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    if getattr(PartialState._prepare_backend, "_text2grad_cpu", False):
+        return
+    original = PartialState._prepare_backend
+
+    def prepare_backend(self, cpu: bool = False, sagemaker_dp: bool = False, backend: str | None = None):
+        found, kind = original(self, cpu, sagemaker_dp, backend)
+        if found is None and int(os.environ.get("LOCAL_RANK", -1)) != -1:
+            return "gloo", DistributedType.MULTI_CPU
+        return found, kind
+
+    prepare_backend._text2grad_cpu = True  # type: ignore[attr-defined]
+    PartialState._prepare_backend = prepare_backend
+
+
+def _checkpointing_kwargs(args_cls, enabled: bool) -> dict[str, bool]:
+    """transformers 5 renamed ``gradient_checkpointing`` to ``activation_checkpointing``; pass whichever exists."""
+    import inspect
+
+    if not enabled:
+        return {}
+    params = inspect.signature(args_cls.__init__).parameters
+    return {"activation_checkpointing" if "activation_checkpointing" in params else "gradient_checkpointing": True}
+
+
+def train(cfg: RewardModelConfig) -> dict[str, Any]:
+    """Run training and save the result in ``cfg.output_dir``. Returns the final training metrics."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
+
+    from text2grad.modeling import load_tokenizer
+
+    if not cfg.train_file:
+        raise ConfigError("train_file is required (annotated JSONL from the annotation phase)")
+    resume = _resume_path(cfg)
+    if cfg.deepspeed and os.environ.get("DS_ACCELERATOR") == "cpu" and not torch.cuda.is_available():
+        _allow_deepspeed_on_cpu()
+    # TrainingArguments first: with a ZeRO-3 config it registers DeepSpeed so that from_pretrained
+    # partitions the weights while loading instead of materialising the full model on every rank.
+    args = TrainingArguments(
+        output_dir=cfg.output_dir,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        per_device_eval_batch_size=cfg.per_device_eval_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        warmup_steps=cfg.warmup_ratio,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        num_train_epochs=cfg.num_train_epochs,
+        max_steps=cfg.max_steps,
+        **_checkpointing_kwargs(TrainingArguments, cfg.gradient_checkpointing),
+        bf16=cfg.bf16,
+        fp16=cfg.fp16,
+        deepspeed=cfg.deepspeed,
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
+        eval_strategy="steps" if cfg.eval_file else "no",
+        eval_steps=cfg.eval_steps if cfg.eval_file else None,
+        logging_steps=cfg.logging_steps,
+        report_to=[r for r in cfg.report_to.split(",") if r and r != "none"] or "none",
+        seed=cfg.seed,
+        remove_unused_columns=False,  # our examples are already model inputs
+        disable_tqdm=cfg.disable_tqdm,
+        dataloader_num_workers=0,
+    )
+    set_seed(cfg.seed)
+    tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="right")
+    train_set, dropped = build_dataset(cfg, tokenizer, cfg.train_file, cfg.train_split, cfg.limit)
+    eval_set = None
+    if cfg.eval_file:
+        eval_set, eval_dropped = build_dataset(cfg, tokenizer, cfg.eval_file, cfg.eval_split)
+        dropped += eval_dropped
+    if dropped and args.process_index == 0:
+        logger.warning("dropped %d record(s) longer than max_length=%d tokens", dropped, cfg.max_length)
+    model = _build_model(cfg)
+    if args.process_index == 0 and cfg.use_lora:
+        numel = lambda p: getattr(p, "ds_numel", p.numel())  # noqa: E731 - ZeRO-3 params are partitioned
+        trainable = sum(numel(p) for p in model.parameters() if p.requires_grad)
+        total = sum(numel(p) for p in model.parameters())
+        logger.info("LoRA: %d trainable of %d parameters (%.3f%%)", trainable, total, 100 * trainable / max(total, 1))
+
+    class SaveConfig(TrainerCallback):
+        """Put the exact config next to every checkpoint, so any checkpoint can be served or resumed alone."""
+
+        def on_save(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                if ckpt.is_dir():
+                    save_config(cfg, ckpt / CONFIG_FILENAME)
+
+    pad_id = tokenizer.pad_token_id
+    trainer = Trainer(
+        model=model,
+        args=args,
+        data_collator=lambda batch: collate(batch, pad_id),
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        processing_class=tokenizer,
+        callbacks=[SaveConfig()],
+    )
+    result = trainer.train(resume_from_checkpoint=resume)
+    metrics = dict(result.metrics)
+    metrics["train_examples"] = len(train_set)
+    metrics["dropped_too_long"] = dropped
+    if eval_set is not None:  # the final model's eval loss, reusing the in-loop one when it was just computed
+        last = next((h for h in reversed(trainer.state.log_history) if "eval_loss" in h), None)
+        fresh = last is not None and last.get("step") == trainer.state.global_step
+        metrics.update({k: v for k, v in last.items() if k.startswith("eval_")} if fresh else trainer.evaluate())
+    trainer.save_model(cfg.output_dir)  # adapter only for LoRA; gathers ZeRO-3 shards
+    if trainer.is_world_process_zero():
+        tokenizer.padding_side = "left"  # the saved tokenizer is for generation
+        tokenizer.save_pretrained(cfg.output_dir)
+        save_config(cfg, Path(cfg.output_dir) / CONFIG_FILENAME)
+        trainer.save_metrics("train", metrics)
+        trainer.save_state()
+    return metrics
+
+
+def _strip_launcher_args(argv: Sequence[str]) -> list[str]:
+    """Drop ``--local_rank=N`` that the deepspeed launcher appends (the rank also arrives as LOCAL_RANK)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg.startswith(("--local_rank=", "--local-rank=")):
+            continue
+        if arg in ("--local_rank", "--local-rank"):
+            skip = True
+            continue
+        out.append(arg)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    args = _strip_launcher_args(sys.argv[1:] if argv is None else argv)
+    cfg = parse_config(RewardModelConfig, args)
+    try:
+        metrics = train(cfg)
+    except (ConfigError, DataError, FileNotFoundError) as exc:
+        print(f"reward_model.train: error: {exc}", file=sys.stderr)
+        return 2
+    if int(os.environ.get("RANK", "0")) == 0:
+        loss = metrics.get("train_loss")
+        shown = f"{loss:.4f}" if isinstance(loss, float) and math.isfinite(loss) else loss
+        print(f"reward model saved to {cfg.output_dir} (train_loss={shown}, examples={metrics['train_examples']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""`python -m reward_model.evaluate`: the Table 1 / Appendix C metrics, as JSON and Markdown."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import RECORDS, write_records
+from reward_model.evaluate import main
+from text2grad.cli import main as cli_main
+
+
+def test_evaluate_memorized_model(memorized_rm, rm_world, tmp_path, unigram_tokenizer):
+    unigram_tokenizer.save_pretrained(tmp_path / "policy_tok")
+    out = tmp_path / "eval"
+    rc = main([
+        "--model_name_or_path", str(memorized_rm), "--eval_file", str(rm_world / "train.jsonl"),
+        "--output_dir", str(out), "--max_new_tokens", "64", "--batch_size", "3",
+        "--label_tokenizer", str(tmp_path / "policy_tok"),
+    ])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["n_examples"] == 4 and report["json_validity_rate"] == 1.0
+    assert report["unmatched_span_rate"] == 0.0 and report["token_label_accuracy"] == 1.0
+    for cls in ("positive", "negative", "neutral"):
+        assert report["token"][cls]["precision"] == report["token"][cls]["recall"] == 1.0
+        assert report["token"][cls]["support"] > 0
+    assert report["spans"]["exact"] == report["spans"]["n_reference"] == 6
+    assert report["generation"]["malformed"] == 0 and report["generation"]["requests"] == 4
+    assert "| positive | 1.000 | 1.000 | 1.000 |" in (out / "report.md").read_text()
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [r["id"] for r in RECORDS]
+    assert all(r["predicted"] == r["reference"] for r in rows)
+
+
+def test_evaluate_saved_predictions_by_hand(rm_world, tmp_path):
+    predictions = [
+        {"id": "a", "critique": "ok", "good_spans": ["for a job"], "poor_spans": ["Oslo"]},  # exact
+        {"id": "b", "raw": "I refuse to answer in JSON."},  # malformed
+        {"id": "c", "critique": "bad", "good_spans": [], "poor_spans": ["compare prices"]},  # wrong sign
+        {"id": "d", "raw": 'Hmm.\n{"good_spans": ["Sam wants"], "poor_spans": ["a cat", "a bird"]}'},  # 1 unmatched
+    ]
+    pred_file = write_records(tmp_path / "pred.jsonl", list(reversed(predictions)))  # matched by id, not order
+    out = tmp_path / "eval"
+    # through the `text2grad eval-rm` console entry point
+    rc = cli_main([
+        "eval-rm", "--predictions_file", str(pred_file), "--eval_file", str(rm_world / "train.jsonl"),
+        "--output_dir", str(out), "--label_tokenizer", str(rm_world / "base"),
+    ])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["json_validity"] == {"total": 4, "valid": 3, "repaired": 0}
+    assert report["unmatched_span_rate"] == pytest.approx(1 / 6)  # 6 predicted quotes, "a bird" not found
+    spans = report["spans"]
+    # reference spans: a 2, b 2, c 1, d 1; exact: a 2 + d 1 ("a cat"); predicted located: a 2, c 1, d 2
+    assert (spans["n_reference"], spans["exact"], spans["partial"], spans["n_predicted"]) == (6, 3, 0, 5)
+    assert spans["predicted_overlapping"] == 3
+    pos, neg = report["token"]["positive"], report["token"]["negative"]
+    assert 0 < pos["precision"] < 1 and 0 < pos["recall"] < 1  # "Sam wants" is a false positive
+    assert 0 < neg["precision"] < 1  # "compare prices" is a false negative-label
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert rows[1]["error"] and rows[1]["predicted_ok"] is False
+    assert rows[3]["predicted_unmatched"] == ["a bird"]
+
+
+def test_evaluate_errors(rm_world, tmp_path, capsys):
+    assert main(["--eval_file", str(rm_world / "train.jsonl"), "--output_dir", str(tmp_path)]) == 2
+    assert "--model_name_or_path" in capsys.readouterr().err
+    pred = write_records(tmp_path / "p.jsonl", [{"id": "zzz", "raw": "x"}])
+    rc = main(["--predictions_file", str(pred), "--eval_file", str(rm_world / "train.jsonl"),
+               "--output_dir", str(tmp_path), "--label_tokenizer", str(rm_world / "base")])
+    assert rc == 2 and "no prediction for record 'a'" in capsys.readouterr().err

@@ -1,0 +1,170 @@
+"""Batched inference: parsed feedback in order, token rewards aligned to a policy tokenizer, failures counted."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from conftest import INSTRUCTION, RECORDS
+from reward_model.inference import GenerativeRewardModel, json_complete
+from text2grad.feedback import Feedback, FeedbackSource
+from text2grad.generation import generate
+from text2grad.modeling import build_tiny_llama
+from text2grad.spans import decode_with_offsets, feedback_token_labels, token_offsets
+
+PROMPTS = [r["prompt"] for r in RECORDS]
+RESPONSES = [r["response"] for r in RECORDS]
+REFERENCES = [Feedback.from_dict(r) for r in RECORDS]
+
+
+@pytest.fixture(scope="module")
+def memorized(memorized_rm):
+    return GenerativeRewardModel.from_pretrained(str(memorized_rm), max_new_tokens=64, batch_size=3)
+
+
+def test_memorized_model_reproduces_every_target_in_order(memorized):
+    # Permuted and repeated, with batch_size=3, so rows cross batch boundaries and length sorting.
+    order = [2, 0, 3, 1, 1, 2]
+    memorized.reset_stats()
+    feedback = memorized.generate_feedback([PROMPTS[i] for i in order], [RESPONSES[i] for i in order])
+    assert len(feedback) == len(order)
+    for i, fb in zip(order, feedback):
+        ref = REFERENCES[i]
+        assert fb.ok, fb.error
+        assert (fb.critique, fb.good_spans, fb.poor_spans) == (ref.critique, ref.good_spans, ref.poor_spans)
+    assert memorized.stats.requests == 6 and memorized.stats.malformed == 0 and memorized.stats.truncated == 0
+    assert memorized.instruction == INSTRUCTION  # read back from text2grad_config.yaml
+    assert isinstance(memorized, FeedbackSource)
+
+
+def test_token_rewards_align_to_another_policy_tokenizer(memorized, unigram_tokenizer):
+    scored = memorized.score(PROMPTS, RESPONSES, unigram_tokenizer)
+    assert len(scored) == len(RECORDS)
+    for s, ref, text in zip(scored, REFERENCES, RESPONSES):
+        ids, offsets = token_offsets(unigram_tokenizer, text)
+        expected = feedback_token_labels(ref, text, offsets).labels
+        assert s.token_ids == ids and s.labels == expected
+        assert s.rewards.shape == (len(ids),) and s.rewards.tolist() == [float(x) for x in expected]
+        assert not s.unmatched
+    # the labels carry real signal: each record has at least one non-neutral token, signs as annotated
+    assert all(any(s.labels) for s in scored)
+    assert 1 in scored[2].labels and -1 not in scored[2].labels
+    assert -1 in scored[3].labels and 1 not in scored[3].labels
+    as_tensors = memorized.token_rewards(PROMPTS, RESPONSES, unigram_tokenizer)
+    for t, s in zip(as_tensors, scored):
+        torch.testing.assert_close(t, s.rewards)
+
+
+def test_token_rewards_on_exact_sampled_ids(memorized, bpe_tokenizer):
+    """With the ids the policy sampled (here with an EOS at the end), rewards line up with those ids."""
+    eos = bpe_tokenizer.eos_token_id
+    sampled = [bpe_tokenizer(text, add_special_tokens=False)["input_ids"] + [eos] for text in RESPONSES]
+    scored = memorized.score(PROMPTS, None, bpe_tokenizer, response_token_ids=sampled)
+    for s, ids, ref in zip(scored, sampled, REFERENCES):
+        text, offsets = decode_with_offsets(bpe_tokenizer, ids)
+        assert s.text == text and s.token_ids == ids and len(s.rewards) == len(ids)
+        assert s.labels == feedback_token_labels(ref, text, offsets).labels
+        assert s.labels[-1] == 0  # EOS gets no reward
+    decayed = memorized.token_rewards(PROMPTS, None, bpe_tokenizer, response_token_ids=sampled, scheme="linear_decay")
+    assert any((d.abs() < s.rewards.abs()).any() for d, s in zip(decayed, scored) if s.rewards.abs().sum() > 1)
+
+
+def test_malformed_generations_give_zero_reward_and_are_counted(rm_world, rm_tokenizer):
+    """An untrained model writes garbage: every pair gets an empty feedback, a zero reward, and no exception."""
+    model = build_tiny_llama(rm_tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=3)
+    rm = GenerativeRewardModel(model, rm_tokenizer, instruction=INSTRUCTION, max_new_tokens=8, batch_size=2)
+    scored = rm.score(PROMPTS, RESPONSES, rm_tokenizer)
+    assert len(scored) == 4
+    for s in scored:
+        assert not s.feedback.ok and s.feedback.raw is not None
+        assert s.rewards.shape == (len(s.token_ids),) and float(s.rewards.abs().sum()) == 0.0
+    assert rm.stats.requests == 4 and rm.stats.malformed == 4 and rm.stats.truncated == 4
+    assert rm.stats.malformed_rate == 1.0
+    # a pair that cannot even be rendered is a counted failure too, not an exception
+    out = rm.feedback(["ok prompt", "p"], ["ok response", None])  # type: ignore[list-item]
+    assert "bad input" in out[1].error and rm.stats.bad_inputs == 1
+    old = rm.reset_stats()
+    assert old.requests == 6 and rm.stats.requests == 0
+    with pytest.raises(ValueError, match="one prompt per response"):
+        rm.feedback(["a"], ["b", "c"])
+
+
+def test_max_new_tokens_bounds_generation(memorized):
+    short = GenerativeRewardModel(memorized.model, memorized.tokenizer, instruction=INSTRUCTION, max_new_tokens=5)
+    fb = short.feedback(PROMPTS[:1], RESPONSES[:1])[0]
+    assert len(memorized.tokenizer(fb.raw, add_special_tokens=False)["input_ids"]) <= 6
+    assert short.stats.truncated == 1 and short.stats.malformed == 1
+
+
+def test_json_complete():
+    assert json_complete('Fine.\n{"good_spans": ["a"], "poor_spans": []}')
+    assert json_complete('{"good_spans": [], "poor_spans": []}  \n')
+    assert not json_complete('Fine.\n{"good_spans": ["a"], "poor_spans": [')
+    assert not json_complete('Fine.\n{"good_spans": ["a }')  # a brace inside a quote is not the end
+    assert not json_complete("The { is never closed.")
+    assert not json_complete('{"unrelated": 1}')
+
+
+def test_generate_stop_fn_cuts_rows_at_the_first_accepting_prefix(rm_tokenizer):
+    """Core change used by the reward model: text2grad.generation.generate(stop_fn=...)."""
+    model = build_tiny_llama(rm_tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=1)
+    prompts = ["Summarize: Alex moved", "How do I find a bike"]
+    free = generate(model, rm_tokenizer, prompts, max_new_tokens=12)
+    stop = lambda text: len(text) >= 6  # noqa: E731
+    cut = generate(model, rm_tokenizer, prompts, max_new_tokens=12, stop_fn=stop)
+    for f, c in zip(free, cut):
+        if not stop(f.text):
+            assert c.response_ids == f.response_ids and not c.finished
+            continue
+        k = next(k for k in range(1, len(f.response_ids) + 1)
+                 if stop(rm_tokenizer.decode(f.response_ids[:k], skip_special_tokens=True)))
+        assert c.response_ids == f.response_ids[:k] and c.finished and stop(c.text)
+    assert any(stop(f.text) for f in free)
+
+
+def test_vllm_backend_is_lazy_and_explains_itself(memorized_rm, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # "not installed"
+    with pytest.raises(ImportError, match="pip install 'text2grad\\[vllm\\]'"):
+        GenerativeRewardModel.from_pretrained(str(memorized_rm), backend="vllm")
+
+
+def test_vllm_backend_feeds_the_same_token_ids(memorized_rm, memorized, monkeypatch):
+    """A stand-in vLLM that answers with the HF model checks the plumbing: same ids in, same feedback out."""
+    calls = {}
+
+    class SamplingParams:
+        def __init__(self, **kw):
+            calls["params"] = kw
+
+    class LLM:
+        def __init__(self, **kw):
+            calls["engine"] = kw
+
+        def generate(self, prompts, params, lora_request=None, use_tqdm=True):
+            calls["prompts"] = prompts
+            outs = []
+            for p in prompts:
+                ids = torch.tensor([p["prompt_token_ids"]])
+                with torch.no_grad():
+                    seq = memorized.model.generate(ids, max_new_tokens=64, do_sample=False,
+                                                   eos_token_id=memorized.tokenizer.eos_token_id)
+                new = seq[0, ids.shape[1]:].tolist()
+                text = memorized.tokenizer.decode(new, skip_special_tokens=True)
+                outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(text=text, finish_reason="stop")]))
+            return outs
+
+    fake = types.ModuleType("vllm")
+    fake.LLM, fake.SamplingParams = LLM, SamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    rm = GenerativeRewardModel.from_pretrained(str(memorized_rm), backend="vllm", max_new_tokens=64)
+    feedback = rm.feedback(PROMPTS, RESPONSES)
+    assert calls["engine"]["model"] == str(memorized_rm) and calls["params"]["temperature"] == 0.0
+    assert calls["params"]["max_tokens"] == 64
+    hf_ids = {tuple(memorized.tokenizer(t, add_special_tokens=True)["input_ids"]) for t in
+              (i.text for i in memorized._inputs(PROMPTS, RESPONSES))}
+    assert {tuple(p["prompt_token_ids"]) for p in calls["prompts"]} == hf_ids
+    for fb, ref in zip(feedback, REFERENCES):
+        assert fb.good_spans == ref.good_spans and fb.poor_spans == ref.poor_spans

@@ -1,0 +1,97 @@
+"""The real launchers: a 2-process DeepSpeed ZeRO-3 run on CPU, and the per-dataset shell scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import RECORDS, train_args
+from reward_model.inference import GenerativeRewardModel
+from test_train import mean_loss
+from text2grad.modeling import load_causal_lm, load_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHON": sys.executable}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env
+
+
+def _tail(proc: subprocess.CompletedProcess) -> str:
+    return f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-4000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_deepspeed_zero3_two_cpu_processes_train_save_reload(rm_world, tmp_path):
+    out = tmp_path / "ds"
+    cmd = [
+        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(_free_port()),
+        "--module", "reward_model.train",
+        *train_args(rm_world, out, max_steps=4, save_steps=2, per_device_train_batch_size=1, learning_rate=1e-2,
+                    deepspeed=str(REPO / "configs" / "deepspeed" / "zero3.json")),
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, _tail(proc)
+    state = json.loads((out / "trainer_state.json").read_text())
+    # 4 steps x 1 sequence per process x 2 processes = 8 sequences = 2 epochs of the 4 records;
+    # a run that silently fell back to one process would report 1 epoch.
+    assert state["global_step"] == 4 and state["epoch"] == pytest.approx(2.0)
+    assert (out / "checkpoint-2" / "global_step2").is_dir()  # ZeRO optimizer shards, for resuming
+    assert (out / "checkpoint-2" / "text2grad_config.yaml").is_file()
+    # Reload what rank 0 gathered and saved: a real adapter that changed the model.
+    tokenizer = load_tokenizer(str(rm_world / "base"))
+    before = mean_loss(load_causal_lm(str(rm_world / "base")), tokenizer)
+    after = mean_loss(load_causal_lm(str(out)), tokenizer)
+    assert after < before, (before, after)
+    rm = GenerativeRewardModel.from_pretrained(str(out), max_new_tokens=8)
+    assert len(rm.feedback([r["prompt"] for r in RECORDS], [r["response"] for r in RECORDS])) == len(RECORDS)
+
+
+@pytest.mark.slow
+def test_slf5k_script_trains_offline_and_merge_script_merges(tmp_path):
+    work = tmp_path / "tiny"
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "train_rm_slf5k.sh")],
+        cwd=tmp_path, env=_env(TEXT2GRAD_TINY="1", TINY_DIR=str(work)), capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, _tail(proc)
+    rm_dir = work / "reward_model"
+    assert (rm_dir / "adapter_model.safetensors").is_file() and (rm_dir / "text2grad_config.yaml").is_file()
+    assert json.loads((rm_dir / "trainer_state.json").read_text())["global_step"] == 2
+    merged = tmp_path / "merged"
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "merge_rm.sh"), str(rm_dir), str(merged)],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, _tail(proc)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(load_causal_lm(str(merged))(ids).logits, load_causal_lm(str(rm_dir))(ids).logits,
+                                   atol=1e-4, rtol=1e-4)
+    usage = subprocess.run(["bash", str(REPO / "scripts" / "merge_rm.sh")], capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage" in usage.stderr
+
+
+@pytest.mark.parametrize("dataset,name", [("kodcode", "KodCode"), ("ultrafeedback", "UltraFeedback")])
+def test_other_dataset_scripts_are_the_slf5k_script_with_their_dataset(dataset, name):
+    """They differ from the script the slow test runs only in the dataset name, so that run covers them too."""
+    slf5k = (REPO / "scripts" / "train_rm_slf5k.sh").read_text()
+    other = (REPO / "scripts" / f"train_rm_{dataset}.sh").read_text()
+    assert other == slf5k.replace("slf5k", dataset).replace("SLF5K", name)
+    assert os.access(REPO / "scripts" / f"train_rm_{dataset}.sh", os.X_OK)
+    assert subprocess.run(["bash", "-n", str(REPO / "scripts" / f"train_rm_{dataset}.sh")]).returncode == 0

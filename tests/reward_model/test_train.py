@@ -1,0 +1,175 @@
+"""Training: the loss goes down, checkpoints carry adapter + tokenizer + config, resume is exact, merge is exact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import INSTRUCTION, RECORDS, train_args, write_records
+from reward_model.serialization import collate, encode_example, record_feedback
+from reward_model.train import CONFIG_FILENAME, RewardModelConfig, _strip_launcher_args, build_dataset, main
+from text2grad.config import ConfigError, load_config
+from text2grad.data import DataError
+from text2grad.modeling import load_causal_lm, load_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def mean_loss(model, tokenizer, records=RECORDS) -> float:
+    """Masked cross-entropy over the target tokens of ``records``, as one batch."""
+    encoded = [
+        encode_example(tokenizer, r["prompt"], r["response"], record_feedback(r), max_length=128, instruction=INSTRUCTION)
+        for r in records
+    ]
+    batch = collate([e.as_dict() for e in encoded], tokenizer.pad_token_id)
+    with torch.no_grad():
+        return float(model(**batch).loss)
+
+
+@pytest.fixture(scope="module")
+def lora_run(rm_world):
+    torch.set_num_threads(1)
+    out = rm_world / "lora"
+    # the training file doubles as the eval file: the eval loss path runs, and must come out low
+    assert main(train_args(rm_world, out, max_steps=10, learning_rate=1e-2, eval_file=rm_world / "train.jsonl",
+                           eval_steps=5)) == 0
+    return out
+
+
+def test_few_lora_steps_lower_the_loss_and_save_everything(rm_world, lora_run):
+    tokenizer = load_tokenizer(str(rm_world / "base"))
+    before = mean_loss(load_causal_lm(str(rm_world / "base")), tokenizer)
+    trained = load_causal_lm(str(lora_run))  # adapter dir: base model found through adapter_config.json
+    after = mean_loss(trained, tokenizer)
+    assert after < before - 0.5, (before, after)
+    for name in ("adapter_config.json", "adapter_model.safetensors", "tokenizer.json", CONFIG_FILENAME):
+        assert (lora_run / name).is_file(), name
+    assert not (lora_run / "model.safetensors").exists()  # LoRA saves the adapter, not the base weights
+    adapter_cfg = json.loads((lora_run / "adapter_config.json").read_text())
+    assert adapter_cfg["r"] == 8 and adapter_cfg["lora_alpha"] == 16
+    assert set(adapter_cfg["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    saved = load_config(RewardModelConfig, lora_run / CONFIG_FILENAME)
+    assert saved.instruction == INSTRUCTION and saved.max_steps == 10 and saved.lora_r == 8
+    assert load_tokenizer(str(lora_run)).get_vocab() == tokenizer.get_vocab()
+    results = json.loads((lora_run / "train_results.json").read_text())
+    # eval batches hold one example each, so the eval loss is the mean of the per-example losses
+    per_example = sum(mean_loss(trained, tokenizer, [r]) for r in RECORDS) / len(RECORDS)
+    assert results["eval_loss"] == pytest.approx(per_example, rel=1e-4)
+    assert results["train_examples"] == 4 and results["dropped_too_long"] == 0
+    evals = [h for h in json.loads((lora_run / "trainer_state.json").read_text())["log_history"] if "eval_loss" in h]
+    assert [h["step"] for h in evals] == [5, 10]
+
+
+def test_resume_continues_exactly(rm_world):
+    common = dict(lr_scheduler_type="constant", save_steps=2, learning_rate=1e-3)
+    straight, resumed = rm_world / "straight", rm_world / "resumed"
+    assert main(train_args(rm_world, straight, max_steps=6, **common)) == 0
+    assert main(train_args(rm_world, resumed, max_steps=4, **common)) == 0
+    for ckpt in ("checkpoint-2", "checkpoint-4"):  # every checkpoint can be served or resumed on its own
+        for name in ("adapter_model.safetensors", "tokenizer.json", CONFIG_FILENAME, "optimizer.pt"):
+            assert (resumed / ckpt / name).is_file(), (ckpt, name)
+    assert main(train_args(rm_world, resumed, max_steps=6, resume_from_checkpoint="latest", **common)) == 0
+    state = json.loads((resumed / "trainer_state.json").read_text())
+    assert state["global_step"] == 6
+    losses = {h["step"]: h["loss"] for h in state["log_history"] if "loss" in h}
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    from safetensors.torch import load_file
+
+    a = load_file(str(straight / "adapter_model.safetensors"))
+    b = load_file(str(resumed / "adapter_model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
+
+
+def test_resume_latest_without_checkpoint_is_an_error(rm_world, tmp_path, capsys):
+    assert main(train_args(rm_world, tmp_path / "empty", max_steps=1, resume_from_checkpoint="latest")) == 2
+    assert "holds no checkpoint" in capsys.readouterr().err
+
+
+def test_merge_matches_the_adapter(rm_world, lora_run, tmp_path):
+    from reward_model.inference import GenerativeRewardModel
+    from reward_model.merge import main as merge_main
+
+    merged = tmp_path / "merged"
+    assert merge_main(["--adapter", str(lora_run), "--output_dir", str(merged)]) == 0
+    for name in ("config.json", "model.safetensors", "tokenizer.json", CONFIG_FILENAME):
+        assert (merged / name).is_file(), name
+    ids = torch.tensor([[5, 17, 42, 99, 7]])
+    with torch.no_grad():
+        expected = load_causal_lm(str(lora_run), merge_adapter=False)(ids).logits
+        got = load_causal_lm(str(merged))(ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    base_logits = load_causal_lm(str(rm_world / "base"))(ids).logits
+    assert (base_logits - expected).abs().max() > 1e-3  # the adapter changed something, so the check means something
+    a = GenerativeRewardModel.from_pretrained(str(lora_run), max_new_tokens=12)
+    b = GenerativeRewardModel.from_pretrained(str(merged), max_new_tokens=12)
+    assert b.instruction == INSTRUCTION == a.instruction  # the training config travelled with the merge
+    prompts, responses = [r["prompt"] for r in RECORDS], [r["response"] for r in RECORDS]
+    assert [f.raw for f in a.feedback(prompts, responses)] == [f.raw for f in b.feedback(prompts, responses)]
+
+
+def test_merge_rejects_a_non_adapter(rm_world, tmp_path, capsys):
+    from reward_model.merge import main as merge_main
+
+    assert merge_main(["--adapter", str(rm_world / "base"), "--output_dir", str(tmp_path / "m")]) == 2
+    assert "not a LoRA adapter" in capsys.readouterr().err
+
+
+def test_field_map_reads_native_field_names(rm_world, rm_tokenizer, tmp_path):
+    native = [
+        {"id": r["id"], "post": r["prompt"], "summary": r["response"], "textual_feedback": r["critique"],
+         "good_spans": r["good_spans"], "poor_spans": r["poor_spans"]}
+        for r in RECORDS
+    ]
+    path = write_records(tmp_path / "native.jsonl", native)
+    cfg = RewardModelConfig(
+        train_file=str(path),
+        field_map={"prompt": "post", "response": "summary", "critique": "textual_feedback"},
+        instruction=INSTRUCTION,
+        max_length=128,
+    )
+    dataset, dropped = build_dataset(cfg, rm_tokenizer, str(path), "train")
+    assert len(dataset) == 4 and dropped == 0
+    expected = encode_example(
+        rm_tokenizer, RECORDS[1]["prompt"], RECORDS[1]["response"], record_feedback(RECORDS[1]),
+        max_length=128, instruction=INSTRUCTION,
+    )
+    assert dataset[1] == expected.as_dict()
+    with pytest.raises(DataError, match="lacks field"):
+        build_dataset(RewardModelConfig(train_file=str(path), instruction=INSTRUCTION), rm_tokenizer, str(path), "train")
+    short = RewardModelConfig(train_file=str(path), field_map=cfg.field_map, instruction=INSTRUCTION, max_length=20)
+    with pytest.raises(DataError, match="raise --max_length"):
+        build_dataset(short, rm_tokenizer, str(path), "train")
+
+
+def test_cli_errors_are_clear(rm_world, tmp_path, capsys):
+    assert main(["--model_name_or_path", str(rm_world / "base"), "--output_dir", str(tmp_path)]) == 2
+    assert "train_file is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--no_such_flag", "1"])
+    with pytest.raises(SystemExit):
+        main(["--deepspeed", str(tmp_path / "missing.json")])
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="at most one of bf16 and fp16"):
+        RewardModelConfig(bf16=True, fp16=True)
+    with pytest.raises(ConfigError, match="warmup_ratio"):
+        RewardModelConfig(warmup_ratio=1.5)
+
+
+def test_launcher_rank_flag_is_ignored():
+    assert _strip_launcher_args(["--local_rank=1", "--a", "1", "--local-rank", "0", "--b", "2"]) == ["--a", "1", "--b", "2"]
+
+
+@pytest.mark.parametrize("dataset", ["slf5k", "kodcode", "ultrafeedback", "quickstart"])
+def test_shipped_configs_load(dataset, monkeypatch):
+    monkeypatch.chdir(REPO)  # deepspeed paths in the YAML are relative to the repository root
+    path = REPO / "configs" / dataset / "reward_model.yaml"
+    cfg = load_config(RewardModelConfig, path)
+    assert cfg.train_file and cfg.output_dir
+    raw = yaml.safe_load(path.read_text())
+    assert set(raw) <= set(RewardModelConfig.__dataclass_fields__)
