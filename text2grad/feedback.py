@@ -362,14 +362,31 @@ def _parse(text: str) -> ParseResult:
     if not candidates:
         msg = "no JSON object found in the output"
         return ParseResult(Feedback.failed(msg, raw=text), msg)
+    result, last_error = _first_feedback(reversed(candidates), text)
+    if result is None:
+        # A stray "{" in the prose (e.g. a critique saying "the { is never closed") swallows the real JSON into
+        # one unbalanced block. Retry from each of the last "{" characters on its own.
+        starts = [i for i, ch in enumerate(text) if ch == "{"][-64:]
+        restarts = []
+        for p in reversed(starts):
+            blocks = _balanced_objects(text[p:])
+            if blocks and blocks[0][0] == 0:
+                restarts.append((text[p : p + blocks[0][1]], text[:p]))
+        tried = {c for c, _ in candidates}
+        result, _ = _first_feedback((c for c in restarts if c[0] not in tried), text)
+    return result or ParseResult(Feedback.failed(last_error, raw=text), last_error)
+
+
+def _first_feedback(candidates, text: str) -> tuple[ParseResult | None, str]:
+    """The first (object text, prose) candidate that parses into a Feedback, and the last error seen."""
     last_error = "no JSON object could be parsed"
-    for candidate, prose in reversed(candidates):
+    for candidate, prose in candidates:
         obj, repaired = _load_object(candidate)
         if obj is None:
             last_error = f"invalid JSON: {candidate[:80]!r}"
             continue
         feedback, error = _feedback_from_object(obj, _FENCE.sub("", prose), text)
         if feedback is not None:
-            return ParseResult(feedback, None, repaired)
+            return ParseResult(feedback, None, repaired), last_error
         last_error = error or last_error
-    return ParseResult(Feedback.failed(last_error, raw=text), last_error)
+    return None, last_error

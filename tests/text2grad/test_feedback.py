@@ -152,3 +152,11 @@ def test_round_trip_property(critique, good, poor):
     r = parse_feedback(format_feedback(fb))
     assert r.ok
     assert r.feedback.good_spans == fb.good_spans and r.feedback.poor_spans == fb.poor_spans
+
+
+def test_stray_brace_in_the_critique_does_not_hide_the_json():
+    text = format_feedback(Feedback("The { is never closed.", ("def f():",), ("return {",)))
+    r = parse_feedback(text)
+    assert r.ok, r.error
+    assert r.feedback.good_spans == ("def f():",) and r.feedback.poor_spans == ("return {",)
+    assert r.feedback.critique == "The { is never closed."
