@@ -6,6 +6,7 @@
 # Extra flags go straight to `python -m text2grad.annotate` (see its --help), e.g. --model, --base_url,
 # --cot false, --concurrency 32, --max_cost_usd 20. Rerunning the same command resumes an interrupted run.
 set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/env.sh" >&2  # install/activate .venv (fast when up to date)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python}"
 cd "$ROOT"

@@ -12,6 +12,7 @@
 # BASELINE (predictions JSONL of the system to compare with; without it the judge compares with the references),
 # CONFIG (default configs/slf5k/eval.yaml). Extra arguments are passed to the Python entry point.
 set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/env.sh" >&2  # install/activate .venv (fast when up to date)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON="${PYTHON:-python}"
 CONFIG="${CONFIG:-configs/slf5k/eval.yaml}"

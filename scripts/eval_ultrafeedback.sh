@@ -13,6 +13,7 @@
 # CONFIG (default configs/ultrafeedback/eval.yaml). A suite whose data variable is unset is skipped and says so;
 # the judged suites are skipped without JUDGE_MODEL. Extra arguments go to every Python call.
 set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/env.sh" >&2  # install/activate .venv (fast when up to date)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON="${PYTHON:-python}"
 CONFIG="${CONFIG:-configs/ultrafeedback/eval.yaml}"

@@ -4,6 +4,7 @@
 #   bash scripts/merge_rm.sh runs/slf5k/reward_model/checkpoint-800 /tmp/rm_800 --dtype bf16
 # Extra flags go to `python -m reward_model.merge` (see its --help).
 set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/env.sh" >&2  # install/activate .venv (fast when up to date)
 if [ $# -lt 2 ]; then
     echo "usage: bash scripts/merge_rm.sh ADAPTER_DIR OUTPUT_DIR [--dtype bf16] [--base_model ID_OR_PATH]" >&2
     exit 2

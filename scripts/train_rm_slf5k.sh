@@ -7,6 +7,7 @@
 #   TEXT2GRAD_TINY=1 bash scripts/train_rm_slf5k.sh              # offline smoke run: generated tiny model + data
 # Settings: configs/slf5k/reward_model.yaml. Output: runs/slf5k/reward_model (adapter, tokenizer, config).
 set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/env.sh" >&2  # install/activate .venv (fast when up to date)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python}"
 cd "$ROOT"

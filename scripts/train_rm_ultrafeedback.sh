@@ -7,6 +7,7 @@
 #   TEXT2GRAD_TINY=1 bash scripts/train_rm_ultrafeedback.sh              # offline smoke run: generated tiny model + data
 # Settings: configs/ultrafeedback/reward_model.yaml. Output: runs/ultrafeedback/reward_model (adapter, tokenizer, config).
 set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/env.sh" >&2  # install/activate .venv (fast when up to date)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python}"
 cd "$ROOT"
