@@ -1,1 +1,33 @@
-"""policy_optimization phase."""
+"""Phase 3 of Text2Grad: NL-Gradient PPO (token-level rewards from natural-language feedback) and baselines.
+
+- `PPOConfig` (config.py) and `NLGradientPPOTrainer` (trainer.py): the trainer; `python -m policy_optimization.train`.
+- rewards.py: the reward modes (nl_gradient, scalar, dense, mixed) as pure functions.
+- feedback_sources.py: reward model, LLM critic, unit tests, reference critic, or any ``module:Class``.
+- sft.py / dpo.py: TRL SFTTrainer and DPOTrainer runs (``text2grad sft`` / ``text2grad dpo``).
+
+Names are imported lazily, so ``import policy_optimization`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "PPOConfig": "policy_optimization.config",
+    "NLGradientPPOTrainer": "policy_optimization.trainer",
+    "NonFiniteError": "policy_optimization.trainer",
+    "ValueModel": "policy_optimization.models",
+    "compute_score_rewards": "policy_optimization.rewards",
+    "build_feedback_source": "policy_optimization.feedback_sources",
+    "CallableFeedbackSource": "policy_optimization.feedback_sources",
+    "ReferenceSummaryCritic": "policy_optimization.feedback_sources",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'policy_optimization' has no attribute {name!r}")

@@ -1,0 +1,201 @@
+"""`PPOConfig`: every knob of NL-Gradient PPO in one dataclass, TRL-PPOConfig names where TRL had them.
+
+``python -m policy_optimization.train --config configs/slf5k/ppo.yaml --kl_coef 0.1`` reads the defaults,
+then the YAML file, then the flags (`text2grad.config.parse_config`). Defaults follow the paper's SLF5K
+setting (lr 1e-6, batch 12, 4 PPO epochs, initial KL coefficient 0.2 with adaptive control toward a
+sequence KL of 6 nats, LoRA policy).
+
+Batch arithmetic, per process (like TRL): each iteration samples ``batch_size`` prompts, splits the rollouts
+into ``num_mini_batches`` minibatches (one optimizer step each, per PPO epoch) and each minibatch into
+``gradient_accumulation_steps`` micro-batches (one forward/backward each). With N processes an iteration
+sees ``batch_size * N`` episodes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["PPOConfig", "REWARD_MODES"]
+
+REWARD_MODES = ("nl_gradient", "scalar", "dense", "mixed")
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class PPOConfig:
+    """NL-Gradient PPO: token-level rewards from natural-language feedback (Text2Grad, Sec. 3.5)."""
+
+    # ---- models ------------------------------------------------------------------------------------
+    model_name_or_path: str = _f("", "Policy base model: hub id or local directory.")
+    adapter: str | None = _f(
+        None,
+        "LoRA adapter to start from (e.g. the SFT output). It is merged into the base weights; with use_lora "
+        "the merged model is saved once to <output_dir>/base_merged so the final PPO adapter has a loadable base.",
+    )
+    tokenizer_name_or_path: str | None = _f(None, "Tokenizer (default: model_name_or_path, or the adapter dir).")
+    ref_model_name_or_path: str | None = _f(
+        None,
+        "Separate reference policy. Default: the policy with its LoRA adapter disabled (no second copy in memory); "
+        "without LoRA, a frozen copy of the initial policy.",
+    )
+    value_model_name_or_path: str | None = _f(
+        None,
+        "Backbone of the value model (a separate causal LM with a scalar head; must share the policy's tokenizer). "
+        "Default: the policy's model. A smaller model of the same family saves memory.",
+    )
+    dtype: str = _f("auto", "Weights dtype: auto, bf16, fp16 or fp32.")
+    use_lora: bool = _f(True, "Train a LoRA adapter on the policy (peft) instead of all weights.")
+    lora_r: int = _f(16, "LoRA rank.")
+    lora_alpha: int = _f(32, "LoRA alpha.")
+    lora_dropout: float = _f(0.0, "LoRA dropout (dropout is disabled during PPO anyway, see README).")
+    lora_target_modules: list[str] = _f(["all-linear"], "Modules LoRA adapts; ['all-linear'] means every linear layer.")
+    gradient_checkpointing: bool = _f(False, "Gradient checkpointing for the policy and value backbones.")
+
+    # ---- data --------------------------------------------------------------------------------------
+    dataset_path: str = _f("", "Prompts: a .jsonl/.json file, a saved datasets directory, or a hub id.")
+    dataset_split: str = _f("train", "Split for hub datasets.")
+    field_map: dict[str, str] = _f({}, "Rename record fields, {our_name: their_name}, before templates are filled.")
+    prompt_template: str = _f("{prompt}", "Policy prompt, with {field} placeholders filled from each record.")
+    feedback_prompt_template: str | None = _f(
+        None,
+        "The prompt the feedback source sees (e.g. '{post}' when the reward model was trained on bare posts). "
+        "Default: the policy prompt before any chat template.",
+    )
+    use_chat_template: bool = _f(False, "Wrap policy prompts in the tokenizer's chat template.")
+    system_prompt: str | None = _f(None, "System message for the chat template.")
+    max_samples: int | None = _f(None, "Use only the first N records.")
+    max_prompt_length: int = _f(512, "Prompts longer than this many tokens are cut from the left.")
+
+    # ---- feedback and rewards ----------------------------------------------------------------------
+    feedback_source: str = _f(
+        "reward_model",
+        "reward_model | llm | code_tests | reference | package.module:ClassName (see feedback_sources.py).",
+    )
+    feedback_source_kwargs: dict[str, Any] = _f({}, "Keyword arguments for the feedback source's constructor.")
+    reward_mode: Literal["nl_gradient", "scalar", "dense", "mixed"] = _f(
+        "nl_gradient",
+        "nl_gradient: span token rewards (the method); scalar: one sequence score at the last token (PPO baseline); "
+        "dense: span rewards plus the sequence score spread over every other token; mixed: span rewards plus "
+        "scalar_coef * sequence score at the last token.",
+    )
+    reward_scheme: Literal["uniform", "linear_decay"] = _f("uniform", "Reward shape inside a span.")
+    span_normalize: bool = _f(False, "Divide each span's token rewards by its length (every span worth +-1).")
+    boundary: Literal["any", "majority", "all"] = _f("any", "Which tokens a span edge labels (text2grad.spans).")
+    overlap: Literal["poor", "good"] = _f("poor", "Label that wins where a good and a poor span overlap.")
+    occurrence: Literal["all", "first"] = _f("all", "Label every occurrence of a repeated quote, or the first.")
+    scalar_source: str = _f(
+        "spans",
+        "Sequence score for scalar/dense/mixed modes: 'spans' = (#good - #poor quotes) / (#good + #poor) from the "
+        "same feedback, in [-1, 1]; or 'package.module:function' called as fn(prompts, responses) -> list[float].",
+    )
+    scalar_source_kwargs: dict[str, Any] = _f({}, "Keyword arguments when scalar_source names a class.")
+    scalar_coef: float = _f(1.0, "Weight of the sequence score.")
+    missing_eos_penalty: float | None = _f(
+        None, "Subtracted from the sequence-score part of a response that ran out of tokens without EOS."
+    )
+
+    # ---- generation --------------------------------------------------------------------------------
+    response_length: int = _f(128, "Maximum new tokens per response.")
+    temperature: float = _f(0.7, "Sampling temperature (log-probs are computed at the same temperature).")
+    top_p: float = _f(1.0, "Nucleus sampling.")
+    top_k: int = _f(0, "Top-k sampling (0 = off).")
+    stop_strings: list[str] | None = _f(None, "Extra strings that end a response.")
+    generation_batch_size: int | None = _f(None, "Prompts per generate() call (default: the whole batch).")
+
+    # ---- PPO ---------------------------------------------------------------------------------------
+    num_iterations: int | None = _f(None, "PPO iterations (rollout + update rounds).")
+    total_episodes: int | None = _f(None, "Alternative to num_iterations: episodes over all processes.")
+    batch_size: int = _f(12, "Rollouts per process per iteration.")
+    num_mini_batches: int = _f(1, "Minibatches (optimizer steps) per PPO epoch.")
+    gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch (forward/backward chunks).")
+    num_ppo_epochs: int = _f(4, "Passes over each batch of rollouts.")
+    learning_rate: float = _f(1e-6, "Policy learning rate.")
+    value_learning_rate: float | None = _f(None, "Value model learning rate (default: learning_rate).")
+    lr_scheduler_type: str = _f("linear", "transformers scheduler name: linear, cosine, constant, ...")
+    warmup_steps: int = _f(0, "Scheduler warm-up in optimizer steps.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping (0 = off).")
+    kl_coef: float = _f(0.2, "Initial KL penalty coefficient (beta of r_t^KL = -kl_coef * KL_t).")
+    kl_estimator: Literal["k1", "k3"] = _f("k1", "Per-token KL estimator (text2grad.rewards.kl_penalty).")
+    adaptive_kl: bool = _f(True, "Adapt kl_coef toward target_kl (Ziegler et al. controller).")
+    target_kl: float = _f(6.0, "Target sequence KL (nats, summed over response tokens) for adaptive control.")
+    kl_horizon: int = _f(10000, "Horizon of the adaptive KL controller, in episodes.")
+    cliprange: float = _f(0.2, "PPO policy ratio clip.")
+    cliprange_value: float = _f(0.2, "Value prediction clip.")
+    vf_coef: float = _f(0.1, "Value loss weight.")
+    entropy_coef: float = _f(0.0, "Entropy bonus weight (beta in the paper's L^PPO).")
+    gamma: float = _f(1.0, "Discount factor.")
+    lam: float = _f(0.95, "GAE lambda.")
+    whiten_rewards: bool = _f(False, "Scale total token rewards to unit variance per batch (mean kept).")
+    whiten_advantages: bool = _f(True, "Normalize advantages per batch.")
+
+    # ---- run ---------------------------------------------------------------------------------------
+    output_dir: str = _f("outputs/ppo", "Checkpoints, metrics.jsonl, samples.jsonl and the final policy/value model.")
+    overwrite_output_dir: bool = _f(False, "Start fresh even if output_dir holds checkpoints of an earlier run.")
+    resume: str | None = _f(None, "'auto' = continue from the latest checkpoint in output_dir if any; or a checkpoint dir.")
+    save_steps: int = _f(50, "Save a checkpoint every N iterations (0 = only at the end).")
+    save_total_limit: int | None = _f(2, "Keep at most this many checkpoints (oldest removed).")
+    seed: int = _f(42, "Random seed (data order, LoRA init, sampling).")
+    report_to: Literal["none", "tensorboard", "wandb"] = _f("none", "Extra metric sink besides metrics.jsonl.")
+    run_name: str | None = _f(None, "Run name for TensorBoard/W&B.")
+    log_samples: int = _f(2, "Write this many (prompt, response, feedback, rewards) examples per iteration to samples.jsonl.")
+    progress_bar: bool = _f(True, "Show a tqdm progress bar over iterations.")
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.reward_mode not in REWARD_MODES:
+            problems.append(f"reward_mode must be one of {list(REWARD_MODES)}, got {self.reward_mode!r}")
+        for name in ("batch_size", "num_mini_batches", "gradient_accumulation_steps", "num_ppo_epochs", "response_length"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size % self.num_mini_batches:
+            problems.append(f"batch_size ({self.batch_size}) must be divisible by num_mini_batches ({self.num_mini_batches})")
+        elif (self.batch_size // self.num_mini_batches) % self.gradient_accumulation_steps:
+            problems.append(
+                f"the minibatch size batch_size/num_mini_batches = {self.batch_size // self.num_mini_batches} must be "
+                f"divisible by gradient_accumulation_steps ({self.gradient_accumulation_steps})"
+            )
+        if self.temperature <= 0:
+            problems.append(f"temperature must be > 0 (sampling is required for PPO), got {self.temperature}")
+        if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
+            problems.append(f"gamma and lam must lie in [0, 1], got gamma={self.gamma}, lam={self.lam}")
+        if self.cliprange <= 0 or self.cliprange_value <= 0:
+            problems.append("cliprange and cliprange_value must be > 0")
+        if self.target_kl <= 0 or self.kl_horizon <= 0:
+            problems.append("target_kl and kl_horizon must be > 0")
+        if self.num_iterations is not None and self.num_iterations < 1:
+            problems.append(f"num_iterations must be >= 1, got {self.num_iterations}")
+        if self.total_episodes is not None and self.total_episodes < 1:
+            problems.append(f"total_episodes must be >= 1, got {self.total_episodes}")
+        if self.save_steps < 0:
+            problems.append(f"save_steps must be >= 0, got {self.save_steps}")
+        if self.scalar_source != "spans" and ":" not in self.scalar_source:
+            problems.append(f"scalar_source must be 'spans' or 'package.module:function', got {self.scalar_source!r}")
+        if problems:
+            raise ValueError("invalid PPOConfig: " + "; ".join(problems))
+
+    # ---- derived sizes -----------------------------------------------------------------------------
+    @property
+    def mini_batch_size(self) -> int:
+        """Rollouts per optimizer step, per process."""
+        return self.batch_size // self.num_mini_batches
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Rollouts per forward/backward pass, per process."""
+        return self.mini_batch_size // self.gradient_accumulation_steps
+
+    def iterations(self, num_processes: int = 1) -> int:
+        """How many PPO iterations this config asks for with ``num_processes`` processes."""
+        if self.num_iterations is not None:
+            return self.num_iterations
+        if self.total_episodes is not None:
+            return math.ceil(self.total_episodes / (self.batch_size * num_processes))
+        raise ValueError("set num_iterations or total_episodes (how long to train)")

@@ -1,0 +1,123 @@
+"""The value model and the module that trains policy and value together.
+
+Value model (design choice): a **separate** transformer backbone with a scalar head, V(x, y_<t) read from
+the hidden state of the token before y_t. Separate (rather than a head on the policy) keeps the policy's
+LoRA-disabled forward an exact reference model, lets the value model be smaller than the policy, and
+keeps value gradients out of the policy. Its backbone is any causal LM checkpoint (the LM head is dropped);
+it must share the policy's tokenizer.
+
+`PolicyAndValue` holds both so that one optimizer and one ``accelerator.prepare`` cover them (DeepSpeed
+wraps exactly one trainable module). Policy and value parameters are disjoint, so minimizing
+``policy_loss + vf_coef * value_loss`` gives each the gradient of its own loss, as in Algorithm 4's two
+updates (only gradient clipping sees their joint norm).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = ["ValueModel", "PolicyAndValue", "disable_dropout"]
+
+HEAD_FILE = "value_head.safetensors"
+
+
+class ValueModel(nn.Module):
+    """Transformer backbone + linear scalar head: (B, L) token ids -> (B, L) values.
+
+    The head starts at zero, so the first values are 0 and early advantages equal the discounted rewards.
+    """
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        hidden = backbone.config.hidden_size
+        self.head = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        hidden = out.last_hidden_state
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
+
+    @classmethod
+    def from_causal_lm(cls, model: nn.Module) -> "ValueModel":
+        """Take the backbone of a causal LM object (its LM head is discarded)."""
+        return cls(model.base_model)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, dtype: str | None = "auto") -> "ValueModel":
+        """Load a backbone (hub id or directory of a causal LM or of a saved value model) and its head if saved."""
+        from safetensors.torch import load_file
+        from transformers import AutoModel
+
+        from text2grad.modeling import resolve_dtype
+
+        torch_dtype = resolve_dtype(dtype)
+        backbone = AutoModel.from_pretrained(name_or_path, **({"dtype": torch_dtype} if torch_dtype is not None else {}))
+        model = cls(backbone)
+        head = Path(name_or_path) / HEAD_FILE
+        if head.is_file():
+            model.head.load_state_dict(load_file(str(head)))
+        return model
+
+    def save_pretrained(self, save_directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Backbone via ``save_pretrained`` plus ``value_head.safetensors``; loadable with `from_pretrained`."""
+        from safetensors.torch import save_file
+
+        out = Path(save_directory)
+        out.mkdir(parents=True, exist_ok=True)
+        state = state_dict if state_dict is not None else self.state_dict()
+        backbone_state = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+        self.backbone.save_pretrained(out, state_dict=backbone_state)
+        head_state = {k[len("head."):]: v.detach().cpu().contiguous() for k, v in state.items() if k.startswith("head.")}
+        save_file(head_state, str(out / HEAD_FILE))
+
+
+class PolicyAndValue(nn.Module):
+    """Policy and value model in one module: returns response logits (B, T, V) and values (B, T)."""
+
+    def __init__(self, policy: nn.Module, value_model: ValueModel) -> None:
+        super().__init__()
+        self.policy = policy
+        self.value_model = value_model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        response_length: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids`` = left-padded prompt (width P) + right-padded response (width T = response_length).
+
+        Logits at positions P-1 .. P+T-2 predict the response tokens; the value of the state before
+        response token t is read at the same position.
+        """
+        T = response_length
+        out = self.policy(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, logits_to_keep=T + 1
+        )
+        logits = out.logits[:, :-1]
+        values = self.value_model(input_ids, attention_mask, position_ids)[:, -T - 1 : -1]
+        return logits, values
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Set every dropout probability to 0: PPO's ratios and KL need the same log-probs in rollout and update."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if hasattr(module, "attention_dropout") and isinstance(getattr(module, "attention_dropout"), float):
+            module.attention_dropout = 0.0
+    config = getattr(model, "config", None)
+    for name in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout"):
+        if config is not None and isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)

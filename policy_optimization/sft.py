@@ -1,0 +1,181 @@
+"""``text2grad sft`` / ``python -m policy_optimization.sft``: supervised fine-tuning with TRL's SFTTrainer.
+
+    python -m policy_optimization.sft --config configs/slf5k/sft.yaml --model_name_or_path meta-llama/Llama-3.1-8B-Instruct
+    accelerate launch --config_file configs/accelerate/deepspeed_zero3.yaml -m policy_optimization.sft --config ... \\
+        --deepspeed configs/deepspeed/zero3.json
+
+Each record becomes a prompt-completion pair (``prompt_template`` and ``completion_template`` filled from
+its fields), and the loss is on the completion only. With ``use_lora`` (default) the output directory holds
+a LoRA adapter whose ``base_model_name_or_path`` is the base model, so ``load_causal_lm(output_dir)`` works
+and the PPO step takes it as ``--adapter``. The tokenizer is saved alongside.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["HFRunConfig", "SFTRunConfig", "main", "lora_config", "training_kwargs", "load_pairs"]
+
+logger = logging.getLogger("policy_optimization.sft")
+
+
+def _f(default: Any, help: str) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class HFRunConfig:
+    """Fields shared by the SFT and DPO runs (both drive a transformers Trainer through TRL)."""
+
+    model_name_or_path: str = _f("", "Base model: hub id or local directory.")
+    adapter: str | None = _f(None, "LoRA adapter to merge into the base before training (e.g. the SFT output for DPO).")
+    tokenizer_name_or_path: str | None = _f(None, "Tokenizer (default: model_name_or_path).")
+    dtype: str = _f("auto", "Weights dtype: auto, bf16, fp16 or fp32.")
+    dataset_path: str = _f("", "Training records: .jsonl/.json file, saved dataset directory or hub id.")
+    dataset_split: str = _f("train", "Split for hub datasets.")
+    field_map: dict[str, str] = _f({}, "Rename record fields, {our_name: their_name}.")
+    prompt_template: str = _f("{prompt}", "Prompt with {field} placeholders filled from each record.")
+    use_chat_template: bool = _f(False, "Use conversational records (the tokenizer's chat template formats them).")
+    max_samples: int | None = _f(None, "Use only the first N records.")
+    output_dir: str = _f("outputs/sft", "Where the model (adapter or full) and tokenizer are saved.")
+    use_lora: bool = _f(True, "Train a LoRA adapter (peft) instead of all weights.")
+    lora_r: int = _f(16, "LoRA rank.")
+    lora_alpha: int = _f(32, "LoRA alpha.")
+    lora_dropout: float = _f(0.05, "LoRA dropout.")
+    lora_target_modules: list[str] = _f(["all-linear"], "Modules LoRA adapts; ['all-linear'] = every linear layer.")
+    learning_rate: float = _f(2e-5, "Peak learning rate.")
+    lr_scheduler_type: str = _f("linear", "Scheduler name.")
+    warmup_steps: float = _f(0, "Warm-up: a number of steps, or a ratio of all steps when below 1.")
+    num_train_epochs: float = _f(1.0, "Epochs.")
+    max_steps: int = _f(-1, "Stop after this many optimizer steps (-1 = use num_train_epochs).")
+    per_device_train_batch_size: int = _f(4, "Batch size per device.")
+    gradient_accumulation_steps: int = _f(1, "Gradient accumulation steps.")
+    max_length: int | None = _f(1024, "Truncate tokenized examples to this length.")
+    gradient_checkpointing: bool = _f(False, "Gradient checkpointing.")
+    bf16: bool = _f(False, "bf16 mixed precision (GPU).")
+    deepspeed: str | None = _f(None, "DeepSpeed JSON config, e.g. configs/deepspeed/zero3.json.")
+    logging_steps: int = _f(10, "Log every N steps.")
+    save_steps: int = _f(500, "Checkpoint every N steps.")
+    save_total_limit: int | None = _f(2, "Keep at most this many checkpoints.")
+    seed: int = _f(42, "Random seed.")
+    report_to: str = _f("none", "none, tensorboard or wandb.")
+
+
+@dataclass
+class SFTRunConfig(HFRunConfig):
+    """Supervised fine-tuning of the policy on prompt-completion pairs (TRL SFTTrainer, completion-only loss)."""
+
+    completion_template: str = _f("{completion}", "Target text with {field} placeholders (e.g. '{summary}').")
+    completion_only_loss: bool = _f(True, "Loss on the completion tokens only.")
+
+
+def lora_config(cfg: HFRunConfig):
+    from peft import LoraConfig
+
+    targets = list(cfg.lora_target_modules)
+    return LoraConfig(
+        r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+        target_modules="all-linear" if targets == ["all-linear"] else targets, task_type="CAUSAL_LM", bias="none",
+    )
+
+
+def training_kwargs(cfg: HFRunConfig) -> dict[str, Any]:
+    """The transformers TrainingArguments fields both runs share."""
+    import torch
+
+    return dict(
+        output_dir=cfg.output_dir, learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler_type,
+        warmup_steps=cfg.warmup_steps, num_train_epochs=cfg.num_train_epochs, max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps, gradient_checkpointing=cfg.gradient_checkpointing,
+        bf16=cfg.bf16, deepspeed=cfg.deepspeed, logging_steps=cfg.logging_steps, save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit, seed=cfg.seed, report_to=[] if cfg.report_to == "none" else [cfg.report_to],
+        use_cpu=not torch.cuda.is_available(), max_length=cfg.max_length, dataset_num_proc=None,
+    )
+
+
+def load_pairs(cfg: HFRunConfig, templates: dict[str, str]) -> list[dict[str, Any]]:
+    """Records rendered into the columns ``templates`` names (e.g. prompt / completion, or prompt / chosen /
+    rejected), conversational when ``use_chat_template``."""
+    from text2grad.data import DataError, load_records, record_id, render_template
+
+    records = load_records(cfg.dataset_path, cfg.dataset_split, cfg.field_map, limit=cfg.max_samples)
+    if not records:
+        raise DataError(f"{cfg.dataset_path} holds no records")
+    rows = []
+    for i, rec in enumerate(records):
+        row = {col: render_template(tpl, rec, where=record_id(rec, i)) for col, tpl in templates.items()}
+        if cfg.use_chat_template:
+            row = {col: [{"role": "user" if col == "prompt" else "assistant", "content": text}] for col, text in row.items()}
+        rows.append(row)
+    return rows
+
+
+def load_model_and_tokenizer(cfg: HFRunConfig):
+    """(model, tokenizer, base path for a saved adapter). A start adapter is merged; with ``use_lora`` the
+    merged weights are saved once to ``output_dir/base_merged`` so the new adapter has a loadable base."""
+    from text2grad.modeling import load_causal_lm, load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="right")
+    model = load_causal_lm(cfg.model_name_or_path, adapter=cfg.adapter, dtype=cfg.dtype, merge_adapter=True)
+    base = cfg.model_name_or_path
+    if cfg.adapter and cfg.use_lora:
+        merged = Path(cfg.output_dir) / "base_merged"
+        if int(os.environ.get("RANK", "0") or 0) == 0 and not (merged / "config.json").is_file():
+            tmp = merged.with_name("base_merged.tmp")
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            tmp.replace(merged)
+        base = str(merged)
+    return model, tokenizer, base
+
+
+def save_final(trainer, tokenizer, cfg: HFRunConfig, base: str) -> None:
+    """Save the model (adapter or full) and tokenizer; an adapter records its base for `load_causal_lm`."""
+    model = trainer.model
+    if cfg.use_lora and hasattr(model, "peft_config"):
+        for peft_config in model.peft_config.values():
+            peft_config.base_model_name_or_path = base
+    trainer.save_model(cfg.output_dir)
+    if trainer.accelerator.is_main_process:
+        tokenizer.save_pretrained(cfg.output_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from text2grad.config import ConfigError, parse_config
+    from text2grad.data import DataError
+
+    cfg = parse_config(SFTRunConfig, argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if not cfg.model_name_or_path or not cfg.dataset_path:
+            raise ConfigError("set --model_name_or_path and --dataset_path")
+        rows = load_pairs(cfg, {"prompt": cfg.prompt_template, "completion": cfg.completion_template})
+        model, tokenizer, base = load_model_and_tokenizer(cfg)
+    except (ConfigError, DataError, FileNotFoundError) as exc:
+        print(f"sft: error: {exc}", file=sys.stderr)
+        return 2
+    args = SFTConfig(**training_kwargs(cfg), completion_only_loss=cfg.completion_only_loss)
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+        peft_config=lora_config(cfg) if cfg.use_lora else None,
+    )
+    result = trainer.train()
+    save_final(trainer, tokenizer, cfg, base)
+    logger.info("SFT done: %d steps, training loss %.4f; saved to %s", result.global_step, result.training_loss, Path(cfg.output_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

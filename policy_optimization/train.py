@@ -1,0 +1,133 @@
+"""``text2grad train-policy`` / ``python -m policy_optimization.train``: NL-Gradient PPO from a config.
+
+    python -m policy_optimization.train --config configs/slf5k/ppo.yaml \\
+        --model_name_or_path meta-llama/Llama-3.1-8B-Instruct --adapter outputs/slf5k/sft \\
+        --feedback_source reward_model --feedback_source_kwargs '{"path": "outputs/slf5k/reward_model"}'
+
+    accelerate launch --config_file configs/accelerate/deepspeed_zero3.yaml -m policy_optimization.train --config ...
+
+Loads the policy (merging an SFT adapter if given), the value model, the prompts (templates filled from
+each record), builds the feedback source and runs `NLGradientPPOTrainer`. Writes ``metrics.jsonl``,
+``samples.jsonl``, ``checkpoint-<step>/`` and, at the end, ``policy/`` and ``value_model/`` into
+``output_dir``. Exit codes: 0 done, 2 bad config/data/paths, 3 stopped on NaN/inf (checkpoint saved).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from policy_optimization.config import PPOConfig
+
+__all__ = ["main", "build_prompt_records", "load_models"]
+
+logger = logging.getLogger("policy_optimization.train")
+
+
+def build_prompt_records(cfg: PPOConfig, tokenizer) -> list[dict[str, Any]]:
+    """Records with ``prompt`` (policy prompt, chat template applied if asked) and ``feedback_prompt``.
+
+    The record's own fields are kept (feedback sources read references and tests from them).
+    """
+    from text2grad.data import DataError, load_records, record_id, render_template
+    from text2grad.generation import apply_chat_template
+
+    records = load_records(cfg.dataset_path, cfg.dataset_split, cfg.field_map, limit=cfg.max_samples)
+    if not records:
+        raise DataError(f"{cfg.dataset_path} holds no records")
+    if cfg.use_chat_template and not getattr(tokenizer, "chat_template", None):
+        logger.warning("use_chat_template is set but the tokenizer has no chat template; prompts are used as they are")
+    items = []
+    for i, rec in enumerate(records):
+        where = record_id(rec, i)
+        base = render_template(cfg.prompt_template, rec, where=where)
+        prompt = apply_chat_template(tokenizer, base, cfg.system_prompt) if cfg.use_chat_template else base
+        feedback_prompt = render_template(cfg.feedback_prompt_template, rec, where=where) if cfg.feedback_prompt_template else base
+        items.append({**rec, "prompt": prompt, "feedback_prompt": feedback_prompt})
+    return items
+
+
+def _is_main_process() -> bool:
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) or 0) == 0
+
+
+def load_models(cfg: PPOConfig, tokenizer):
+    """(policy, reference or None, value model, base path for the saved adapter)."""
+    from policy_optimization.models import ValueModel
+    from text2grad.modeling import load_causal_lm
+
+    policy = load_causal_lm(cfg.model_name_or_path, adapter=cfg.adapter, dtype=cfg.dtype, merge_adapter=True)
+    base_path = cfg.model_name_or_path
+    if cfg.adapter and cfg.use_lora:
+        # The PPO adapter sits on the SFT-merged weights; save them once so the final adapter has a loadable base.
+        merged = Path(cfg.output_dir) / "base_merged"
+        if _is_main_process() and not (merged / "config.json").is_file():
+            tmp = merged.with_name("base_merged.tmp")
+            policy.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            tmp.replace(merged)
+        base_path = str(merged)
+    ref = load_causal_lm(cfg.ref_model_name_or_path, dtype=cfg.dtype) if cfg.ref_model_name_or_path else None
+    if cfg.value_model_name_or_path:
+        value = ValueModel.from_pretrained(cfg.value_model_name_or_path, dtype=cfg.dtype)
+    elif cfg.adapter:
+        value = ValueModel.from_causal_lm(load_causal_lm(cfg.model_name_or_path, adapter=cfg.adapter, dtype=cfg.dtype, merge_adapter=True))
+    else:
+        value = ValueModel.from_pretrained(cfg.model_name_or_path, dtype=cfg.dtype)
+    return policy, ref, value, base_path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from policy_optimization.feedback_sources import build_feedback_source, build_score_fn
+    from policy_optimization.trainer import NLGradientPPOTrainer, NonFiniteError
+    from text2grad.config import ConfigError, parse_config
+    from text2grad.data import DataError
+    from text2grad.modeling import load_tokenizer
+
+    cfg = parse_config(PPOConfig, argv, description="NL-Gradient PPO (token-level rewards from natural-language feedback).")
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if not cfg.model_name_or_path:
+            raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")
+        if not cfg.dataset_path:
+            raise ConfigError("set --dataset_path (a .jsonl/.json file, a saved dataset or a hub id)")
+        cfg.iterations()  # fails early if neither num_iterations nor total_episodes is set
+        # Cheap checks first (tokenizer, data, feedback source) so a typo fails before the models load.
+        tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="left")
+        items = build_prompt_records(cfg, tokenizer)
+        seen_by_source = [{**it, "prompt": it["feedback_prompt"]} for it in items]
+        source = build_feedback_source(cfg.feedback_source, cfg.feedback_source_kwargs, records=seen_by_source)
+        score_fn = None
+        if cfg.scalar_source != "spans":
+            score_fn = build_score_fn(cfg.scalar_source, cfg.scalar_source_kwargs, records=seen_by_source)
+        policy, ref, value, base_path = load_models(cfg, tokenizer)
+        trainer = NLGradientPPOTrainer(cfg, tokenizer, policy, ref, value, source, items, score_fn=score_fn, base_model_path=base_path)
+    except (ConfigError, DataError, FileNotFoundError, FileExistsError, ValueError) as exc:
+        print(f"train-policy: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        metrics = trainer.train()
+    except (FileExistsError, FileNotFoundError) as exc:
+        print(f"train-policy: error: {exc}", file=sys.stderr)
+        return 2
+    except NonFiniteError as exc:
+        print(f"train-policy: stopped: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        close = getattr(source, "close", None)
+        if callable(close):
+            close()
+    if trainer.accelerator.is_main_process and metrics:
+        logger.info(
+            "done: %d iterations, score %.4f, KL %.3f; policy saved to %s",
+            metrics["iteration"], metrics["reward/score_mean"], metrics["objective/kl"], Path(cfg.output_dir) / "policy",
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

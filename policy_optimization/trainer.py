@@ -1,0 +1,829 @@
+"""`NLGradientPPOTrainer`: token-level PPO whose rewards come from natural-language feedback.
+
+One iteration (`NLGradientPPOTrainer.step`), top to bottom:
+
+1. take ``batch_size`` prompts (this process's share of a seeded global order);
+2. sample one response per prompt (left-padded prompts, KV cache, exact sampled ids, cut at the first EOS);
+3. ask the feedback source for a `Feedback` on each (prompt, response); optional task score function;
+4. turn feedback into per-token score rewards on the sampled ids (`policy_optimization.rewards`, per mode);
+5. one no-grad pass: log-probs and entropy of the policy, values, log-probs of the reference policy;
+6. rewards = score rewards - kl_coef * KL_t (k1 or k3), optional whitening; GAE advantages and returns;
+7. ``num_ppo_epochs`` passes of shuffled minibatch updates: clipped policy loss + vf_coef * clipped value
+   loss - entropy_coef * entropy, with gradient accumulation over micro-batches;
+8. adaptive KL coefficient, metrics (metrics.jsonl, optional TensorBoard/W&B), checkpoint every
+   ``save_steps``.
+
+The math is the shared core's (`text2grad.rewards`); the trainer only moves tensors between those pure
+functions. It runs through `accelerate`, so the same code serves one CPU, one GPU, DDP, and DeepSpeed
+ZeRO-2/3 (policy and value model are one prepared module; under ZeRO-3 the policy's parameters are
+gathered for generation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from policy_optimization.config import PPOConfig
+from policy_optimization.models import PolicyAndValue, ValueModel, disable_dropout
+from policy_optimization.rewards import ScoreRewards, compute_score_rewards
+from text2grad.config import config_to_dict, save_config
+from text2grad.feedback import Feedback
+from text2grad.generation import Generation, generate
+from text2grad.rewards import (
+    adaptive_kl_coef,
+    entropy_from_logits,
+    explained_variance,
+    gae,
+    kl_penalty,
+    logprobs_from_logits,
+    masked_mean,
+    masked_whiten,
+    policy_loss,
+    value_loss,
+)
+
+__all__ = ["NLGradientPPOTrainer", "NonFiniteError", "TrainerState", "find_latest_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "trainer_state.json"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+class NonFiniteError(RuntimeError):
+    """NaN or inf in rewards, values, advantages or the loss; a checkpoint was saved before raising."""
+
+
+@dataclass
+class TrainerState:
+    """Everything besides weights, optimizer, scheduler and RNG that a resumed run needs."""
+
+    step: int = 0  # completed PPO iterations
+    episodes: int = 0  # responses sampled so far, over all processes
+    kl_coef: float = 0.0
+    data_epoch: int = 0
+    data_pos: int = 0  # position in the epoch's permutation of the prompts
+
+
+@dataclass
+class Rollout:
+    """One batch of sampled responses as training tensors. P = prompt width, T = response width."""
+
+    input_ids: torch.Tensor  # (B, P + T): left-padded prompt + right-padded response
+    attention_mask: torch.Tensor  # (B, P + T)
+    position_ids: torch.Tensor  # (B, P + T)
+    response_ids: torch.Tensor  # (B, T)
+    generations: list[Generation]
+
+    @property
+    def response_length(self) -> int:
+        return self.response_ids.shape[1]
+
+
+def find_latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The ``checkpoint-<step>`` directory with the highest step that holds a trainer state, or None."""
+    out = Path(output_dir)
+    if not out.is_dir():
+        return None
+    found = [(int(m.group(1)), p) for p in out.iterdir() if (m := _CHECKPOINT.match(p.name)) and (p / STATE_FILE).is_file()]
+    return max(found)[1] if found else None
+
+
+class NLGradientPPOTrainer:
+    """Token-level PPO with a feedback source (Text2Grad Algorithm 4).
+
+    Args:
+        config: a `PPOConfig`.
+        tokenizer: the policy's fast tokenizer (needs a pad token).
+        policy: a causal LM. With ``config.use_lora`` it is wrapped in a LoRA adapter unless it already is a
+            ``PeftModel``.
+        ref_policy: a separate frozen reference model, or None: then the reference is the policy with its
+            adapter disabled (LoRA) or a frozen copy of the initial policy (full fine-tuning).
+        value_model: a `ValueModel` (separate backbone + scalar head).
+        feedback_source: anything with ``feedback(prompts, responses) -> list[Feedback]``.
+        train_dataset: records with ``"prompt"`` (the policy prompt, template already applied) and optionally
+            ``"feedback_prompt"`` (what the feedback source sees; default: ``"prompt"``).
+        score_fn: task score ``fn(prompts, responses) -> list[float]`` for the scalar/dense/mixed modes'
+            sequence score (default: from the feedback's quotes). It gets the feedback prompts.
+        base_model_path: written as the base of the saved LoRA adapter (default: ``config.model_name_or_path``).
+    """
+
+    def __init__(
+        self,
+        config: PPOConfig,
+        tokenizer,
+        policy: torch.nn.Module,
+        ref_policy: torch.nn.Module | None,
+        value_model: ValueModel,
+        feedback_source,
+        train_dataset: Sequence[Mapping[str, Any]],
+        *,
+        score_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]] | None = None,
+        base_model_path: str | None = None,
+    ) -> None:
+        from accelerate.utils import set_seed
+
+        self.config = config
+        self.tokenizer = tokenizer
+        self.feedback_source = feedback_source
+        self.score_fn = score_fn
+        self.base_model_path = base_model_path or config.model_name_or_path or None
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the EOS token)")
+        if not callable(getattr(feedback_source, "feedback", None)):
+            raise TypeError("feedback_source must have a feedback(prompts, responses) method")
+        self.dataset = [dict(r) for r in train_dataset]
+        if not self.dataset:
+            raise ValueError("train_dataset is empty")
+        missing = [i for i, r in enumerate(self.dataset) if not isinstance(r.get("prompt"), str)]
+        if missing:
+            raise ValueError(f"train_dataset records {missing[:5]} have no string 'prompt' field")
+
+        self.accelerator = _make_accelerator(config)
+        acc = self.accelerator
+        self.num_iterations = config.iterations(acc.num_processes)
+        set_seed(config.seed)  # the same LoRA initialisation on every process
+
+        if config.use_lora and not _is_peft(policy):
+            policy = _wrap_lora(policy, config)
+        self.is_peft = _is_peft(policy)
+        if ref_policy is None and not self.is_peft:
+            import copy
+
+            logger.warning("no reference policy and no LoRA: keeping a frozen copy of the initial policy in memory")
+            ref_policy = copy.deepcopy(policy)
+        for model in (policy, value_model) + ((ref_policy,) if ref_policy is not None else ()):
+            disable_dropout(model)
+        if config.gradient_checkpointing:
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            value_model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if self.is_peft:
+                policy.enable_input_require_grads()
+
+        wrapper = PolicyAndValue(policy, value_model)
+        policy_params = [p for p in policy.parameters() if p.requires_grad]
+        value_params = [p for p in value_model.parameters() if p.requires_grad]
+        if not policy_params:
+            raise ValueError("the policy has no trainable parameters")
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": policy_params, "lr": config.learning_rate},
+                {"params": value_params, "lr": config.value_learning_rate or config.learning_rate},
+            ],
+            weight_decay=config.weight_decay,
+        )
+        from transformers import get_scheduler
+
+        total_updates = self.num_iterations * config.num_ppo_epochs * config.num_mini_batches
+        scheduler = get_scheduler(config.lr_scheduler_type, optimizer, config.warmup_steps, total_updates)
+
+        self.zero_stage = 0
+        ds_plugin = acc.state.deepspeed_plugin
+        if ds_plugin is not None:
+            ds = ds_plugin.deepspeed_config
+            ds["train_micro_batch_size_per_gpu"] = config.micro_batch_size
+            ds["gradient_accumulation_steps"] = config.gradient_accumulation_steps
+            ds["train_batch_size"] = config.micro_batch_size * config.gradient_accumulation_steps * acc.num_processes
+            ds["gradient_clipping"] = config.max_grad_norm
+            self.zero_stage = int(ds_plugin.zero_stage or 0)
+        self.model, self.optimizer, self.scheduler = acc.prepare(wrapper, optimizer, scheduler)
+        self.ref_model = _prepare_reference(ref_policy, acc, self.zero_stage) if ref_policy is not None else None
+
+        set_seed(config.seed + acc.process_index)  # different samples on each process
+        self.state = TrainerState(kl_coef=config.kl_coef)
+        self.output_dir = Path(config.output_dir)
+        self._permutations: dict[int, np.ndarray] = {}
+        self._stop_requested = False
+        self._trackers = False
+        self._saved_step = -1
+
+    # ---------------------------------------------------------------------------------------------
+    # The training loop
+    # ---------------------------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        """The (unwrapped) policy being trained."""
+        return self.accelerator.unwrap_model(self.model).policy
+
+    @property
+    def value_model(self) -> ValueModel:
+        return self.accelerator.unwrap_model(self.model).value_model
+
+    def train(self) -> dict[str, float]:
+        """Run (or resume) until ``num_iterations``; returns the last iteration's metrics.
+
+        Checkpoints every ``save_steps`` and at the end; the final policy, value model and tokenizer go to
+        ``output_dir/policy`` and ``output_dir/value_model``. Ctrl-C or SIGTERM finish the current iteration,
+        save a checkpoint and return (a second Ctrl-C stops at once).
+        """
+        from tqdm.auto import tqdm
+
+        self._start_run()
+        acc = self.accelerator
+        metrics: dict[str, float] = {}
+        bar = tqdm(
+            total=self.num_iterations, initial=self.state.step, desc="ppo", unit="it",
+            disable=not (acc.is_main_process and self.config.progress_bar),
+        )
+        with self._graceful_stop():
+            while self.state.step < self.num_iterations:
+                metrics = self.step()
+                bar.update(1)
+                bar.set_postfix(score=f"{metrics['reward/score_mean']:.3f}", kl=f"{metrics['objective/kl']:.2f}")
+                stop = self._stop_requested_anywhere()
+                if stop or (self.config.save_steps and self.state.step % self.config.save_steps == 0):
+                    self.save_checkpoint()
+                if stop:
+                    logger.warning("stop requested: saved checkpoint at iteration %d", self.state.step)
+                    break
+        bar.close()
+        if self.state.step >= self.num_iterations:
+            if self._saved_step != self.state.step:  # not the filesystem: another process may be writing it now
+                self.save_checkpoint()
+            self.save_model(self.output_dir)
+        if self._trackers:
+            acc.end_training()
+        return metrics
+
+    def step(self) -> dict[str, float]:
+        """One PPO iteration; returns its metrics (also appended to ``output_dir/metrics.jsonl``)."""
+        cfg, acc = self.config, self.accelerator
+        t_start = time.perf_counter()
+
+        # 1-2. prompts and responses
+        items = self._next_items()
+        prompts = [r["prompt"] for r in items]
+        feedback_prompts = [r.get("feedback_prompt", r["prompt"]) for r in items]
+        generations = self._generate(prompts)
+        responses = [g.text for g in generations]
+        t_generated = time.perf_counter()
+
+        # 3. feedback (and the optional task score)
+        feedbacks, n_source_errors = self._feedback(feedback_prompts, responses)
+        scores, n_score_errors = self._scores(feedback_prompts, responses)
+        t_feedback = time.perf_counter()
+
+        # 4. token-level score rewards on the exact sampled ids
+        rollout = self._pack(generations)
+        T = rollout.response_length
+        score = compute_score_rewards(
+            feedbacks, [g.response_ids for g in generations], self.tokenizer,
+            mode=cfg.reward_mode, length=T, scores=scores, finished=[g.finished for g in generations],
+            scheme=cfg.reward_scheme, span_normalize=cfg.span_normalize, boundary=cfg.boundary,
+            overlap=cfg.overlap, occurrence=cfg.occurrence, scalar_coef=cfg.scalar_coef,
+            missing_eos_penalty=cfg.missing_eos_penalty,
+        )
+        mask = score.mask.to(acc.device)
+        score_rewards = score.rewards.to(acc.device)
+        t_rewards = time.perf_counter()
+
+        # 5. log-probs, values and reference log-probs of the sampled tokens
+        logprobs, values, entropy, ref_logprobs = self._rollout_forward(rollout)
+
+        # 6. KL-penalised rewards, GAE
+        kl = torch.where(mask > 0, kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator), 0.0)
+        rewards = score_rewards - self.state.kl_coef * kl
+        if cfg.whiten_rewards:
+            rewards = masked_whiten(rewards, mask, shift_mean=False)
+        advantages, returns = gae(rewards, values, mask, cfg.gamma, cfg.lam)
+        if cfg.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)
+        self._guard_finite(
+            {"score rewards": score_rewards, "KL": kl, "values": values, "advantages": advantages, "returns": returns},
+            mask, during_update=False,
+        )
+        t_forward = time.perf_counter()
+
+        # 7. PPO epochs over shuffled minibatches
+        lr = float(self.scheduler.get_last_lr()[0])  # the policy learning rate this iteration starts with
+        update_stats = self._ppo_update(rollout, mask, logprobs, values, advantages, returns)
+        t_update = time.perf_counter()
+
+        # 8. KL controller, bookkeeping, metrics
+        stats = self._batch_stats(score, rewards, kl, entropy, mask, generations, n_source_errors, n_score_errors)
+        stats["value/explained_variance"] = float(explained_variance(values, returns, mask))
+        stats = self._reduce_mean(stats, sums=_SUM_KEYS)
+        global_batch = cfg.batch_size * acc.num_processes
+        kl_used = self.state.kl_coef
+        if cfg.adaptive_kl:
+            self.state.kl_coef = adaptive_kl_coef(kl_used, stats["objective/kl"], cfg.target_kl, global_batch, cfg.kl_horizon)
+        self.state.step += 1
+        self.state.episodes += global_batch
+        metrics = {
+            "iteration": self.state.step,
+            "episodes": self.state.episodes,
+            **_derived(stats),
+            **update_stats,
+            "objective/kl_coef": kl_used,
+            "lr": lr,
+            "time/generation": t_generated - t_start,
+            "time/feedback": t_feedback - t_generated,
+            "time/rewards": t_rewards - t_feedback,
+            "time/forward": t_forward - t_rewards,
+            "time/update": t_update - t_forward,
+            "time/total": time.perf_counter() - t_start,
+        }
+        self._log(metrics, prompts, feedback_prompts, generations, feedbacks, score)
+        return metrics
+
+    # ---------------------------------------------------------------------------------------------
+    # Steps of an iteration
+    # ---------------------------------------------------------------------------------------------
+
+    def _next_items(self) -> list[dict[str, Any]]:
+        """This process's ``batch_size`` records of the next global batch; every epoch is a new seeded shuffle."""
+        cfg, acc = self.config, self.accelerator
+        n, need = len(self.dataset), cfg.batch_size * acc.num_processes
+        picked: list[int] = []
+        while len(picked) < need:
+            if self.state.data_pos >= n:
+                self.state.data_epoch, self.state.data_pos = self.state.data_epoch + 1, 0
+            perm = self._permutation(self.state.data_epoch)
+            take = min(need - len(picked), n - self.state.data_pos)
+            picked.extend(int(i) for i in perm[self.state.data_pos : self.state.data_pos + take])
+            self.state.data_pos += take
+        mine = picked[acc.process_index * cfg.batch_size : (acc.process_index + 1) * cfg.batch_size]
+        return [self.dataset[i] for i in mine]
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch not in self._permutations:
+            self._permutations = {epoch: np.random.default_rng([self.config.seed, epoch]).permutation(len(self.dataset))}
+        return self._permutations[epoch]
+
+    def _generate(self, prompts: list[str]) -> list[Generation]:
+        cfg = self.config
+        self.model.eval()
+        with self._policy_for_generation() as policy:
+            return generate(
+                policy, self.tokenizer, prompts,
+                max_new_tokens=cfg.response_length, batch_size=cfg.generation_batch_size or len(prompts),
+                do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                max_prompt_length=cfg.max_prompt_length, stop_strings=cfg.stop_strings,
+            )
+
+    @contextlib.contextmanager
+    def _policy_for_generation(self):
+        """The unwrapped policy; under ZeRO-3 its partitioned weights are gathered for the duration."""
+        policy = self.accelerator.unwrap_model(self.model).policy
+        if self.zero_stage != 3:
+            yield policy
+            return
+        import deepspeed
+        from trl.models.utils import add_hooks, remove_hooks
+
+        with deepspeed.zero.GatheredParameters(list(policy.parameters())):
+            remove_hooks(self.model)
+            try:
+                yield policy
+            finally:
+                add_hooks(self.model)
+
+    def _feedback(self, prompts: list[str], responses: list[str]) -> tuple[list[Feedback], int]:
+        """Feedback for the non-empty responses. A source that raises costs a zero reward per sample, counted."""
+        out = [Feedback.failed("empty response") for _ in responses]
+        todo = [i for i, r in enumerate(responses) if r.strip()]
+        if not todo:
+            return out, 0
+        try:
+            got = self.feedback_source.feedback([prompts[i] for i in todo], [responses[i] for i in todo])
+        except Exception as exc:  # the protocol says sources never raise; a broken one must not end the run
+            logger.warning("feedback source raised %s: %s (zero reward for %d samples)", type(exc).__name__, exc, len(todo))
+            message = f"feedback source raised {type(exc).__name__}: {exc}"
+            for i in todo:
+                out[i] = Feedback.failed(message)
+            return out, len(todo)
+        got = list(got)
+        if len(got) != len(todo):
+            raise TypeError(f"the feedback source returned {len(got)} feedbacks for {len(todo)} responses; it must return one per pair")
+        for i, fb in zip(todo, got):
+            if isinstance(fb, Mapping):
+                fb = Feedback.from_dict(dict(fb))
+            if not isinstance(fb, Feedback):
+                raise TypeError(f"the feedback source returned a {type(fb).__name__}; expected text2grad.feedback.Feedback")
+            out[i] = fb
+        return out, 0
+
+    def _scores(self, prompts: list[str], responses: list[str]) -> tuple[list[float | None] | None, int]:
+        """Task scores from ``score_fn`` (None when the sequence score comes from the feedback)."""
+        if self.score_fn is None or self.config.reward_mode == "nl_gradient":
+            return None, 0
+        try:
+            raw = list(self.score_fn(prompts, responses))
+        except Exception as exc:
+            logger.warning("score function raised %s: %s (score 0 for the batch)", type(exc).__name__, exc)
+            return [None] * len(prompts), len(prompts)
+        if len(raw) != len(prompts):
+            raise TypeError(f"the score function returned {len(raw)} scores for {len(prompts)} responses")
+        scores: list[float | None] = []
+        for value in raw:
+            try:
+                scores.append(float(value))
+            except (TypeError, ValueError):
+                scores.append(None)
+        return scores, sum(s is None for s in scores)
+
+    def _pack(self, generations: list[Generation]) -> Rollout:
+        """Left-padded prompts + right-padded responses, with attention mask and position ids."""
+        pad = self.tokenizer.pad_token_id
+        B = len(generations)
+        P = max(len(g.prompt_ids) for g in generations)
+        T = max(1, max(len(g.response_ids) for g in generations))
+        input_ids = torch.full((B, P + T), pad, dtype=torch.long)
+        attention_mask = torch.zeros(B, P + T, dtype=torch.long)
+        for b, g in enumerate(generations):
+            p, r = len(g.prompt_ids), len(g.response_ids)
+            input_ids[b, P - p : P] = torch.tensor(g.prompt_ids, dtype=torch.long)
+            input_ids[b, P : P + r] = torch.tensor(g.response_ids, dtype=torch.long)
+            attention_mask[b, P - p : P + r] = 1
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        device = self.accelerator.device
+        return Rollout(
+            input_ids.to(device), attention_mask.to(device), position_ids.to(device), input_ids[:, P:].to(device), generations
+        )
+
+    @torch.no_grad()
+    def _rollout_forward(self, rollout: Rollout) -> tuple[torch.Tensor, ...]:
+        """(logprobs, values, entropy, ref_logprobs), each (B, T), in micro-batches."""
+        cfg = self.config
+        T = rollout.response_length
+        outs: list[tuple[torch.Tensor, ...]] = []
+        self.model.eval()
+        for rows in _chunks(len(rollout.generations), cfg.micro_batch_size):
+            ids, attn, pos = rollout.input_ids[rows], rollout.attention_mask[rows], rollout.position_ids[rows]
+            logits, values = self.model(ids, attn, pos, T)
+            logits = logits.float() / cfg.temperature
+            logprobs = logprobs_from_logits(logits, rollout.response_ids[rows])
+            entropy = entropy_from_logits(logits)
+            del logits
+            ref_logits = self._reference_logits(ids, attn, pos, T).float() / cfg.temperature
+            ref_logprobs = logprobs_from_logits(ref_logits, rollout.response_ids[rows])
+            outs.append((logprobs, values.float(), entropy, ref_logprobs))
+        return tuple(torch.cat(parts) for parts in zip(*outs))
+
+    def _reference_logits(self, ids, attn, pos, T: int) -> torch.Tensor:
+        kwargs = dict(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=T + 1)
+        # The prepared policy runs under accelerate's autocast (mixed precision); the reference must too, or the
+        # KL would measure the precision difference instead of the policy's drift.
+        with self.accelerator.autocast():
+            if self.ref_model is not None:
+                return self.ref_model(**kwargs).logits[:, :-1]
+            policy = self.accelerator.unwrap_model(self.model).policy
+            with policy.disable_adapter():
+                return policy(**kwargs).logits[:, :-1]
+
+    def _ppo_update(self, rollout: Rollout, mask, old_logprobs, old_values, advantages, returns) -> dict[str, float]:
+        cfg, acc = self.config, self.accelerator
+        T = rollout.response_length
+        self.model.train()
+        totals: dict[str, float] = {}
+        n_micro = 0
+        for _ in range(cfg.num_ppo_epochs):
+            order = torch.randperm(cfg.batch_size)
+            for mb_start in range(0, cfg.batch_size, cfg.mini_batch_size):
+                minibatch = order[mb_start : mb_start + cfg.mini_batch_size]
+                for micro_start in range(0, cfg.mini_batch_size, cfg.micro_batch_size):
+                    rows = minibatch[micro_start : micro_start + cfg.micro_batch_size].to(acc.device)
+                    with acc.accumulate(self.model):
+                        logits, vpred = self.model(rollout.input_ids[rows], rollout.attention_mask[rows], rollout.position_ids[rows], T)
+                        logits = logits.float() / cfg.temperature
+                        m = mask[rows]
+                        logprobs = logprobs_from_logits(logits, rollout.response_ids[rows])
+                        pg_loss, pg_stats = policy_loss(logprobs, old_logprobs[rows], advantages[rows], m, cfg.cliprange)
+                        vf_loss, vf_stats = value_loss(vpred.float(), old_values[rows], returns[rows], m, cfg.cliprange_value)
+                        entropy = masked_mean(entropy_from_logits(logits), m)
+                        loss = pg_loss + cfg.vf_coef * vf_loss - cfg.entropy_coef * entropy
+                        self._guard_finite({"loss": loss.detach().reshape(1)}, None, during_update=True)
+                        acc.backward(loss)
+                        if acc.sync_gradients and cfg.max_grad_norm > 0:
+                            acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                        self.optimizer.step()
+                        if acc.sync_gradients:
+                            self.scheduler.step()
+                        self.optimizer.zero_grad()
+                    step_stats = {
+                        "loss/policy": pg_loss.item(), "loss/value": vf_loss.item(), "loss/total": loss.item(),
+                        "policy/entropy": entropy.item(), "policy/clipfrac": pg_stats["clipfrac"].item(),
+                        "policy/approx_kl": pg_stats["approx_kl"].item(), "value/clipfrac": vf_stats["vf_clipfrac"].item(),
+                    }
+                    for k, v in step_stats.items():
+                        totals[k] = totals.get(k, 0.0) + v
+                    n_micro += 1
+        return self._reduce_mean({k: v / n_micro for k, v in totals.items()})
+
+    # ---------------------------------------------------------------------------------------------
+    # Guards, metrics, logging
+    # ---------------------------------------------------------------------------------------------
+
+    def _guard_finite(self, tensors: Mapping[str, torch.Tensor], mask: torch.Tensor | None, during_update: bool) -> None:
+        """Stop with a checkpoint and a clear message if any tensor holds NaN/inf (on any process)."""
+        bad_names = []
+        for name, t in tensors.items():
+            bad = ~torch.isfinite(t)
+            if mask is not None:
+                bad = bad & (mask > 0)
+            if bool(bad.any()):
+                rows = sorted({int(r) for r in bad.nonzero()[:, 0].tolist()}) if t.dim() > 1 else []
+                bad_names.append(f"{name}" + (f" (rows {rows[:8]})" if rows else ""))
+        flag = torch.tensor([1.0 if bad_names else 0.0], device=self.accelerator.device)
+        if float(self.accelerator.reduce(flag, "sum")) == 0:
+            return
+        name = f"checkpoint-{self.state.step}" + ("-nonfinite" if during_update else "")
+        path = self.save_checkpoint(name=name, rotate=False)
+        where = "during the PPO update (weights may be partly updated)" if during_update else "before this iteration's update"
+        raise NonFiniteError(
+            f"non-finite values at iteration {self.state.step + 1} on process {self.accelerator.process_index}: "
+            f"{', '.join(bad_names) or 'on another process'}. State {where} saved to {path}. Likely causes: a feedback "
+            "source or scalar_source returning inf/NaN scores, or a learning rate too high for this model; fix it and "
+            "resume with --resume <that checkpoint>."
+        )
+
+    def _batch_stats(self, score: ScoreRewards, rewards, kl, entropy, mask, generations, n_source_errors, n_score_errors):
+        seq_len = mask.sum(-1)
+        stats = {
+            "reward/score_mean": float(score.rewards.sum(-1).mean()),
+            "reward/total_mean": float(rewards.sum(-1).mean()),
+            "objective/kl": float(kl.sum(-1).mean()),
+            "policy/rollout_entropy": float(masked_mean(entropy, mask)),
+            "response/length_mean": float(seq_len.float().mean()),
+            "response/missing_eos_rate": float(np.mean([not g.finished for g in generations])),
+            "samples/source_error": float(n_source_errors),
+            "samples/score_error": float(n_score_errors),
+            "samples/batch": float(len(generations)),
+        }
+        stats.update(score.stats())
+        return stats
+
+    def _reduce_mean(self, stats: dict[str, float], sums: frozenset[str] = frozenset()) -> dict[str, float]:
+        """Average ``stats`` over processes (keys in ``sums`` are summed instead)."""
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return dict(stats)
+        keys = sorted(stats)
+        t = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=acc.device)
+        t = acc.reduce(t, "sum")
+        return {k: float(v) if k in sums else float(v) / acc.num_processes for k, v in zip(keys, t.tolist())}
+
+    def _stop_requested_anywhere(self) -> bool:
+        flag = torch.tensor([1.0 if self._stop_requested else 0.0], device=self.accelerator.device)
+        return float(self.accelerator.reduce(flag, "sum")) > 0
+
+    def _log(self, metrics, prompts, feedback_prompts, generations, feedbacks, score: ScoreRewards) -> None:
+        acc = self.accelerator
+        if self._trackers:
+            acc.log({k: v for k, v in metrics.items() if isinstance(v, (int, float)) and v is not None}, step=self.state.step)
+        if not acc.is_main_process:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        with (self.output_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(metrics) + "\n")
+        if self.config.log_samples > 0:
+            with (self.output_dir / "samples.jsonl").open("a", encoding="utf-8") as fh:
+                for b in range(min(self.config.log_samples, len(generations))):
+                    g, info = generations[b], score.samples[b]
+                    n = len(g.response_ids)
+                    rewarded = [
+                        [self.tokenizer.decode([t]), round(float(score.rewards[b, i]), 4)]
+                        for i, t in enumerate(g.response_ids) if float(score.rewards[b, i]) != 0
+                    ]
+                    fh.write(json.dumps({
+                        "iteration": self.state.step, "prompt": prompts[b], "feedback_prompt": feedback_prompts[b],
+                        "response": g.text, "finished": g.finished, "n_tokens": n, "status": info.status,
+                        "feedback": {**feedbacks[b].to_dict(), "error": feedbacks[b].error},
+                        "score": info.score, "rewarded_tokens": rewarded,
+                    }, ensure_ascii=False) + "\n")
+
+    # ---------------------------------------------------------------------------------------------
+    # Checkpoints and saving
+    # ---------------------------------------------------------------------------------------------
+
+    def save_checkpoint(self, name: str | None = None, rotate: bool = True) -> Path:
+        """Save weights, optimizer, scheduler, per-process RNG states, trainer state and config.
+
+        Must be called on every process (DeepSpeed saves its shards collectively).
+        """
+        acc = self.accelerator
+        path = self.output_dir / (name or f"checkpoint-{self.state.step}")
+        acc.save_state(str(path))
+        if acc.is_main_process:
+            (path / STATE_FILE).write_text(json.dumps({**self.state.__dict__, "num_processes": acc.num_processes}, indent=2))
+            save_config(self.config, path / "ppo_config.yaml")
+            if rotate and self.config.save_total_limit:
+                self._rotate_checkpoints(self.config.save_total_limit)
+        acc.wait_for_everyone()
+        if name is None:
+            self._saved_step = self.state.step
+        return path
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore a checkpoint written by `save_checkpoint` (weights, optimizer, scheduler, RNG, state)."""
+        path = Path(path)
+        if not (path / STATE_FILE).is_file():
+            raise FileNotFoundError(f"{path} is not a checkpoint of this trainer (no {STATE_FILE})")
+        self.accelerator.load_state(str(path))
+        saved = json.loads((path / STATE_FILE).read_text())
+        if saved.get("num_processes", self.accelerator.num_processes) != self.accelerator.num_processes:
+            logger.warning(
+                "checkpoint was written by %s processes, resuming with %s: the data order and RNG streams differ",
+                saved.get("num_processes"), self.accelerator.num_processes,
+            )
+        for key in TrainerState.__dataclass_fields__:
+            if key in saved:
+                setattr(self.state, key, type(getattr(self.state, key))(saved[key]))
+        self._saved_step = self.state.step
+
+    def _rotate_checkpoints(self, keep: int) -> None:
+        found = sorted((int(m.group(1)), p) for p in self.output_dir.iterdir() if (m := _CHECKPOINT.match(p.name)))
+        for _, old in found[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def save_model(self, output_dir: str | Path) -> None:
+        """Write ``policy/`` (LoRA adapter, or full model) with the tokenizer, and ``value_model/``.
+
+        ``text2grad.modeling.load_causal_lm(output_dir/"policy")`` loads the policy (for an adapter, its
+        ``base_model_name_or_path`` names the base). Must be called on every process (ZeRO-3 gathers weights).
+        """
+        acc = self.accelerator
+        state = acc.get_state_dict(self.model)
+        if not acc.is_main_process:
+            acc.wait_for_everyone()
+            return
+        out = Path(output_dir)
+        unwrapped = acc.unwrap_model(self.model)
+        policy_state = {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
+        value_state = {k[len("value_model."):]: v for k, v in state.items() if k.startswith("value_model.")}
+        policy = unwrapped.policy
+        if self.is_peft and self.base_model_path:
+            for peft_config in policy.peft_config.values():
+                peft_config.base_model_name_or_path = str(self.base_model_path)
+        policy.save_pretrained(out / "policy", state_dict=policy_state)
+        self.tokenizer.save_pretrained(out / "policy")
+        unwrapped.value_model.save_pretrained(out / "value_model", state_dict=value_state)
+        acc.wait_for_everyone()
+
+    # ---------------------------------------------------------------------------------------------
+    # Run setup
+    # ---------------------------------------------------------------------------------------------
+
+    def _start_run(self) -> None:
+        """Resume or start fresh (refusing to mix with an earlier run's files), and start trackers."""
+        cfg, acc = self.config, self.accelerator
+        resume_from: Path | None = None
+        if cfg.resume and cfg.resume.lower() not in ("none", "false", "no"):
+            resume_from = find_latest_checkpoint(self.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
+            if cfg.resume != "auto" and not (resume_from / STATE_FILE).is_file():
+                raise FileNotFoundError(f"--resume {cfg.resume}: no checkpoint there (expected {STATE_FILE})")
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
+            if acc.is_main_process:
+                _truncate_jsonl(self.output_dir / "metrics.jsonl", "iteration", self.state.step)
+                _truncate_jsonl(self.output_dir / "samples.jsonl", "iteration", self.state.step)
+            logger.info("resumed from %s at iteration %d", resume_from, self.state.step)
+        elif self.state.step == 0:
+            earlier = find_latest_checkpoint(self.output_dir)
+            if earlier is not None and not cfg.overwrite_output_dir:
+                raise FileExistsError(
+                    f"{self.output_dir} already holds a run ({earlier.name}); pass --resume auto to continue it or "
+                    "--overwrite_output_dir true to start over"
+                )
+            if acc.is_main_process:
+                for name in ("metrics.jsonl", "samples.jsonl"):
+                    (self.output_dir / name).unlink(missing_ok=True)
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            save_config(cfg, self.output_dir / "ppo_config.yaml")
+        if cfg.report_to != "none" and not self._trackers:
+            flat = {k: v for k, v in config_to_dict(cfg).items() if isinstance(v, (int, float, str, bool))}
+            acc.init_trackers(cfg.run_name or "text2grad-ppo", config=flat)
+            self._trackers = True
+
+    @contextlib.contextmanager
+    def _graceful_stop(self):
+        """First Ctrl-C / SIGTERM: finish the iteration, checkpoint, return. Second Ctrl-C: stop now."""
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if self._stop_requested and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self._stop_requested = True
+            logger.warning("signal %d: stopping after this iteration (Ctrl-C again to stop now)", signum)
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------------
+
+_SUM_KEYS = frozenset(
+    {"samples/empty", "samples/feedback_error", "samples/no_matched_span", "samples/source_error", "samples/score_error",
+     "samples/batch", "spans/quotes", "spans/unmatched", "tokens/total", "tokens/nonzero_reward"}
+)
+
+
+def _derived(stats: dict[str, float]) -> dict[str, float | None]:
+    """Rates from the summed counts (None where undefined, e.g. the unmatched rate in scalar mode)."""
+    out: dict[str, float | None] = dict(stats)
+    out["tokens/nonzero_reward_share"] = stats["tokens/nonzero_reward"] / stats["tokens/total"] if stats["tokens/total"] else 0.0
+    out["spans/unmatched_rate"] = stats["spans/unmatched"] / stats["spans/quotes"] if stats["spans/quotes"] else None
+    return out
+
+
+def _chunks(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _truncate_jsonl(path: Path, key: str, last: int) -> None:
+    """Drop records whose ``key`` exceeds ``last`` (written after the checkpoint we resume from)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip() and json.loads(line).get(key, 0) <= last]
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+def _is_peft(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _wrap_lora(policy, config: PPOConfig):
+    from peft import LoraConfig, get_peft_model
+
+    targets = config.lora_target_modules
+    target_modules = "all-linear" if list(targets) == ["all-linear"] else list(targets)
+    lora = LoraConfig(
+        r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+        target_modules=target_modules, task_type="CAUSAL_LM", bias="none",
+    )
+    return get_peft_model(policy, lora)
+
+
+def _make_accelerator(config: PPOConfig):
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    if config.report_to != "none":
+        import importlib.util
+
+        needed = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}[config.report_to]
+        if not any(importlib.util.find_spec(name) for name in needed):
+            raise ValueError(
+                f"report_to={config.report_to!r} needs the {needed[0]} package: pip install {needed[0]} "
+                "(or pip install 'text2grad[tensorboard]' / 'text2grad[wandb]'); metrics.jsonl is always written"
+            )
+    handlers = []
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and not torch.cuda.is_available():
+        # accelerate picks no process-group backend for DeepSpeed without a GPU; gloo makes CPU runs work.
+        handlers.append(InitProcessGroupKwargs(backend="gloo"))
+    acc = Accelerator(
+        log_with=None if config.report_to == "none" else config.report_to,
+        project_dir=config.output_dir,
+        step_scheduler_with_optimizer=False,
+        kwargs_handlers=handlers,
+    )
+    acc.gradient_accumulation_steps = config.gradient_accumulation_steps
+    return acc
+
+
+def _prepare_reference(ref_policy, accelerator, zero_stage: int):
+    """A frozen reference model on the right device; under ZeRO-3 partitioned by an inference engine."""
+    ref_policy.eval()
+    for p in ref_policy.parameters():
+        p.requires_grad_(False)
+    if zero_stage == 3:
+        import copy
+
+        import deepspeed
+
+        ds = copy.deepcopy(accelerator.state.deepspeed_plugin.deepspeed_config)
+        ds.pop("optimizer", None)
+        ds.pop("scheduler", None)
+        engine, *_ = deepspeed.initialize(model=ref_policy, config=ds)
+        engine.eval()
+        return engine
+    return ref_policy.to(accelerator.device)
