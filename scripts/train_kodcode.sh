@@ -14,6 +14,7 @@
 # unit tests in the sandbox (feedback_source code_tests, record field "test") and DeepSpeed runs on CPU
 # (DS_ACCELERATOR=cpu).
 set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/env.sh" >&2  # install/activate .venv (fast when up to date)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PYTHON:-python}"
 OUT="${OUT:-runs/kodcode}"

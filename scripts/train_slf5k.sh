@@ -12,6 +12,7 @@
 # DPO_ARGS (extra flags, e.g. PPO_ARGS="--reward_mode scalar"). In tiny mode the feedback comes from the
 # reference-summary critic (no reward model is trained) and DeepSpeed runs on CPU (DS_ACCELERATOR=cpu).
 set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/env.sh" >&2  # install/activate .venv (fast when up to date)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PYTHON:-python}"
 OUT="${OUT:-runs/slf5k}"

@@ -14,6 +14,7 @@
 # (DS_ACCELERATOR=cpu). The real run reads the three UltraFeedback splits (30 % SFT / 50 % RM / 20 % RL):
 # SFT_DATASET (default data/ultrafeedback/sft.jsonl), DATASET = the RL prompts, DPO_DATASET (the RM split).
 set -euo pipefail
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/env.sh" >&2  # install/activate .venv (fast when up to date)
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PYTHON:-python}"
 OUT="${OUT:-runs/ultrafeedback}"
