@@ -280,33 +280,14 @@ def decode_with_offsets(tokenizer, token_ids: Sequence[int]) -> tuple[str, list[
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     text = tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     content = [i for i in ids if i not in special]
+    content_offsets: list[tuple[int, int]] | None = None
     if getattr(tokenizer, "is_fast", False) and content:
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         if list(enc["input_ids"]) == content:
-            it = iter(enc["offset_mapping"])
-            offsets, last = [], 0
-            for i in ids:
-                if i in special:
-                    offsets.append((last, last))
-                else:
-                    s, e = next(it)
-                    offsets.append((s, e))
-                    last = e
-            return text, offsets
-    # Slow path: character boundaries from decoding growing prefixes of the content tokens.
-    bounds = [0]
-    prev = 0
-    for k in range(1, len(content) + 1):
-        prefix = tokenizer.decode(content[:k], skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        # An incomplete UTF-8 sequence decodes to U+FFFD: the boundary has not advanced yet.
-        n = len(prefix) if text.startswith(prefix) else prev
-        prev = max(n, prev)
-        bounds.append(prev)
-    content_offsets = [(bounds[k], bounds[k + 1]) for k in range(len(content))]
-    for k in range(len(content_offsets) - 2, -1, -1):  # byte fragments take the completing token's chars
-        s, e = content_offsets[k]
-        if s == e and content_offsets[k + 1][0] == s:
-            content_offsets[k] = content_offsets[k + 1]
+            content_offsets = [tuple(o) for o in enc["offset_mapping"]]
+    if content_offsets is None:
+        content_offsets = _prefix_decode_offsets(tokenizer, content, text)
+    # Special tokens sit between content tokens with an empty interval at the current position.
     offsets, it, last = [], iter(content_offsets), 0
     for i in ids:
         if i in special:
@@ -316,6 +297,22 @@ def decode_with_offsets(tokenizer, token_ids: Sequence[int]) -> tuple[str, list[
             offsets.append((s, e))
             last = e
     return text, offsets
+
+
+def _prefix_decode_offsets(tokenizer, content: list[int], text: str) -> list[tuple[int, int]]:
+    """Character intervals of ``content`` tokens from decoding growing prefixes (works for any ids)."""
+    bounds, prev = [0], 0
+    for k in range(1, len(content) + 1):
+        prefix = tokenizer.decode(content[:k], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        # An incomplete UTF-8 sequence decodes to U+FFFD: the boundary has not advanced yet.
+        prev = max(len(prefix) if text.startswith(prefix) else prev, prev)
+        bounds.append(prev)
+    offsets = [(bounds[k], bounds[k + 1]) for k in range(len(content))]
+    for k in range(len(offsets) - 2, -1, -1):  # byte fragments take the completing token's characters
+        s, e = offsets[k]
+        if s == e and offsets[k + 1][0] == s:
+            offsets[k] = offsets[k + 1]
+    return offsets
 
 
 @dataclass
