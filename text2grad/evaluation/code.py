@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
-from text2grad.config import ConfigError, parse_config, save_config
+from text2grad.config import ConfigError, save_config
 from text2grad.data import DataError, iter_jsonl, load_records, record_id, write_jsonl
 
 __all__ = [
@@ -713,16 +713,9 @@ def evaluate_code(cfg: CodeEvalConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = parse_config(CodeEvalConfig, argv)
-        report = evaluate_code(cfg)
-    except (ConfigError, DataError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(Path(report["report_md"]).read_text(encoding="utf-8"))
-    print(f"wrote {report['report_json']}, {report['report_md']} and {report['problems_md']}")
-    return 0
+    from text2grad.evaluation.common import run_cli
+
+    return run_cli(CodeEvalConfig, evaluate_code, argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 __all__ = [
     "load_policy",
@@ -248,3 +248,27 @@ def write_report(
         md += "\n" + "".join(f"- {note}\n" for note in notes)
     md_path.write_text(md, encoding="utf-8")
     return json_path, md_path
+
+
+def run_cli(config_cls: type, evaluate: Callable[[Any], Mapping[str, Any]], argv: Sequence[str] | None) -> int:
+    """The shared ``main`` of every evaluation entry point: parse the config, evaluate, print the report.
+
+    Bad configs, data or paths exit with code 2 and a one-line message; the report's Markdown is printed
+    and every ``*_json`` / ``*_md`` path in the results is listed.
+    """
+    import logging
+    import sys
+
+    from text2grad.config import ConfigError, parse_config
+    from text2grad.data import DataError
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        results = evaluate(parse_config(config_cls, argv))
+    except (ConfigError, DataError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(Path(results["report_md"]).read_text(encoding="utf-8"))
+    written = [str(v) for k, v in results.items() if k.endswith(("_json", "_md")) and isinstance(v, str)]
+    print("wrote " + ", ".join(written))
+    return 0

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from text2grad.config import ConfigError, parse_config, save_config
+from text2grad.config import ConfigError, save_config
 from text2grad.data import DataError, load_records, record_id, write_jsonl
 
 __all__ = [
@@ -488,16 +488,9 @@ def evaluate_qa(cfg: QAEvalConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = parse_config(QAEvalConfig, argv)
-        results = evaluate_qa(cfg)
-    except (ConfigError, DataError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(Path(results["report_md"]).read_text(encoding="utf-8"))
-    print(f"wrote {results['report_json']} and {results['report_md']}")
-    return 0
+    from text2grad.evaluation.common import run_cli
+
+    return run_cli(QAEvalConfig, evaluate_qa, argv)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from text2grad.config import ConfigError, parse_config, save_config
+from text2grad.config import ConfigError, save_config
 from text2grad.data import DataError, iter_jsonl, load_records, record_id, render_template, write_jsonl
 
 __all__ = [
@@ -425,16 +425,9 @@ def _run_judge(cfg, records, ids, predictions, references, per_item, out_dir: Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = parse_config(SummarizationEvalConfig, argv)
-        results = evaluate_summarization(cfg)
-    except (ConfigError, DataError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(Path(results["report_md"]).read_text(encoding="utf-8"))
-    print(f"wrote {results['report_json']} and {results['report_md']}")
-    return 0
+    from text2grad.evaluation.common import run_cli
+
+    return run_cli(SummarizationEvalConfig, evaluate_summarization, argv)
 
 
 if __name__ == "__main__":
