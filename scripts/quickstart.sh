@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The embedded default: every Text2Grad phase, offline, on a generated toy task (no GPU, no API key, no download).
+#
+#   bash scripts/quickstart.sh                         # default preset (~10 min on 2 CPU cores, < 4 GB RAM)
+#   bash scripts/quickstart.sh --preset ci             # smoke run
+#   TEXT2GRAD_TINY=1 bash scripts/quickstart.sh        # same as --preset ci (what CI runs)
+#   bash scripts/quickstart.sh --preset large --output_dir runs/quickstart-large
+#
+# Extra flags go to `python -m text2grad.quickstart` (see its --help), e.g. --sft_model, --reward_model,
+# --ppo_iterations 60, --kl_coef 0.1, --ppo_args '["--num_ppo_epochs", "4"]'.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+[ -x "$ROOT/.venv/bin/python" ] || bash "$ROOT/env.sh"
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
+export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" HF_DATASETS_OFFLINE="${HF_DATASETS_OFFLINE:-1}" TOKENIZERS_PARALLELISM=false
+
+EXTRA=()
+if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
+    EXTRA+=(--preset ci --output_dir "${TINY_DIR:-$(mktemp -d)}/quickstart")
+fi
+exec "$PY" -m text2grad.quickstart --config configs/quickstart/quickstart.yaml "${EXTRA[@]}" "$@"

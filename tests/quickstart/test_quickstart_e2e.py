@@ -1,0 +1,58 @@
+"""A reduced quickstart end to end (``--preset ci``): every phase runs through its real CLI, the artifacts exist,
+the numbers are finite, and a second run reuses the cached policy and reward model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from text2grad.quickstart import main
+
+
+@pytest.mark.slow
+def test_ci_preset_runs_every_phase_and_writes_the_report(tmp_path, capsys):
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    argv = ["--preset", "ci", "--output_dir", str(out), "--cache_dir", str(cache), "--ppo_iterations", "2",
+            "--eval_every", "1", "--n_report_samples", "3"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+
+    # the run ends with the results table and the paths of the PNG and the HTML report
+    assert "| SFT policy |" in printed and "| scalar PPO |" in printed and "| Text2Grad (NL-gradient PPO) |" in printed
+    assert f"curves: {out / 'report' / 'curves.png'}" in printed and f"report: {out / 'report' / 'index.html'}" in printed
+    for n in range(1, 8):
+        assert f"[{n}/7]" in printed
+
+    png = (out / "report" / "curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    page = (out / "report" / "index.html").read_text()
+    assert page.count("<h3>") == 3 and "reward model critique" in page and "class='tokens'" in page
+    assert "http://" not in page and "https://" not in page  # self-contained
+
+    summary = json.loads((out / "results.json").read_text())
+    assert set(summary["results"]) == {"sft", "nl_gradient", "scalar"}
+    for name, scores in summary["results"].items():
+        for key in ("fact_score", "fact_recall", "rouge1", "rougeL", "bleu"):
+            assert math.isfinite(scores[key]), (name, key)
+    for mode in ("nl_gradient", "scalar"):
+        curve = summary["curves"][mode]
+        assert [p["iteration"] for p in curve] == [0, 1, 2]
+        assert all(math.isfinite(p["fact_score"]) for p in curve)
+        metrics = [json.loads(l) for l in (out / f"ppo-{mode}" / "metrics.jsonl").read_text().splitlines()]
+        assert [m["iteration"] for m in metrics] == [1, 2]  # chunked PPO resumed instead of restarting
+        assert all(math.isfinite(m["objective/kl"]) and math.isfinite(m["reward/score_mean"]) for m in metrics)
+        assert (out / f"ppo-{mode}" / "policy" / "config.json").is_file()
+    # the two modes start from the same SFT policy, so their iteration-0 evaluations agree exactly
+    assert summary["curves"]["nl_gradient"][0] == summary["curves"]["scalar"][0]
+    assert summary["reward_model_eval"]["n_examples"] > 0
+    annotations = [json.loads(l) for l in (out / "reward_model" / "annotations.jsonl").read_text().splitlines()]
+    assert all(s in a["response"] for a in annotations for s in a["good_spans"] + a["poor_spans"])
+    assert (out / "commands.sh").read_text().count("python -m ") >= 5
+
+    # a second run reuses the cached SFT policy and reward model
+    assert main(argv + ["--modes", "nl_gradient", "--ppo_iterations", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "using cached SFT policy" in printed and "using cached reward model" in printed
+    assert "policy_optimization.sft" not in printed
