@@ -11,7 +11,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-[ -x "$ROOT/.venv/bin/python" ] || bash "$ROOT/env.sh"
+source "$ROOT/env.sh" >&2  # install/activate .venv (fast when up to date)
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" HF_DATASETS_OFFLINE="${HF_DATASETS_OFFLINE:-1}" TOKENIZERS_PARALLELISM=false
 
