@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import RECORDS, write_records
+from rm_testlib import RECORDS, write_records
 from reward_model.evaluate import main
 from text2grad.cli import main as cli_main
 

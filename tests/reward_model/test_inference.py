@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from conftest import INSTRUCTION, RECORDS
+from rm_testlib import INSTRUCTION, RECORDS
 from reward_model.inference import GenerativeRewardModel, json_complete
 from text2grad.feedback import Feedback, FeedbackSource
 from text2grad.generation import generate

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import INSTRUCTION, RECORDS
+from rm_testlib import INSTRUCTION, RECORDS
 from reward_model.serialization import (
     IGNORE_INDEX,
     PLAIN_TEMPLATE,

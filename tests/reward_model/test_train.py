@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import INSTRUCTION, RECORDS, train_args, write_records
+from rm_testlib import INSTRUCTION, RECORDS, train_args, write_records
 from reward_model.serialization import collate, encode_example, record_feedback
 from reward_model.train import CONFIG_FILENAME, RewardModelConfig, _strip_launcher_args, build_dataset, main
 from text2grad.config import ConfigError, load_config
