@@ -1,6 +1,5 @@
 """The text2grad command and the tiny offline world used by the per-dataset scripts."""
 
-import json
 import subprocess
 import sys
 
