@@ -36,6 +36,28 @@ def _smooth(values: list[float], window: int = 3) -> list[float]:
     return [sum(values[max(0, i - window + 1) : i + 1]) / len(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
+def rm_agreement(samples_path: Path, critic, tokenizer, first: int, last: int) -> dict[str, dict[str, float]]:
+    """Token F1 of the reward model's feedback on the logged rollouts against the critic's, early vs late.
+
+    ``first``/``last``: the rollouts of iterations <= first, and >= last. A drop means the policy moved to
+    responses the reward model judges worse than on its training distribution (the room for reward hacking).
+    """
+    from text2grad.feedback import Feedback
+    from text2grad.metrics import evaluate_feedback
+
+    rows = [json.loads(line) for line in samples_path.read_text().splitlines()]
+    out = {}
+    for name, keep in (("early", lambda it: it <= first), ("late", lambda it: it >= last)):
+        picked = [r for r in rows if keep(r["iteration"]) and isinstance(r.get("feedback"), dict)]
+        if not picked:
+            continue
+        predicted = [Feedback.from_dict(r["feedback"]) for r in picked]
+        reference = critic.feedback([r["prompt"] for r in picked], [r["response"] for r in picked])
+        metrics, _ = evaluate_feedback(predicted, reference, [r["response"] for r in picked], tokenizer)
+        out[name] = {c: round(metrics.tokens[c].f1, 3) for c in ("positive", "negative")}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="PPO seeds")
@@ -87,6 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         row["rm"] = {k: summary["reward_model_eval"].get(k) for k in ("json_validity_rate", "unmatched_span_rate", "token_label_accuracy")}
         row["rm_token_f1"] = {k: v.get("f1") for k, v in (summary["reward_model_eval"].get("token") or {}).items()}
         row["logprob_shift"] = summary.get("logprob_shift")
+        if args.ppo_feedback == "reward_model":
+            from text2grad.modeling import load_tokenizer
+
+            n = summary["curves"]["nl_gradient"][-1]["iteration"]
+            tok = load_tokenizer(str(out / "ppo-nl_gradient" / "policy"))
+            row["rm_vs_critic_on_rollouts"] = {
+                m: rm_agreement(out / f"ppo-{m}" / "samples.jsonl", critic, tok, 5, n - 4) for m in ("nl_gradient", "scalar")
+            }
         rows.append(row)
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.output_dir) / "benchmark.json").write_text(json.dumps(rows, indent=2))
@@ -129,9 +159,20 @@ def markdown(rows: list[dict], args) -> str:
     reached = sum(r["nl_gradient"]["iters_to_scalar_final"] is not None for r in rows)
     lines.append(f"- Text2Grad reached the scalar mode's final eval score in {reached}/{len(rows)} seeds"
                  + (f"; iterations ratio Text2Grad / scalar = {mean(ratios):.2f} (paper: ~0.75)" if ratios else ""))
+    r_ratios = [r["nl_gradient"]["rollout_iters_to_scalar_final"] / r["scalar"]["rollout_iters_to_scalar_final"] for r in rows
+                if r["nl_gradient"]["rollout_iters_to_scalar_final"] and r["scalar"]["rollout_iters_to_scalar_final"]]
+    r_reached = sum(r["nl_gradient"]["rollout_iters_to_scalar_final"] is not None for r in rows)
+    lines.append(f"- On the rollouts' true fact score (every iteration, 3-iteration mean): Text2Grad reached scalar's final "
+                 f"in {r_reached}/{len(rows)} seeds" + (f"; iterations ratio {mean(r_ratios):.2f}" if r_ratios else ""))
     lines.append(f"- Reward model on held-out annotations (seed {rows[0]['seed']}): {rows[0]['rm']}, token F1 {rows[0]['rm_token_f1']}")
+    if "rm_vs_critic_on_rollouts" in rows[0]:
+        lines.append("- Reward model vs. the critic on the PPO rollouts, token F1 (positive / negative), iterations 1-5 "
+                     "-> last 5: " + "; ".join(
+                         f"seed {r['seed']} {m}: " + " -> ".join(
+                             f"{v['positive']:.2f} / {v['negative']:.2f}" for v in r["rm_vs_critic_on_rollouts"][m].values())
+                         for r in rows for m in ("nl_gradient", "scalar")))
     lines.append(f"- Mean token log-prob change after Text2Grad, by RM label (seed {rows[0]['seed']}): {rows[0]['logprob_shift']}")
-    lines.append(f"- Wall time per seed (s): " + ", ".join(f"{r['seconds']:.0f}" for r in rows) + " (the first includes SFT and RM training)")
+    lines.append(f"- Wall time per seed (s): " + ", ".join(f"{r['seconds']:.0f}" for r in rows) + " (the first also trains SFT and the reward model unless they are cached)")
     return "\n".join(lines)
 
 

@@ -68,6 +68,10 @@ class EvalConfig:
     max_new_tokens: int = field(default=512, metadata={"help": "Bound on the generated critique + JSON."})
     dtype: str = field(default="auto", metadata={"help": "auto, bf16, fp16 or fp32."})
     backend: Literal["hf", "vllm"] = field(default="hf", metadata={"help": "Generation backend."})
+    grounded_spans: bool = field(
+        default=False,
+        metadata={"help": "Grounded span decoding: force every quote to be a substring of the response (hf backend)."},
+    )
     occurrence: Occurrence = field(default="all", metadata={"help": "Label all occurrences of a repeated quote, or the first."})
     overlap: Overlap = field(default="poor", metadata={"help": "Which label wins where good and poor spans overlap."})
     boundary: Boundary = field(default="any", metadata={"help": "Token boundary rule: any, majority or all."})
@@ -122,6 +126,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             backend=cfg.backend,
             batch_size=cfg.batch_size,
             max_new_tokens=cfg.max_new_tokens,
+            grounded_spans=cfg.grounded_spans,
             **overrides,
         )
         predictions = []

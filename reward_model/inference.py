@@ -126,6 +126,10 @@ class GenerativeRewardModel:
             (the response is always kept whole).
         do_sample, temperature, top_p: greedy by default.
         stop_at_json: stop a row as soon as it has written a complete span-JSON object.
+        grounded_spans: grounded span decoding (`text2grad.generation.QuoteConstraint`, "hf" backend only):
+            every quote in the span lists is forced to be an exact substring of the response, so no span is
+            lost as unmatched. The critique is generated freely. Off by default, so the model is measured as
+            trained; the quickstart turns it on (see benchmarks/README.md for its effect).
     """
 
     def __init__(
@@ -142,11 +146,15 @@ class GenerativeRewardModel:
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop_at_json: bool = True,
+        grounded_spans: bool = False,
         backend: Backend = "hf",
         engine: Any = None,
     ):
         if backend not in ("hf", "vllm"):
             raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
+        if grounded_spans and backend != "hf":
+            raise ValueError("grounded_spans needs the 'hf' backend (vLLM has no per-row logits constraint here); "
+                             "pass grounded_spans=False or backend='hf'")
         if max_new_tokens <= 0 or batch_size <= 0:
             raise ValueError("max_new_tokens and batch_size must be positive")
         self.model = model
@@ -160,6 +168,7 @@ class GenerativeRewardModel:
         self.temperature = temperature
         self.top_p = top_p
         self.stop_at_json = stop_at_json
+        self.grounded_spans = grounded_spans
         self.backend = backend
         self.engine = engine  # the vLLM wrapper when backend == "vllm"
         self.stats = RewardModelStats()
@@ -264,7 +273,7 @@ class GenerativeRewardModel:
                 out.append(f"bad input: {exc}")
         return out
 
-    def _generate(self, inputs: list[RMInput]) -> list[_Output]:
+    def _generate(self, inputs: list[RMInput], responses: Sequence[str]) -> list[_Output]:
         if not inputs:
             return []
         # Longest first, so each batch pads little and an out-of-memory error shows up on the first batch.
@@ -296,6 +305,7 @@ class GenerativeRewardModel:
                     top_p=self.top_p,
                     add_special_tokens=flag,
                     stop_fn=json_complete if self.stop_at_json else None,
+                    quote_sources=[responses[k] for k in group] if self.grounded_spans else None,
                 )
                 for k, g in zip(group, gens):
                     results[k] = _Output(g.text, g.finished)
@@ -307,7 +317,7 @@ class GenerativeRewardModel:
             raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses; pass one prompt per response")
         inputs = self._inputs(prompts, responses)
         good = [k for k, i in enumerate(inputs) if isinstance(i, RMInput)]
-        outputs = dict(zip(good, self._generate([inputs[k] for k in good])))  # type: ignore[list-item]
+        outputs = dict(zip(good, self._generate([inputs[k] for k in good], [responses[k] for k in good])))  # type: ignore[list-item]
         results: list[Feedback] = []
         for k, item in enumerate(inputs):
             self.stats.requests += 1

@@ -47,6 +47,15 @@ def test_ci_preset_runs_every_phase_and_writes_the_report(tmp_path, capsys):
     # the two modes start from the same SFT policy, so their iteration-0 evaluations agree exactly
     assert summary["curves"]["nl_gradient"][0] == summary["curves"]["scalar"][0]
     assert summary["reward_model_eval"]["n_examples"] > 0
+    # PPO starts from the mid-SFT checkpoint, the reward model from the end of the same SFT run
+    commands = (out / "commands.sh").read_text().splitlines()
+    command = {m: next(l for l in commands if f"python -m {m} " in l)
+               for m in ("policy_optimization.sft", "reward_model.train", "policy_optimization.train")}
+    assert "--max_steps 12 " in command["policy_optimization.sft"] and "--save_steps 6 " in command["policy_optimization.sft"]
+    assert "/policy " in command["policy_optimization.train"] and "/sft " in command["reward_model.train"]
+    # grounded span decoding: every quote the reward model wrote is in the response; the free report is kept too
+    assert summary["reward_model_eval"]["unmatched_span_rate"] == 0.0
+    assert (out / "reward_model" / "eval-free" / "report.json").is_file()
     annotations = [json.loads(l) for l in (out / "reward_model" / "annotations.jsonl").read_text().splitlines()]
     assert all(s in a["response"] for a in annotations for s in a["good_spans"] + a["poor_spans"])
     assert (out / "commands.sh").read_text().count("python -m ") >= 5

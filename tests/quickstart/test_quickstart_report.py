@@ -76,6 +76,9 @@ def test_results_table_and_presets():
     assert "| SFT policy | 0.250 | 10.000 |" in table and "| Text2Grad (NL-gradient PPO) | 0.500 | 12.500 |" in table
     cfg = resolve(QuickstartConfig(preset="ci", sft_steps=3))
     assert cfg.sft_steps == 3 and cfg.hidden_size == 32 and cfg.ppo_seed == cfg.seed
+    assert cfg.policy_sft_steps == 1  # PPO starts halfway through SFT unless told otherwise
+    with pytest.raises(ValueError, match="policy_sft_steps must be between 1 and sft_steps"):
+        resolve(QuickstartConfig(preset="ci", sft_steps=4, policy_sft_steps=5))
     with pytest.raises(ValueError, match="modes"):
         resolve(QuickstartConfig(modes=["ppo"]))
 

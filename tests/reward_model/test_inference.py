@@ -168,3 +168,24 @@ def test_vllm_backend_feeds_the_same_token_ids(memorized_rm, memorized, monkeypa
     assert {tuple(p["prompt_token_ids"]) for p in calls["prompts"]} == hf_ids
     for fb, ref in zip(feedback, REFERENCES):
         assert fb.good_spans == ref.good_spans and fb.poor_spans == ref.poor_spans
+
+
+def test_grounded_spans_keep_grounded_outputs_and_ground_the_rest(memorized_rm, memorized):
+    grounded = GenerativeRewardModel.from_pretrained(str(memorized_rm), max_new_tokens=64, batch_size=3, grounded_spans=True)
+    # 1. Outputs that already quote the response are left exactly as they were.
+    for fb, ref in zip(grounded.feedback(PROMPTS, RESPONSES), REFERENCES):
+        assert (fb.critique, fb.good_spans, fb.poor_spans) == (ref.critique, ref.good_spans, ref.poor_spans)
+    # 2. Responses edited so that the memorized quotes are no longer in them ("Oslo" -> "Rome", ...).
+    edited = [r.replace("Oslo", "Rome").replace("a - b", "a * b").replace("compare", "check").replace("a cat", "one cat")
+              for r in RESPONSES]
+    free = memorized.feedback(PROMPTS, edited)
+    assert any(s not in resp for fb, resp in zip(free, edited) for s in fb.good_spans + fb.poor_spans)
+    constrained = grounded.feedback(PROMPTS, edited)
+    assert all(fb.ok for fb in constrained), [(fb.raw, fb.error) for fb in constrained if not fb.ok]
+    assert all(s and s in resp for fb, resp in zip(constrained, edited) for s in fb.good_spans + fb.poor_spans), [(fb.raw, resp) for fb, resp in zip(constrained, edited)]
+    assert any(fb.good_spans + fb.poor_spans for fb in constrained)  # it still quotes, only from the response
+
+
+def test_grounded_spans_need_the_hf_backend(rm_tokenizer):
+    with pytest.raises(ValueError, match="grounded_spans needs the 'hf' backend"):
+        GenerativeRewardModel(None, rm_tokenizer, backend="vllm", engine=object(), grounded_spans=True)

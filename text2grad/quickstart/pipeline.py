@@ -1,6 +1,6 @@
 """The quickstart run: every Text2Grad phase, offline, on the generated fact-summary task.
 
-    python -m text2grad.quickstart                      # the default run (~10 min on 2 CPU cores)
+    python -m text2grad.quickstart                      # the default run (7.5 min on 2 idle CPU cores)
     python -m text2grad.quickstart --preset ci          # a seconds-to-minutes smoke run
     python -m text2grad.quickstart --preset large --output_dir runs/qs-large
 
@@ -62,7 +62,7 @@ class QuickstartConfig:
     """
 
     output_dir: str = _f("runs/quickstart", "Where data, models, metrics and the report go.")
-    preset: Preset = _f("default", "Size preset: ci (smoke test, ~1-3 min), default (~10 min on 2 cores), large.")
+    preset: Preset = _f("default", "Size preset: ci (smoke test, ~1-3 min), default (7.5 min on 2 idle cores), large.")
     seed: int = _f(0, "Seed of the task generator, the tiny models and every phase.")
     ppo_seed: int | None = _f(None, "Seed of policy optimization only (default: seed); the benchmark varies it.")
     cache_dir: str | None = _f(
@@ -84,7 +84,13 @@ class QuickstartConfig:
     vocab_size: int | None = _f(None, "Tokenizer vocabulary of the tiny policy.")
     hidden_size: int | None = _f(None, "Hidden size of the tiny Llama.")
     num_layers: int | None = _f(None, "Layers of the tiny Llama.")
-    sft_steps: int | None = _f(None, "SFT optimizer steps.")
+    sft_steps: int | None = _f(None, "SFT optimizer steps (the end of this run is the reward model's base).")
+    policy_sft_steps: int | None = _f(
+        None, "PPO starts from the SFT checkpoint at this step (default: half of sft_steps): a policy that still "
+        "gets facts wrong, leaving room for RL. The reward model starts from the end of the same SFT run, which "
+        "checks facts more reliably (reward models are usually at least as strong as the policy). Equal to "
+        "sft_steps: one model for both."
+    )
     sft_learning_rate: float | None = _f(None, "SFT learning rate.")
     sft_args: list[str] = _f([], "Extra flags for policy_optimization.sft (JSON list), e.g. '[\"--use_lora\", \"true\"]'.")
 
@@ -100,6 +106,10 @@ class QuickstartConfig:
     rm_steps: int | None = _f(None, "Reward-model optimizer steps.")
     rm_learning_rate: float | None = _f(None, "Reward-model learning rate.")
     rm_args: list[str] = _f([], "Extra flags for reward_model.train (JSON list).")
+    grounded_spans: bool = _f(
+        True, "Grounded span decoding for the reward model's feedback during PPO and in its evaluation: every "
+        "quote is forced to be a substring of the response (reward_model.inference, text2grad.generation)."
+    )
 
     # ---- policy optimization
     ppo_feedback: Literal["reward_model", "critic"] = _f(
@@ -126,8 +136,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         ppo_batch_size=8, ppo_learning_rate=3e-4, kl_coef=0.05, eval_every=2,
     ),
     "default": dict(
-        n_train=2000, n_rl=256, n_eval=100, vocab_size=800, hidden_size=128, num_layers=2, sft_steps=400,
-        sft_learning_rate=3e-3, n_annotations=800, rm_steps=250, rm_learning_rate=2e-3, ppo_iterations=30,
+        n_train=2000, n_rl=256, n_eval=100, vocab_size=800, hidden_size=128, num_layers=2, sft_steps=1200,
+        sft_learning_rate=3e-3, n_annotations=3000, rm_steps=800, rm_learning_rate=2e-3, ppo_iterations=30,
         ppo_batch_size=16, ppo_learning_rate=1e-4, kl_coef=0.1, eval_every=10,
     ),
     "large": dict(
@@ -149,11 +159,15 @@ def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
     out = replace(cfg, **values)
     if out.ppo_seed is None:
         out = replace(out, ppo_seed=out.seed)
+    if out.policy_sft_steps is None:
+        out = replace(out, policy_sft_steps=max(1, out.sft_steps // 2))
     bad = [m for m in out.modes if m not in ("nl_gradient", "scalar", "dense", "mixed")]
     if bad or not out.modes:
         raise ValueError(f"modes must be a non-empty list of nl_gradient, scalar, dense, mixed; got {out.modes}")
     if out.ppo_iterations < 1 or out.eval_every < 1:
         raise ValueError("ppo_iterations and eval_every must be >= 1")
+    if not 1 <= out.policy_sft_steps <= out.sft_steps:
+        raise ValueError(f"policy_sft_steps must be between 1 and sft_steps ({out.sft_steps}); got {out.policy_sft_steps}")
     return out
 
 
@@ -262,17 +276,23 @@ def stage_data(cfg: QuickstartConfig, out: Path) -> dict[str, Path]:
     return paths
 
 
-def stage_policy(cfg: QuickstartConfig, data: dict[str, Path]) -> Path:
-    """The SFT policy: a cached tokenizer + tiny Llama (or ``policy_model``) fine-tuned by policy_optimization.sft."""
+def stage_policy(cfg: QuickstartConfig, data: dict[str, Path]) -> tuple[Path, Path]:
+    """The SFT run: a cached tokenizer + tiny Llama (or ``policy_model``) fine-tuned by policy_optimization.sft.
+
+    Returns ``(policy, reward_model_base)``: the checkpoint at ``policy_sft_steps`` (where PPO starts) and
+    the end of the run at ``sft_steps`` (where the reward model starts); the same path when they are equal.
+    """
     if cfg.sft_model:
         print(f"using the given SFT policy {cfg.sft_model}")
-        return Path(cfg.sft_model)
+        return Path(cfg.sft_model), Path(cfg.sft_model)
     key = {
         "task": asdict(_task_config(cfg)) if not cfg.data_dir else str(Path(cfg.data_dir).resolve()),
         "policy_model": cfg.policy_model, "vocab": cfg.vocab_size, "hidden": cfg.hidden_size, "layers": cfg.num_layers,
-        "steps": cfg.sft_steps, "lr": cfg.sft_learning_rate, "args": cfg.sft_args, "seed": cfg.seed, "v": 1,
+        "steps": cfg.sft_steps, "policy_steps": cfg.policy_sft_steps, "lr": cfg.sft_learning_rate, "args": cfg.sft_args,
+        "seed": cfg.seed, "v": 2,
     }
     path = _cache_root(cfg) / f"policy-{config_fingerprint(key)}"
+    early = cfg.policy_sft_steps < cfg.sft_steps
 
     def build(tmp: Path) -> None:
         from text2grad.modeling import build_tiny_llama, train_tokenizer
@@ -296,11 +316,23 @@ def stage_policy(cfg: QuickstartConfig, data: dict[str, Path]) -> Path:
             "--output_dir", str(tmp / "sft"), "--use_lora", "false", "--max_steps", str(cfg.sft_steps),
             "--learning_rate", str(cfg.sft_learning_rate), "--warmup_steps", "30", "--lr_scheduler_type", "linear",
             "--per_device_train_batch_size", "16", "--max_length", "256", "--logging_steps", str(max(1, cfg.sft_steps // 10)),
-            "--save_steps", str(10 ** 9), "--seed", str(cfg.seed), *cfg.sft_args,
+            # checkpoints every policy_sft_steps, all kept until the policy's is copied out below
+            "--save_steps", str(cfg.policy_sft_steps if early else 10 ** 9),
+            "--save_total_limit", str(cfg.sft_steps // cfg.policy_sft_steps + 1),
+            "--seed", str(cfg.seed), *cfg.sft_args,
         ])
+        if early:
+            ckpt = tmp / "sft" / f"checkpoint-{cfg.policy_sft_steps}"
+            if not (ckpt / "config.json").is_file():
+                raise RuntimeError(f"the SFT run left no checkpoint at step {cfg.policy_sft_steps} ({ckpt})")
+            (tmp / "policy").mkdir()
+            for f in ckpt.iterdir():  # the weights, config and tokenizer, not the optimizer state
+                if f.suffix in (".json", ".safetensors", ".model", ".txt") and f.name != "trainer_state.json":
+                    shutil.copy(f, tmp / "policy" / f.name)
         _drop_checkpoints(tmp / "sft")
 
-    return _cached(path, cfg, build, "SFT policy") / "sft"
+    done = _cached(path, cfg, build, "SFT policy")
+    return (done / "policy" if early else done / "sft"), done / "sft"
 
 
 def _drop_checkpoints(path: Path) -> None:
@@ -334,15 +366,18 @@ def _generate_texts(model_path: Path, prompts: list[str], max_new_tokens: int, d
 
 
 def stage_reward_model(
-    cfg: QuickstartConfig, data: dict[str, Path], sft: Path, out: Path, stages: _Stages
+    cfg: QuickstartConfig, data: dict[str, Path], sft: Path, rm_base: Path, out: Path, stages: _Stages
 ) -> tuple[Path, dict[str, Any]]:
-    """Annotate responses with the critic, train the reward model on them, evaluate it on held-out ones."""
+    """Annotate responses with the critic, train the reward model on them, evaluate it on held-out ones.
+
+    Half of the annotated responses are samples of the policy ``sft`` (its own mistakes); the reward model
+    is fine-tuned from ``rm_base`` (or ``rm_base_model``)."""
     if cfg.reward_model:
         print(f"using the given reward model {cfg.reward_model}")
         return Path(cfg.reward_model), {}
-    key = {"sft": str(sft.resolve()), "critic": cfg.critic, "critic_kwargs": cfg.critic_kwargs, "ann": cfg.annotation_args,
+    key = {"sft": str(sft.resolve()), "rm_base": str(rm_base.resolve()), "grounded": cfg.grounded_spans, "critic": cfg.critic, "critic_kwargs": cfg.critic_kwargs, "ann": cfg.annotation_args,
            "n": cfg.n_annotations, "p_wrong": cfg.rm_p_wrong, "base": cfg.rm_base_model, "steps": cfg.rm_steps, "lr": cfg.rm_learning_rate,
-           "args": cfg.rm_args, "seed": cfg.seed, "v": 2}
+           "args": cfg.rm_args, "seed": cfg.seed, "v": 3}
     path = _cache_root(cfg) / f"reward_model-{config_fingerprint(key)}"
 
     def build(tmp: Path) -> None:
@@ -378,7 +413,7 @@ def stage_reward_model(
         write_jsonl(tmp / "rm_eval.jsonl", annotations[:n_eval])
         stages.start("reward model", f"{len(annotations) - n_eval} training / {n_eval} held-out annotations")
         _call("reward_model.train", [
-            "--model_name_or_path", cfg.rm_base_model or str(sft), "--train_file", str(tmp / "rm_train.jsonl"),
+            "--model_name_or_path", cfg.rm_base_model or str(rm_base), "--train_file", str(tmp / "rm_train.jsonl"),
             "--output_dir", str(tmp / "model"), "--use_lora", "false", "--instruction", RM_INSTRUCTION,
             "--prompt_format", "plain", "--max_length", "384", "--max_steps", str(cfg.rm_steps),
             "--learning_rate", str(cfg.rm_learning_rate), "--warmup_ratio", "0.05",
@@ -386,13 +421,16 @@ def stage_reward_model(
             "--save_steps", str(10 ** 9), "--seed", str(cfg.seed), *cfg.rm_args,
         ])
         _drop_checkpoints(tmp / "model")
-        _call("reward_model.evaluate", [
-            "--model_name_or_path", str(tmp / "model"), "--eval_file", str(tmp / "rm_eval.jsonl"),
-            "--output_dir", str(tmp / "eval"), "--batch_size", "32", "--max_new_tokens", "128",
-        ])
+        # as PPO will query it (eval/), and, when grounded, also free (eval-free/: how often it quotes exactly)
+        for grounded, name in ((cfg.grounded_spans, "eval"), (False, "eval-free"))[: 1 + cfg.grounded_spans]:
+            _call("reward_model.evaluate", [
+                "--model_name_or_path", str(tmp / "model"), "--eval_file", str(tmp / "rm_eval.jsonl"),
+                "--output_dir", str(tmp / name), "--batch_size", "32", "--max_new_tokens", "128",
+                "--grounded_spans", str(grounded).lower(),
+            ])
 
     path = _cached(path, cfg, build, "reward model")
-    for name in ("eval", "annotations.jsonl", "rm_eval.jsonl"):
+    for name in ("eval", "eval-free", "annotations.jsonl", "rm_eval.jsonl"):
         src = path / name
         if src.exists():
             dst = out / "reward_model" / name
@@ -451,7 +489,8 @@ def _ppo_feedback_args(cfg: QuickstartConfig, data: dict[str, Path], rm: Path) -
         kwargs = cfg.critic_kwargs if cfg.critic_kwargs is not None else {"data_path": str(data["rl"])}
         return ["--feedback_source", cfg.critic, "--feedback_source_kwargs", json.dumps(kwargs)]
     return ["--feedback_source", "reward_model",
-            "--feedback_source_kwargs", json.dumps({"path": str(rm), "max_new_tokens": 128, "batch_size": 64})]
+            "--feedback_source_kwargs",
+            json.dumps({"path": str(rm), "max_new_tokens": 128, "batch_size": 64, "grounded_spans": cfg.grounded_spans})]
 
 
 def evaluate_policy(model_path: Path, records: list[dict[str, Any]], max_new_tokens: int) -> tuple[dict[str, float], list[str]]:
@@ -493,10 +532,10 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     eval_records = _read_jsonl(data["eval"])
 
     stages.start("policy (tokenizer, tiny Llama, SFT)", "cached after the first run")
-    sft = stage_policy(cfg, data)
+    sft, rm_base = stage_policy(cfg, data)
 
     stages.start("annotation", f"critic {cfg.critic}")
-    rm, rm_report = stage_reward_model(cfg, data, sft, out, stages)
+    rm, rm_report = stage_reward_model(cfg, data, sft, rm_base, out, stages)
 
     stages.start("policy optimization", " vs ".join(cfg.modes))
     evals: dict[str, dict[str, float]] = {}
@@ -532,7 +571,7 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
         out / "report", eval_records=eval_records, policies=policies, curves=curves,
         metrics_files={m: out / f"ppo-{m}" / "metrics.jsonl" for m in cfg.modes}, reward_model=rm,
         results=results, rm_report=rm_report, n_samples=cfg.n_report_samples, response_length=cfg.response_length,
-        seed=cfg.seed,
+        seed=cfg.seed, grounded_spans=cfg.grounded_spans,
     )
     stages.finish()
     summary = {

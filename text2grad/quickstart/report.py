@@ -145,7 +145,7 @@ def logprob_shift(items: Sequence[Mapping[str, Any]], policy: str) -> dict[str, 
     return {k: (s / n if n else float("nan")) for k, (s, n) in sums.items()}
 
 
-def _token_items(eval_records, sft_preds, policies, reward_model, n_all: int):
+def _token_items(eval_records, sft_preds, policies, reward_model, n_all: int, grounded_spans: bool = True):
     """For each eval post: the SFT summary's tokens, reward-model labels and log-probs under every policy."""
     from reward_model.inference import GenerativeRewardModel
     from text2grad.modeling import load_causal_lm, load_tokenizer
@@ -153,7 +153,8 @@ def _token_items(eval_records, sft_preds, policies, reward_model, n_all: int):
     from text2grad.spans import decode_with_offsets, feedback_token_labels
 
     tokenizer = load_tokenizer(str(policies["sft"]))
-    rm = GenerativeRewardModel.from_pretrained(str(reward_model), max_new_tokens=128, batch_size=64)
+    rm = GenerativeRewardModel.from_pretrained(str(reward_model), max_new_tokens=128, batch_size=64,
+                                               grounded_spans=grounded_spans)
     records = list(eval_records)[:n_all]
     responses = list(sft_preds)[:n_all]
     feedbacks = rm.feedback([r["prompt"] for r in records], responses)
@@ -227,6 +228,7 @@ def write_report(
     response_length: int,
     seed: int,
     sft_predictions: Sequence[str] | None = None,
+    grounded_spans: bool = True,
 ) -> dict[str, Any]:
     """Write curves.png and index.html under ``out_dir``; returns their paths and the log-prob shift summary."""
     from text2grad.quickstart.pipeline import _generate_texts, results_table
@@ -242,7 +244,7 @@ def write_report(
 
     if sft_predictions is None:
         sft_predictions = _generate_texts(Path(policies["sft"]), [r["prompt"] for r in eval_records], response_length, False, seed)
-    items = _token_items(eval_records, sft_predictions, policies, reward_model, len(eval_records))
+    items = _token_items(eval_records, sft_predictions, policies, reward_model, len(eval_records), grounded_spans)
     trained = [p for p in policies if p != "sft"]
     shift = {p: logprob_shift(items, p) for p in trained}
     main_shift = shift.get("nl_gradient") or (shift[trained[0]] if trained else {})
