@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from policy_optimization.trainer import NLGradientPPOTrainer, NonFiniteError
     from text2grad.config import ConfigError, parse_config
     from text2grad.data import DataError
-    from text2grad.modeling import load_tokenizer
+    from text2grad.modeling import end_distributed, load_tokenizer
 
     cfg = parse_config(PPOConfig, argv, description="NL-Gradient PPO (token-level rewards from natural-language feedback).")
     if not logging.getLogger().handlers:
@@ -126,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "done: %d iterations, score %.4f, KL %.3f; policy saved to %s",
             metrics["iteration"], metrics["reward/score_mean"], metrics["objective/kl"], Path(cfg.output_dir) / "policy",
         )
+    end_distributed()
     return 0
 
 

@@ -429,6 +429,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         loss = metrics.get("train_loss")
         shown = f"{loss:.4f}" if isinstance(loss, float) and math.isfinite(loss) else loss
         print(f"reward model saved to {cfg.output_dir} (train_loss={shown}, examples={metrics['train_examples']})")
+    from text2grad.modeling import end_distributed
+
+    end_distributed()
     return 0
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "load_causal_lm",
     "train_tokenizer",
     "build_tiny_llama",
+    "end_distributed",
     "SPECIAL_TOKENS",
 ]
 
@@ -172,3 +173,17 @@ def build_tiny_llama(
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
+
+
+def end_distributed() -> None:
+    """Leave the process group cleanly at the end of a launched run (no-op in a single process).
+
+    Every rank waits for the others, then the group is destroyed before the interpreter exits: a gloo group
+    left alive can abort a rank during shutdown ("terminate called without an active exception", SIGABRT),
+    which fails the whole launch after the work is done and saved.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -164,3 +164,15 @@ def test_span_list_state_and_the_tokens_allowed_between_items(any_tokenizer):
     after_next = {i for i, t in enumerate(texts) if t and (lead(t) in ("", '"') or lead(t).startswith("]"))}
     assert set(constraint.trie.after_item_ids) == after and after
     assert set(constraint.trie.next_item_ids) == after_next and after_next
+
+
+def test_end_distributed_leaves_the_process_group(tmp_path):
+    import torch.distributed as dist
+
+    from text2grad.modeling import end_distributed
+
+    end_distributed()  # no group: nothing to do
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    assert dist.is_initialized()
+    end_distributed()
+    assert not dist.is_initialized()
