@@ -320,7 +320,9 @@ class QuoteConstraint:
     (the token closes the quote). If no token qualifies (``q`` itself is not in the
     source, which cannot happen once the constraint has been on from the quote's first token) the row is
     left unconstrained rather than forced into nonsense. Cost per constrained step: one trie walk over the
-    source from each place where ``q`` occurs.
+    source from each place where ``q`` occurs. Limitation: a token that decodes to part of a UTF-8 character
+    (byte-level BPE on CJK text, emoji) is never allowed inside a quote, so such characters can only be quoted
+    where the vocabulary has whole-character tokens for them.
     """
 
     def __init__(self, tokenizer, prompt_width: int, sources: Sequence[str]):

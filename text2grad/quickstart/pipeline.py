@@ -1,6 +1,6 @@
 """The quickstart run: every Text2Grad phase, offline, on the generated fact-summary task.
 
-    python -m text2grad.quickstart                      # the default run (7.5 min on 2 idle CPU cores)
+    python -m text2grad.quickstart                      # the default run (~6.5 min on 2 idle CPU cores)
     python -m text2grad.quickstart --preset ci          # a seconds-to-minutes smoke run
     python -m text2grad.quickstart --preset large --output_dir runs/qs-large
 
@@ -62,7 +62,7 @@ class QuickstartConfig:
     """
 
     output_dir: str = _f("runs/quickstart", "Where data, models, metrics and the report go.")
-    preset: Preset = _f("default", "Size preset: ci (smoke test, ~1-3 min), default (7.5 min on 2 idle cores), large.")
+    preset: Preset = _f("default", "Size preset: ci (smoke test, ~1-3 min), default (~6.5 min on 2 idle cores), large.")
     seed: int = _f(0, "Seed of the task generator, the tiny models and every phase.")
     ppo_seed: int | None = _f(None, "Seed of policy optimization only (default: seed); the benchmark varies it.")
     cache_dir: str | None = _f(
