@@ -147,8 +147,16 @@ def append_jsonl(fh, record: Mapping[str, Any]) -> None:
     os.fsync(fh.fileno())
 
 
+def _is_conversation(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(m, Mapping) and "content" in m for m in value)
+
+
 def render_template(template: str, record: Mapping[str, Any], where: str = "") -> str:
-    """Fill ``{field}`` placeholders from a record; a missing field is an error that names it."""
+    """Fill ``{field}`` placeholders from a record; a missing field is an error that names it.
+
+    A field holding a conversation (a list of ``{"role", "content"}`` messages, as in UltraFeedback's
+    ``chosen`` / ``rejected``) fills in the content of its last message: the reply that conversation ends with.
+    """
     fields = [name for _, name, _, _ in string.Formatter().parse(template) if name]
     missing = [f for f in fields if f not in record]
     if missing:
@@ -156,4 +164,5 @@ def render_template(template: str, record: Mapping[str, Any], where: str = "") -
             f"template needs field(s) {missing} that record {where or record_id(record, -1)!r} lacks; "
             f"it has {sorted(record)}"
         )
-    return template.format_map({k: record[k] for k in fields})
+    values = {k: (record[k][-1]["content"] if _is_conversation(record[k]) else record[k]) for k in fields}
+    return template.format_map(values)

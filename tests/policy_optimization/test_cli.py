@@ -88,3 +88,15 @@ def test_config_rejects_inconsistent_batch_settings():
     assert (cfg.mini_batch_size, cfg.micro_batch_size, cfg.iterations(num_processes=2)) == (4, 2, 7)
     with pytest.raises(ValueError, match="num_iterations or total_episodes"):
         PPOConfig().iterations()
+
+
+def test_dpo_pairs_from_conversation_records(tmp_path):
+    from policy_optimization.dpo import DPORunConfig
+    from policy_optimization.sft import load_pairs
+    from text2grad.data import write_jsonl
+
+    turn = lambda text: [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": text}]  # noqa: E731
+    write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "Q?", "chosen": turn("good"), "rejected": turn("bad")}])
+    cfg = DPORunConfig(dataset_path=str(tmp_path / "pairs.jsonl"), use_chat_template=False)
+    rows = load_pairs(cfg, {"prompt": "{prompt}", "chosen": "{chosen}", "rejected": "{rejected}"})
+    assert rows == [{"prompt": "Q?", "chosen": "good", "rejected": "bad"}]

@@ -52,3 +52,16 @@ def test_append_and_template(tmp_path):
     with pytest.raises(DataError, match=r"\['post'\]"):
         render_template("{post}", {"id": "r1", "text": "x"})
     assert record_id({"task_id": "HumanEval/0"}, 3) == "HumanEval/0" and record_id({}, 3) == "3"
+
+
+def test_conversation_fields_render_as_their_last_message():
+    # UltraFeedback-binarized style: chosen / rejected are whole conversations ending with the reply
+    record = {
+        "prompt": "Name a prime.",
+        "chosen": [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "7"}],
+        "rejected": [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "9"}],
+    }
+    assert render_template("{prompt} -> {chosen} / {rejected}", record) == "Name a prime. -> 7 / 9"
+    assert render_template("{x}", {"x": [1, 2]}) == "[1, 2]"  # other lists are left as they are
+    assert render_template("{x}", {"x": []}) == "[]"
+
