@@ -210,6 +210,16 @@ def _repairs(candidate: str) -> list[str]:
     return out
 
 
+_QUOTED_OR_JSON_WORD = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|\b(null|true|false)\b""")
+_PYTHON_WORD = {"null": "None", "true": "True", "false": "False"}
+
+
+def _json_words_to_python(text: str) -> str:
+    """JSON's bare ``null``/``true``/``false`` as Python literals; words inside quoted strings are left alone
+    (a quote such as "returns null when true" must survive the Python-literal fallback unchanged)."""
+    return _QUOTED_OR_JSON_WORD.sub(lambda m: _PYTHON_WORD[m.group(1)] if m.group(1) else m.group(0), text)
+
+
 def _load_object(candidate: str) -> tuple[dict | None, bool]:
     """Parse one candidate as JSON, then repaired JSON, then a Python literal. Returns (object, repaired)."""
     for i, text in enumerate(_repairs(candidate)):
@@ -218,7 +228,7 @@ def _load_object(candidate: str) -> tuple[dict | None, bool]:
         except (json.JSONDecodeError, RecursionError, ValueError):
             obj = None
             try:  # single quotes, True/False/None, tuples: Python literal syntax
-                pyobj = ast.literal_eval(text.replace("null", "None").replace("true", "True").replace("false", "False"))
+                pyobj = ast.literal_eval(_json_words_to_python(text))
                 obj = pyobj if isinstance(pyobj, dict) else None
             except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
                 obj = None

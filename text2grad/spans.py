@@ -3,14 +3,16 @@
 Three steps, each a pure function:
 
 1. `locate_spans` finds each quoted span in the response as a character interval. Exact match first;
-   failing that, a match after Unicode/whitespace normalization (NFKC, curly quotes and dashes folded,
-   whitespace runs collapsed, case folded) whose offsets are mapped back to the original text.
+   failing that, a match after Unicode/whitespace normalization (NFKC with combining marks composed,
+   curly quotes and dashes folded, zero-width characters dropped, whitespace runs collapsed, case folded)
+   whose offsets are mapped back to the original text.
    Quotes that cannot be found are returned in ``unmatched``, never silently dropped.
 2. `char_labels` paints the response characters +1 (good), -1 (poor) or 0. Where a good and a poor
    span overlap, **poor wins** by default (a flaw inside praised text is still a flaw); pass
    ``overlap="good"`` for the opposite.
 3. `token_labels` maps character labels to tokens through offsets (from the tokenizer's offset mapping,
-   or from `decode_with_offsets` for token ids the policy generated). **Boundary rule** (``boundary=``):
+   or from `decode_with_offsets` for token ids the policy generated; `sequence_token_labels` does this for a
+   response embedded in a chat-templated sequence). **Boundary rule** (``boundary=``):
    only non-whitespace characters count, so a leading-space token such as ``" word"`` is judged by
    ``word``. ``"any"`` (default) labels a token if any of its characters is labelled, ``"majority"`` if more
    than half are, ``"all"`` only if all are. A token whose characters carry both labels takes the overlap
@@ -40,6 +42,7 @@ __all__ = [
     "token_offsets",
     "decode_with_offsets",
     "feedback_token_labels",
+    "sequence_token_labels",
 ]
 
 Occurrence = Literal["all", "first"]
@@ -91,36 +94,56 @@ _FOLD = str.maketrans(
 )
 
 
-def _fold_char(ch: str) -> str:
-    return unicodedata.normalize("NFKC", ch).translate(_FOLD).casefold()
+def _fold(chars: str) -> str:
+    return unicodedata.normalize("NFKC", chars).translate(_FOLD).casefold()
+
+
+def _char_groups(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each base character with the combining marks that follow it, so that NFKC can compose
+    a decomposed ``e`` + U+0301 into the same ``é`` a quote may hold precomposed."""
+    groups: list[tuple[int, int]] = []
+    for i, ch in enumerate(text):
+        if groups and unicodedata.combining(ch) and groups[-1][1] == i:
+            groups[-1] = (groups[-1][0], i + 1)
+        else:
+            groups.append((i, i + 1))
+    return groups
+
+
+def _normalize_with_bounds(text: str) -> tuple[str, list[int], list[int]]:
+    """`normalize_with_map`, plus the source end (exclusive) of each normalized character."""
+    out: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    for g_start, g_end in _char_groups(text):
+        group = text[g_start:g_end]
+        if unicodedata.category(group[0]) == "Cf":  # zero-width space/joiners, soft hyphen, BOM: invisible
+            continue
+        for folded in " " if group.isspace() else _fold(group):
+            if folded.isspace():
+                if not out or out[-1] == " ":
+                    continue
+                folded = " "
+            out.append(folded)
+            starts.append(g_start)
+            ends.append(g_end)
+    if out and out[-1] == " ":
+        out.pop()
+        starts.pop()
+        ends.pop()
+    return "".join(out), starts, ends
 
 
 def normalize_with_map(text: str) -> tuple[str, list[int]]:
     """Normalize ``text`` for fuzzy-free matching and map each normalized character to its source index.
 
-    NFKC, curly quotes/dashes folded to ASCII, case folded, whitespace runs collapsed to one space and
-    leading/trailing whitespace dropped. Returns (normalized text, source index of each normalized char).
+    NFKC over each character with its combining marks (so composed and decomposed accents agree), curly
+    quotes/dashes folded to ASCII, case folded, invisible format characters (zero-width space and joiners,
+    soft hyphen, BOM) dropped, whitespace runs collapsed to one space and leading/trailing whitespace dropped.
+    Returns (normalized text, source index of each normalized char).
     """
-    out: list[str] = []
-    index: list[int] = []
-    for i, ch in enumerate(text):
-        if ch.isspace():
-            if out and out[-1] != " ":
-                out.append(" ")
-                index.append(i)
-            continue
-        for folded in _fold_char(ch):
-            if folded.isspace():
-                if out and out[-1] != " ":
-                    out.append(" ")
-                    index.append(i)
-            else:
-                out.append(folded)
-                index.append(i)
-    if out and out[-1] == " ":
-        out.pop()
-        index.pop()
-    return "".join(out), index
+    norm, starts, _ = _normalize_with_bounds(text)
+    return norm, starts
 
 
 def _find_all(haystack: str, needle: str, first_only: bool) -> list[int]:
@@ -153,7 +176,7 @@ def locate_spans(
     if occurrence not in ("all", "first"):
         raise ValueError(f"occurrence must be 'all' or 'first', got {occurrence!r}")
     alignment = SpanAlignment()
-    norm_response: tuple[str, list[int]] | None = None  # computed lazily: exact matches are the common case
+    norm_response: tuple[str, list[int], list[int]] | None = None  # computed lazily: exact matches are the common case
     for quotes, label in ((good_spans, GOOD), (poor_spans, POOR)):
         for quote in quotes:
             stripped = quote.strip() if isinstance(quote, str) else ""
@@ -165,8 +188,8 @@ def locate_spans(
                 alignment.spans.extend(CharSpan(s, s + len(stripped), label, quote) for s in starts)
                 continue
             if norm_response is None:
-                norm_response = normalize_with_map(response)
-            norm_text, index = norm_response
+                norm_response = _normalize_with_bounds(response)
+            norm_text, source_starts, source_ends = norm_response
             norm_quote, _ = normalize_with_map(stripped)
             starts = _find_all(norm_text, norm_quote, occurrence == "first") if norm_quote else []
             if not starts:
@@ -174,7 +197,7 @@ def locate_spans(
                 continue
             for s in starts:
                 e = s + len(norm_quote) - 1
-                alignment.spans.append(CharSpan(index[s], index[e] + 1, label, quote, normalized=True))
+                alignment.spans.append(CharSpan(source_starts[s], source_ends[e], label, quote, normalized=True))
     return alignment
 
 
@@ -337,3 +360,35 @@ def feedback_token_labels(
     alignment = locate_spans(text, feedback.good_spans, feedback.poor_spans, occurrence)
     chars = char_labels(len(text), alignment.spans, overlap)
     return TokenLabelResult(token_labels(text, offsets, chars, boundary, overlap), alignment, text)
+
+
+def sequence_token_labels(
+    tokenizer,
+    sequence_ids: Sequence[int],
+    response_start: int,
+    feedback: Feedback,
+    *,
+    response_end: int | None = None,
+    occurrence: Occurrence = "all",
+    overlap: Overlap = "poor",
+    boundary: Boundary = "any",
+) -> TokenLabelResult:
+    """Token labels over a whole chat-templated sequence whose tokens ``[response_start, response_end)`` are
+    the response (``response_end`` defaults to the end; pass it when the template appends text after the
+    response, e.g. an end-of-turn marker and a newline).
+
+    The response is aligned on exactly the given ids (`decode_with_offsets`), so the caller can pass the
+    sequence the policy was trained on. ``labels`` has one entry per token of ``sequence_ids``: 0 for the
+    prompt and the template's tokens, +1/-1/0 inside the response. ``text`` is the decoded response.
+    """
+    ids = [int(t) for t in sequence_ids]
+    end = len(ids) if response_end is None else response_end
+    if not 0 <= response_start <= end <= len(ids):
+        raise ValueError(
+            f"response tokens [{response_start}, {end}) do not lie inside a sequence of {len(ids)} tokens; "
+            "response_start is the number of prompt (template) tokens before the response"
+        )
+    text, offsets = decode_with_offsets(tokenizer, ids[response_start:end])
+    inner = feedback_token_labels(feedback, text, offsets, occurrence=occurrence, overlap=overlap, boundary=boundary)
+    labels = [NEUTRAL] * response_start + inner.labels + [NEUTRAL] * (len(ids) - end)
+    return TokenLabelResult(labels, inner.alignment, text)

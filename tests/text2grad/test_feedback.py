@@ -50,6 +50,13 @@ def test_trailing_commas_and_single_quotes_are_repaired():
     assert r.feedback.good_spans == ("a", "b") and r.feedback.poor_spans == ("c",)
 
 
+def test_json_words_inside_quotes_survive_the_python_literal_fallback():
+    # single quotes force the Python-literal path, which must turn only *bare* null/true/false into Python
+    r = parse_feedback("{'good_spans': ['returns null when true', \"it's false\"], 'poor_spans': [], 'done': true, 'x': null}")
+    assert r.ok and r.repaired
+    assert r.feedback.good_spans == ("returns null when true", "it's false")
+
+
 def test_apostrophes_in_double_quoted_spans_survive():
     r = parse_feedback('{"good_spans": ["don\'t stop"], "poor_spans": ["it\'s late"]}')
     assert r.ok

@@ -13,6 +13,7 @@ from text2grad.spans import (
     feedback_token_labels,
     locate_spans,
     normalize_with_map,
+    sequence_token_labels,
     token_labels,
     token_offsets,
 )
@@ -33,6 +34,45 @@ def test_normalized_match_maps_back_to_original_offsets():
     (span,) = a.spans
     assert span.normalized
     assert response[span.start : span.end] == "said \u201cno way\u201d  and\nleft \u2014 FAST"
+
+
+def test_composed_and_decomposed_accents_match_and_keep_the_combining_marks():
+    response = "Le cafe\u0301 e\u0301tait ferme\u0301."  # decomposed: e + COMBINING ACUTE ACCENT
+    (span,) = locate_spans(response, ["caf\u00e9 \u00e9tait"], []).spans
+    assert span.normalized
+    assert response[span.start : span.end] == "cafe\u0301 e\u0301tait"  # ends after the accent, not before it
+    (back,) = locate_spans("Le caf\u00e9 \u00e9tait.", ["cafe\u0301"], []).spans  # and the other way round
+    assert (back.start, back.end) == (3, 7)
+
+
+def test_zero_width_and_soft_hyphen_characters_are_invisible_to_matching():
+    response = "an ex\u00adtra\u200bordinary re\u200dsult"
+    (span,) = locate_spans(response, ["extraordinary result"], []).spans
+    assert response[span.start : span.end] == response[3:]
+
+
+_ACCENTED = st.text(alphabet="abcé\u00c9 \n\tXY-", min_size=1, max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ACCENTED, st.integers(0, 39), st.integers(1, 15), st.sampled_from(["NFC", "NFD"]), st.booleans())
+def test_a_reformatted_substring_is_found_where_it_came_from(text, start, length, form, upper):
+    import re
+    import unicodedata
+
+    response = unicodedata.normalize("NFD", text)  # decomposed response, quote in another form/case/spacing
+    piece = response[start : start + length]
+    if not piece.strip() or unicodedata.combining(piece[0]) or (start + length < len(response) and unicodedata.combining(response[start + length])):
+        return  # a piece that cuts an accent off its letter is not a quote of the response
+    quote = re.sub(r"\s+", "  ", unicodedata.normalize(form, piece))
+    quote = quote.upper() if upper else quote
+    a = locate_spans(response, [quote])
+    assert a.unmatched == []
+    target = normalize_with_map(piece)[0]
+    assert any(normalize_with_map(response[s.start : s.end])[0] == target for s in a.spans)
+    # its own place is among the hits, unless an overlapping earlier occurrence of the same text took it
+    own = (start + len(piece) - len(piece.lstrip()), start + len(piece.rstrip()))
+    assert any((s.start, s.end) == own for s in a.spans) or len(a.spans) > 1 or a.spans[0].start < own[0]
 
 
 def test_surrounding_whitespace_in_quote_is_ignored():
@@ -154,3 +194,46 @@ def test_normalized_map_points_inside_text(text, start, length):
         a = locate_spans(text, [quote])
         # Any substring of the response is found (exactly), at a place where that substring occurs.
         assert a.unmatched == [] and all(text[s.start : s.end] == quote.strip() for s in a.spans)
+
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_response_inside_a_chat_templated_sequence(kind):
+    from conftest import CORPUS
+    from text2grad.modeling import train_tokenizer
+
+    tok = train_tokenizer(CORPUS, vocab_size=400, kind=kind, chat_template=CHAT_TEMPLATE)
+    prompt = [{"role": "user", "content": "Summarize the post about the novel."}]
+    messages = prompt + [{"role": "assistant", "content": RESPONSE}]
+    start = len(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
+    full_ids = tok.apply_chat_template(messages, tokenize=True, return_dict=False)
+    end = full_ids.index(tok.eos_token_id, start)  # the template closes the turn with EOS and a newline
+    fb = Feedback(good_spans=("200 page unpublished novel",), poor_spans=("good editor",))
+
+    seq = sequence_token_labels(tok, full_ids, start, fb, response_end=end)
+
+    # Ground truth from the rendered text's own offset mapping: a token is labelled iff it covers a visible
+    # character of a quote. (Inside the template the response's ids differ from tokenizing it alone.)
+    full_text = tok.apply_chat_template(messages, tokenize=False)
+    enc = tok(full_text, add_special_tokens=False, return_offsets_mapping=True)
+    assert enc["input_ids"] == full_ids
+    at = full_text.index(RESPONSE)
+    quotes = {1: at + RESPONSE.index(fb.good_spans[0]), -1: at + RESPONSE.index(fb.poor_spans[0])}
+    lengths = {1: len(fb.good_spans[0]), -1: len(fb.poor_spans[0])}
+    expected = [
+        next((lab for lab in (-1, 1) if any(
+            quotes[lab] <= c < quotes[lab] + lengths[lab] and not full_text[c].isspace() for c in range(s, e)
+        )), 0)
+        for s, e in enc["offset_mapping"]
+    ]
+    assert seq.labels == expected and len(seq.labels) == len(full_ids)
+    assert 1 in seq.labels and -1 in seq.labels
+    assert seq.text == RESPONSE and seq.alignment.unmatched == []
+    with pytest.raises(ValueError, match="response tokens"):
+        sequence_token_labels(tok, full_ids, len(full_ids) + 1, fb)
