@@ -137,6 +137,7 @@ def batch_token_rewards(
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of ``x`` where ``mask`` is 1: a scalar, or reduced along ``dim``. ``x`` and ``mask`` share a shape."""
     return (x * mask).sum() if dim is None else (x * mask).sum(dim)
 
 

@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from text2grad.rewards import (
     adaptive_kl_coef,
@@ -147,3 +149,91 @@ def test_adaptive_kl():
     assert adaptive_kl_coef(0.2, observed_kl=12.0, target=6.0, n_steps=100, horizon=1000) == pytest.approx(0.2 * 1.02)
     assert adaptive_kl_coef(0.2, observed_kl=6.0, target=6.0, n_steps=100, horizon=1000) == pytest.approx(0.2)
     assert adaptive_kl_coef(0.2, observed_kl=0.0, target=6.0, n_steps=100, horizon=1000) == pytest.approx(0.2 * 0.98)
+
+
+# ------------------------------------------------------------------------------------------------
+# Properties over random batches: (B, T) tensors with right padding
+# ------------------------------------------------------------------------------------------------
+
+_finite = st.floats(-10.0, 10.0, allow_nan=False, allow_infinity=False, width=32)
+
+
+@st.composite
+def _padded_batch(draw, max_b=3, max_t=8):
+    """(rewards, values, mask): B rows of T tokens, each row right-padded after 1..T real tokens."""
+    b, t = draw(st.integers(1, max_b)), draw(st.integers(1, max_t))
+    lengths = draw(st.lists(st.integers(1, t), min_size=b, max_size=b))
+    rewards = torch.tensor(draw(st.lists(st.lists(_finite, min_size=t, max_size=t), min_size=b, max_size=b)))
+    values = torch.tensor(draw(st.lists(st.lists(_finite, min_size=t, max_size=t), min_size=b, max_size=b)))
+    mask = torch.tensor([[1.0] * n + [0.0] * (t - n) for n in lengths])
+    return rewards, values, mask
+
+
+@settings(max_examples=100, deadline=None)
+@given(_padded_batch(), st.floats(0.5, 1.0))
+def test_gae_with_lambda_one_and_zero_values_is_the_discounted_return(batch, gamma):
+    rewards, _, mask = batch
+    adv, ret = gae(rewards, torch.zeros_like(rewards), mask, gamma=gamma, lam=1.0)
+    for b in range(rewards.shape[0]):
+        n = int(mask[b].sum())
+        expected = [sum(gamma**k * rewards[b, t + k].item() for k in range(n - t)) for t in range(n)]
+        assert adv[b, :n].tolist() == pytest.approx(expected, rel=1e-4, abs=1e-4)
+        assert ret[b, :n].tolist() == pytest.approx(expected, rel=1e-4, abs=1e-4)
+        assert (adv[b, n:] == 0).all() and (ret[b, n:] == 0).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(_padded_batch(), st.integers(1, 4), _finite, st.floats(0.5, 1.0), st.floats(0.0, 1.0))
+def test_gae_ignores_whatever_sits_in_the_padding(batch, extra, junk, gamma, lam):
+    rewards, values, mask = batch
+    pad = lambda x, fill: torch.cat([x, torch.full((x.shape[0], extra), fill)], dim=1)  # noqa: E731
+    adv, ret = gae(rewards, values, mask, gamma, lam)
+    adv_p, ret_p = gae(pad(rewards, junk), pad(values, junk), pad(mask, 0.0), gamma, lam)
+    assert torch.allclose(adv_p[:, : adv.shape[1]], adv, atol=1e-5) and (adv_p[:, adv.shape[1] :] == 0).all()
+    assert torch.allclose(ret_p[:, : ret.shape[1]], ret, atol=1e-5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_padded_batch())
+def test_k3_is_never_negative_and_zero_only_where_policies_agree(batch):
+    logp, ref, _ = batch
+    k3 = kl_penalty(logp, ref, "k3")
+    assert (k3 >= 0).all()
+    assert (k3[logp == ref] == 0).all() and (k3[(logp - ref).abs() > 1e-2] > 0).all()
+    assert torch.equal(kl_penalty(logp, ref, "k1"), logp - ref)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_padded_batch())
+def test_whitened_values_have_zero_mean_and_unit_variance_over_the_mask(batch):
+    x, _, mask = batch
+    if mask.sum() < 2 or masked_var(x, mask) < 1e-3:
+        return  # a constant batch has no spread to normalise
+    w = masked_whiten(x, mask)
+    assert masked_mean(w, mask).item() == pytest.approx(0.0, abs=1e-4)
+    assert masked_var(w, mask).item() == pytest.approx(1.0, rel=1e-3)
+    assert (w[mask == 0] == 0).all()
+    kept = masked_whiten(x, mask, shift_mean=False)  # rewards are whitened without losing their mean
+    assert masked_mean(kept, mask).item() == pytest.approx(masked_mean(x, mask).item(), abs=1e-4)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_padded_batch(), st.floats(0.05, 0.5))
+def test_policy_loss_at_ratio_one_is_minus_the_mean_advantage(batch, cliprange):
+    adv, logp, mask = batch
+    loss, stats = policy_loss(logp, logp.clone(), adv, mask, cliprange)
+    assert loss.item() == pytest.approx(-masked_mean(adv, mask).item(), rel=1e-5, abs=1e-5)
+    assert stats["clipfrac"].item() == 0 and stats["approx_kl"].item() == 0
+    # the clipped objective is pessimistic: never below the unclipped surrogate's loss
+    moved = logp + 0.3 * torch.sign(adv)
+    clipped_loss, _ = policy_loss(moved, logp, adv, mask, cliprange)
+    assert clipped_loss.item() >= masked_mean(-adv * torch.exp(moved - logp), mask).item() - 1e-5
+
+
+@settings(max_examples=100, deadline=None)
+@given(_padded_batch(), st.floats(0.05, 0.5))
+def test_value_loss_is_half_mse_when_values_did_not_move(batch, cliprange):
+    values, returns, mask = batch
+    loss, stats = value_loss(values, values.clone(), returns, mask, cliprange)
+    assert loss.item() == pytest.approx(0.5 * masked_mean((values - returns) ** 2, mask).item(), rel=1e-5, abs=1e-5)
+    assert stats["vf_clipfrac"].item() == 0
