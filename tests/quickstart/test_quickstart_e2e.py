@@ -1,8 +1,10 @@
 """A reduced quickstart end to end (``--preset ci``): every phase runs through its real CLI, the artifacts exist,
-the numbers are finite, and a second run reuses the cached policy and reward model."""
+the numbers are finite, a second run reuses the cached policy and reward model, and a third run pointed at given
+data, policy and reward model skips the phases that would build them."""
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 
@@ -65,3 +67,19 @@ def test_ci_preset_runs_every_phase_and_writes_the_report(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "using cached SFT policy" in printed and "using cached reward model" in printed
     assert "policy_optimization.sft" not in printed
+
+    # pointing phases at given data and models skips generation, SFT, annotation and reward-model training
+    (policy_dir,) = glob.glob(str(cache / "policy-*" / "policy"))
+    (rm_dir,) = glob.glob(str(cache / "reward_model-*" / "model"))
+    given = tmp_path / "given"
+    assert main(["--preset", "ci", "--output_dir", str(given), "--cache_dir", str(tmp_path / "empty_cache"),
+                 "--data_dir", str(out / "data"), "--sft_model", policy_dir, "--reward_model", rm_dir,
+                 "--modes", "scalar", "--ppo_iterations", "1", "--n_report_samples", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert f"using the given SFT policy {policy_dir}" in printed and f"using the given reward model {rm_dir}" in printed
+    ran = (given / "commands.sh").read_text()
+    assert "policy_optimization.sft" not in ran and "reward_model.train" not in ran and "annotation" not in ran
+    assert f"--model_name_or_path {policy_dir} " in ran and rm_dir in ran
+    assert not (tmp_path / "empty_cache").exists() or not any((tmp_path / "empty_cache").iterdir())
+    assert not (given / "data").exists()  # the given split files were used as they are
+    assert math.isfinite(json.loads((given / "results.json").read_text())["results"]["scalar"]["fact_score"])
