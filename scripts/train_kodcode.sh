@@ -5,6 +5,7 @@
 #   bash scripts/train_kodcode.sh                              # real run (configs/kodcode/{sft,ppo,dpo}.yaml)
 #   DEEPSPEED=zero3 bash scripts/train_kodcode.sh              # every phase under accelerate + DeepSpeed ZeRO-3
 #   PHASES="ppo dpo" DPO_DATASET=runs/kodcode/pairs.jsonl bash scripts/train_kodcode.sh   # + DPO baseline
+#     (build the pairs first from unit tests: python -m policy_optimization.code_pairs --help)
 #   TEXT2GRAD_TINY=1 bash scripts/train_kodcode.sh             # tiny offline model and data (CI smoke test)
 #
 # Environment: MODEL (base model), REWARD_MODEL (trained reward model dir), DATASET (hub id or file),

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("policy_optimization.sft", "Phase 3: supervised fine-tuning of the policy (TRL SFTTrainer)."),
     "train-policy": ("policy_optimization.train", "Phase 3: NL-Gradient PPO (or scalar/dense/mixed PPO)."),
     "dpo": ("policy_optimization.dpo", "Phase 3 baseline: DPO on chosen/rejected pairs (TRL DPOTrainer)."),
+    "code-pairs": ("policy_optimization.code_pairs", "Phase 3 baseline: KodCode DPO pairs from unit tests run in the sandbox."),
     "eval-summarization": ("text2grad.evaluation.summarization", "Evaluate a policy on SLF5K-style summarization."),
     "eval-code": ("text2grad.evaluation.code", "Evaluate a policy on HumanEval/MBPP(+) in the sandbox (pass@k)."),
     "eval-qa": ("text2grad.evaluation.qa", "Evaluate a policy on ARC-Challenge and judged QA (AlpacaEval/MT-Bench style)."),
