@@ -39,13 +39,15 @@ def read_metrics(run: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "script, phases",
-    [("train_slf5k.sh", ["sft", "ppo"]), ("train_kodcode.sh", ["ppo"]), ("train_ultrafeedback.sh", ["sft", "ppo"])],
+    [("train_slf5k.sh", ["sft", "ppo", "dpo"]), ("train_kodcode.sh", ["ppo"]), ("train_ultrafeedback.sh", ["sft", "ppo"])],
 )
 def test_script_runs_in_tiny_mode(script, phases, tmp_path):
-    proc = run_script(script, tmp_path)
+    proc = run_script(script, tmp_path, PHASES=" ".join(phases))
     tiny = tmp_path / "tiny"
     for phase in phases:
         assert f"phase: {phase}" in proc.stdout
+    if "dpo" in phases:  # the DPO baseline on the dataset's own chosen/rejected pairs, from the SFT adapter
+        assert (tiny / "dpo" / "adapter_config.json").is_file()
     if "sft" in phases:
         assert (tiny / "sft" / "adapter_config.json").is_file()
         assert (tiny / "ppo" / "base_merged" / "config.json").is_file()  # PPO started from the SFT adapter
