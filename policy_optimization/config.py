@@ -13,7 +13,11 @@ sees ``batch_size * N`` episodes.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -50,7 +54,7 @@ class PPOConfig:
         "Backbone of the value model (a separate causal LM with a scalar head; must share the policy's tokenizer). "
         "Default: the policy's model. A smaller model of the same family saves memory.",
     )
-    dtype: str = _f("auto", "Weights dtype: auto, bf16, fp16 or fp32.")
+    dtype: str = _f("auto", "Weights dtype: auto, bf16, fp16 or fp32 (or bfloat16, float16, float32).")
     use_lora: bool = _f(True, "Train a LoRA adapter on the policy (peft) instead of all weights.")
     lora_r: int = _f(16, "LoRA rank.")
     lora_alpha: int = _f(32, "LoRA alpha.")
@@ -98,7 +102,10 @@ class PPOConfig:
     scalar_source_kwargs: dict[str, Any] = _f({}, "Keyword arguments when scalar_source names a class.")
     scalar_coef: float = _f(1.0, "Weight of the sequence score.")
     missing_eos_penalty: float | None = _f(
-        None, "Subtracted from the sequence-score part of a response that ran out of tokens without EOS."
+        None,
+        "Subtracted from the reward of the last token of a response that hit response_length without EOS, in "
+        "every reward_mode: on top of delta_t there in nl_gradient (which has no sequence score), of c*s there "
+        "in scalar and mixed, of that token's share in dense. Empty responses pay it too (None or 0 = off).",
     )
 
     # ---- generation --------------------------------------------------------------------------------
@@ -141,7 +148,9 @@ class PPOConfig:
     overwrite_output_dir: bool = _f(False, "Start fresh even if output_dir holds checkpoints of an earlier run.")
     resume: str | None = _f(None, "'auto' = continue from the latest checkpoint in output_dir if any; or a checkpoint dir.")
     save_steps: int = _f(50, "Save a checkpoint every N iterations (0 = only at the end).")
-    save_total_limit: int | None = _f(2, "Keep at most this many checkpoints (oldest removed).")
+    save_total_limit: int | None = _f(
+        2, "Keep at most this many checkpoints, >= 1 (oldest removed); null/none keeps every checkpoint."
+    )
     seed: int = _f(42, "Random seed (data order, LoRA init, sampling).")
     report_to: Literal["none", "tensorboard", "wandb"] = _f("none", "Extra metric sink besides metrics.jsonl.")
     run_name: str | None = _f(None, "Run name for TensorBoard/W&B.")
@@ -149,9 +158,19 @@ class PPOConfig:
     progress_bar: bool = _f(True, "Show a tqdm progress bar over iterations.")
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.reward_mode not in REWARD_MODES:
-            problems.append(f"reward_mode must be one of {list(REWARD_MODES)}, got {self.reward_mode!r}")
+        # The CLI checks Literal fields while parsing; this also covers PPOConfig(...) built in Python, which
+        # would otherwise fail much later (e.g. report_to="tb" as a bare KeyError when the trainer starts).
+        problems = [
+            f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}"
+            for name, allowed in _literal_fields().items()
+            if getattr(self, name) not in allowed
+        ]
+        from text2grad.modeling import resolve_dtype
+
+        try:
+            resolve_dtype(self.dtype)
+        except ValueError as exc:
+            problems.append(str(exc))
         for name in ("batch_size", "num_mini_batches", "gradient_accumulation_steps", "num_ppo_epochs", "response_length"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -176,6 +195,10 @@ class PPOConfig:
             problems.append(f"total_episodes must be >= 1, got {self.total_episodes}")
         if self.save_steps < 0:
             problems.append(f"save_steps must be >= 0, got {self.save_steps}")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            problems.append(
+                f"save_total_limit must be >= 1, got {self.save_total_limit} (use null/none to keep every checkpoint)"
+            )
         if self.scalar_source != "spans" and ":" not in self.scalar_source:
             problems.append(f"scalar_source must be 'spans' or 'package.module:function', got {self.scalar_source!r}")
         if problems:
@@ -199,3 +222,17 @@ class PPOConfig:
         if self.total_episodes is not None:
             return math.ceil(self.total_episodes / (self.batch_size * num_processes))
         raise ValueError("set num_iterations or total_episodes (how long to train)")
+
+
+@functools.lru_cache(maxsize=None)
+def _literal_fields() -> dict[str, tuple[Any, ...]]:
+    """``{field name: allowed values}`` for every ``Literal``-typed field of `PPOConfig` (optional ones allow None)."""
+    hints = typing.get_type_hints(PPOConfig)
+    out: dict[str, tuple[Any, ...]] = {}
+    for f in dataclasses.fields(PPOConfig):
+        tp = hints[f.name]
+        args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+        literals = [a for a in args if typing.get_origin(a) is Literal]
+        if literals:
+            out[f.name] = tuple(v for lit in literals for v in typing.get_args(lit)) + ((None,) if type(None) in args else ())
+    return out

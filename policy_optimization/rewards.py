@@ -1,7 +1,7 @@
 """From feedback on generated token ids to the per-token score rewards of each reward mode.
 
 This module is where the reward modes are defined; everything here is pure (no model, no trainer state)
-and tested on hand-built batches in tests/policy_optimization/test_rewards.py. The trainer adds the KL
+and tested on hand-built batches in tests/policy_optimization/test_reward_modes.py. The trainer adds the KL
 term afterwards: ``rewards = score_rewards - kl_coef * kl``.
 
 For one response of ``T_b`` generated tokens (up to and including EOS) with feedback ``fb``:
@@ -21,11 +21,21 @@ Modes (``c`` = ``scalar_coef``)::
                  (every token carries reward; the unlabelled share sums to c * s whatever the length)
     mixed        r_t = delta_t, plus c * s at the last token     (span rewards + outcome reward)
 
-In every mode a response that ran out of tokens without EOS gets ``-missing_eos_penalty`` at its last token.
+In every mode (nl_gradient included) a response that ran out of tokens without EOS gets
+``-missing_eos_penalty`` at its last token, on top of whatever the mode gave that token.
 
-Failure rules (each counted in `RewardStats`): an empty response, a failed feedback (``fb.error``), or an
-ok feedback none of whose quotes could be located gets no span reward; a feedback-derived score is 0 for an
-empty response or failed feedback, while an external score still counts (it does not come from the feedback).
+Failure rules (each counted by `ScoreRewards.stats` as ``samples/<status>``):
+
+- empty response (no tokens, or only whitespace/special tokens): zero score reward in every mode, with an
+  external score too (there is nothing to credit). ``missing_eos_penalty`` still applies when it ran out of
+  tokens without EOS: filling ``response_length`` with blanks is exactly the failure to stop that it punishes.
+- failed feedback (``fb.error``, including a feedback source that raised): no span reward and a
+  feedback-derived score of 0; an external score (``scores``) still counts, since it does not come from the
+  feedback.
+- ok feedback none of whose quotes could be located (``no_matched_span``): the span part is zero; the
+  outcome part stays, i.e. scalar/mixed keep ``c * s`` at the last token and dense spreads ``c * s`` over
+  every token (no token is labelled).
+
 Unlabelled tokens earn 0 in nl_gradient/mixed mode, so a longer response earns nothing for its length alone.
 """
 
@@ -128,8 +138,10 @@ def compute_score_rewards(
         mode: nl_gradient | scalar | dense | mixed (module docstring).
         length: padded length T (default: the longest response).
         scores: external sequence scores (``None`` entries: the score function failed for that sample, 0
-            is used). Without ``scores`` the score comes from the feedback (`span_sequence_score`).
-        finished: whether each response ended with EOS; unfinished ones get ``-missing_eos_penalty``.
+            is used; empty responses get 0 whatever their score). Without ``scores`` the score comes from the
+            feedback (`span_sequence_score`).
+        finished: whether each response ended with EOS; unfinished ones get ``-missing_eos_penalty`` at their
+            last token in every mode, empty ones included.
         scheme, span_normalize: reward shape inside a span (`text2grad.rewards.span_token_rewards`).
         boundary, overlap, occurrence: span-to-token rules (`text2grad.spans`).
         scalar_coef: weight c of the sequence score.
@@ -170,10 +182,10 @@ def compute_score_rewards(
                 delta = span_token_rewards(result.labels, scheme, span_normalize=span_normalize)
             else:
                 info.status = "no_matched_span"
-        if mode != "nl_gradient":
+        if mode != "nl_gradient" and info.status != "empty":
             if external is not None:
                 info.score = float(external)
-            elif scores is None and info.status not in ("empty", "feedback_error"):
+            elif scores is None and info.status != "feedback_error":
                 info.score = span_sequence_score(fb)
         if n:
             rewards[b, :n] = delta

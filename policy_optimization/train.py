@@ -90,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_config(PPOConfig, argv, description="NL-Gradient PPO (token-level rewards from natural-language feedback).")
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Setup: everything built from the config. Errors here are the user's (bad values, missing packages) and
+    # end with "error: ..." and exit 2; training below only turns the errors it expects into exit codes.
     try:
         if not cfg.model_name_or_path:
             raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")
@@ -108,6 +110,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         trainer = NLGradientPPOTrainer(cfg, tokenizer, policy, ref, value, source, items, score_fn=score_fn, base_model_path=base_path)
     except (ConfigError, DataError, FileNotFoundError, FileExistsError, ValueError) as exc:
         print(f"train-policy: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:  # e.g. openai for feedback_source llm, peft for use_lora
+        fix = f"pip install {exc.name.split('.')[0]}" if exc.name else "install the missing package"
+        print(
+            f"train-policy: error: {exc}. The chosen feedback_source, scalar_source or model options need a package "
+            f"that is not installed: {fix}", file=sys.stderr,
+        )
+        return 2
+    except TypeError as exc:
+        # Setup only builds objects from the config, so a TypeError here almost always means wrong
+        # feedback_source_kwargs / scalar_source_kwargs for a constructor. The traceback stays available with
+        # debug logging in case it is a bug after all; errors during training below are never caught like this.
+        logger.debug("setup raised TypeError", exc_info=True)
+        print(
+            f"train-policy: error: {exc}. Check feedback_source_kwargs / scalar_source_kwargs against the "
+            f"constructor of {cfg.feedback_source!r} / {cfg.scalar_source!r}", file=sys.stderr,
+        )
         return 2
     try:
         metrics = trainer.train()

@@ -64,7 +64,7 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 class NonFiniteError(RuntimeError):
-    """NaN or inf in rewards, values, advantages or the loss; a checkpoint was saved before raising."""
+    """NaN or inf in rewards, values, advantages or the loss; ``checkpoint-<step>-nonfinite`` was saved before raising."""
 
 
 @dataclass
@@ -541,14 +541,18 @@ class NLGradientPPOTrainer:
         flag = torch.tensor([1.0 if bad_names else 0.0], device=self.accelerator.device)
         if float(self.accelerator.reduce(flag, "sum")) == 0:
             return
-        name = f"checkpoint-{self.state.step}" + ("-nonfinite" if during_update else "")
-        path = self.save_checkpoint(name=name, rotate=False)
+        # Never "checkpoint-<step>": that is the clean checkpoint saved after iteration <step>, and this state has
+        # already consumed the next batch, so overwriting it would make --resume auto skip that batch. The
+        # suffix keeps this directory out of find_latest_checkpoint and out of checkpoint rotation.
+        path = self.save_checkpoint(name=f"checkpoint-{self.state.step}-nonfinite", rotate=False)
+        clean = find_latest_checkpoint(self.output_dir)
         where = "during the PPO update (weights may be partly updated)" if during_update else "before this iteration's update"
         raise NonFiniteError(
             f"non-finite values at iteration {self.state.step + 1} on process {self.accelerator.process_index}: "
-            f"{', '.join(bad_names) or 'on another process'}. State {where} saved to {path}. Likely causes: a feedback "
-            "source or scalar_source returning inf/NaN scores, or a learning rate too high for this model; fix it and "
-            "resume with --resume <that checkpoint>."
+            f"{', '.join(bad_names) or 'on another process'}. State {where} saved for inspection to {path}; "
+            f"--resume auto ignores it and continues from {clean or 'the start (no clean checkpoint yet)'}. Likely "
+            "causes: a feedback source or scalar_source returning inf/NaN scores, or a learning rate too high for "
+            "this model; fix it and rerun with --resume auto."
         )
 
     def _batch_stats(self, score: ScoreRewards, rewards, kl, entropy, mask, generations, n_source_errors, n_score_errors):

@@ -57,8 +57,18 @@ def test_sft_then_ppo_then_dpo_write_loadable_models(world, tmp_path):
         "--model_name_or_path", model, "--dataset_path", data, "--prompt_template", PROMPT,
         "--chosen_template", " {reference}", "--rejected_template", " {summary}", "--output_dir", str(tmp_path / "dpo"),
         "--max_steps", "1", "--per_device_train_batch_size", "2", "--lora_r", "4", "--save_steps", "1000",
+        "--learning_rate", "1e-3",
     ]) == 0
-    assert load_causal_lm(str(tmp_path / "dpo")) is not None
+    # The one DPO step really trained: LoRA B starts at zero, so a non-zero B and different logits mean an update.
+    from safetensors.torch import load_file
+
+    adapter = load_file(str(tmp_path / "dpo" / "adapter_model.safetensors"))
+    lora_b = [t for name, t in adapter.items() if "lora_B" in name]
+    assert lora_b and any(bool(t.abs().sum() > 0) for t in lora_b)
+    with torch.no_grad():
+        base_logits = load_causal_lm(model)(input_ids=ids).logits
+        dpo_logits = load_causal_lm(str(tmp_path / "dpo"))(input_ids=ids).logits
+    assert torch.isfinite(dpo_logits).all() and not torch.equal(base_logits, dpo_logits)
 
 
 def test_train_cli_reports_bad_input_clearly(world, tmp_path, capsys):
@@ -75,6 +85,45 @@ def test_train_cli_reports_bad_input_clearly(world, tmp_path, capsys):
     with pytest.raises(SystemExit):  # argparse: invalid choice for a Literal field
         train.main(base + ["--dataset_path", data, "--reward_mode", "sparse"])
     assert "reward_mode" in capsys.readouterr().err
+
+
+def test_train_cli_setup_errors_are_reported_not_raised(world, tmp_path, capsys, monkeypatch):
+    """Wrong constructor kwargs (TypeError) and a missing optional package (ImportError) are user errors."""
+    import sys
+
+    from policy_optimization import train
+
+    base = [
+        "--model_name_or_path", str(world / "model"), "--num_iterations", "1", "--output_dir", str(tmp_path / "o"),
+        "--dataset_path", str(world / "data" / "train.jsonl"), "--prompt_template", "{post}",
+    ]
+    rc = train.main(base + ["--feedback_source", "reference", "--feedback_source_kwargs", '{"no_such_option": 1}'])
+    err = capsys.readouterr().err
+    assert rc == 2 and "error:" in err and "no_such_option" in err and "feedback_source_kwargs" in err
+    assert "Traceback" not in err
+
+    monkeypatch.setitem(sys.modules, "openai", None)  # as if the optional package were not installed
+    monkeypatch.delitem(sys.modules, "annotation.llm", raising=False)
+    rc = train.main(base + ["--feedback_source", "llm"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "error:" in err and "pip install openai" in err and "Traceback" not in err
+
+
+def test_config_checks_choice_fields_and_save_total_limit_when_built():
+    from policy_optimization.config import PPOConfig
+
+    with pytest.raises(ValueError, match=r"report_to must be one of \['none', 'tensorboard', 'wandb'\], got 'tb'"):
+        PPOConfig(report_to="tb")
+    for field, bad in [("kl_estimator", "k2"), ("reward_scheme", "cosine"), ("boundary", "some"),
+                       ("overlap", "both"), ("occurrence", "last"), ("reward_mode", "sparse")]:
+        with pytest.raises(ValueError, match=f"{field} must be one of"):
+            PPOConfig(**{field: bad})
+    with pytest.raises(ValueError, match="unknown dtype 'float8'"):
+        PPOConfig(dtype="float8")
+    with pytest.raises(ValueError, match="save_total_limit must be >= 1, got 0.*none"):
+        PPOConfig(save_total_limit=0)
+    ok = PPOConfig(report_to="wandb", kl_estimator="k3", dtype="bf16", save_total_limit=None)
+    assert (ok.report_to, ok.kl_estimator, ok.save_total_limit) == ("wandb", "k3", None)
 
 
 def test_config_rejects_inconsistent_batch_settings():

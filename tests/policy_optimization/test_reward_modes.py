@@ -150,7 +150,7 @@ def test_failures_give_zero_span_reward_and_are_counted(bpe_tokenizer):
     ]
     out = compute_score_rewards(feedbacks, ids, tok, mode="mixed", scores=[1.0, 0.5, None, 0.0])
     assert [s.status for s in out.samples] == ["empty", "feedback_error", "no_matched_span", "ok"]
-    assert float(out.rewards[0].abs().sum()) == 1.0  # empty: no span reward, but an external score still counts
+    assert float(out.rewards[0].abs().sum()) == 0.0 and out.samples[0].score == 0.0  # empty: even its external score 1.0 is dropped
     n = len(ids[1])
     assert out.rewards[1, n - 1] == 0.5 and float(out.rewards[1, : n - 1].abs().sum()) == 0  # outcome kept, spans none
     assert float(out.rewards[2].abs().sum()) == 0  # nothing located; failed score function (None) -> 0
@@ -161,6 +161,35 @@ def test_failures_give_zero_span_reward_and_are_counted(bpe_tokenizer):
     # feedback-derived scores are 0 for empty responses and failed feedback
     derived = compute_score_rewards(feedbacks, ids, tok, mode="scalar")
     assert [s.score for s in derived.samples] == [0.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("mode", ["nl_gradient", "scalar", "dense", "mixed"])
+def test_empty_response_earns_no_score_in_any_mode_but_pays_the_missing_eos_penalty(bpe_tokenizer, mode):
+    tok = bpe_tokenizer
+    blank = enc(tok, "   ")
+    assert blank and not tok.decode(blank, skip_special_tokens=True).strip()  # tokens, but no text
+    ids = [[tok.eos_token_id], blank]  # stopped at once; ran out of tokens producing only blanks
+    fbs = [Feedback(good_spans=("anything",)), Feedback(good_spans=("anything",))]
+    out = compute_score_rewards(fbs, ids, tok, mode=mode, scores=[1.0, 1.0], finished=[True, False], missing_eos_penalty=0.5)
+    assert [s.status for s in out.samples] == ["empty", "empty"]
+    assert float(out.rewards[0].abs().sum()) == 0.0
+    n = len(blank)
+    assert out.rewards[1, n - 1] == -0.5 and float(out.rewards[1, : n - 1].abs().sum()) == 0.0
+    assert out.stats()["samples/empty"] == 2
+
+
+@pytest.mark.parametrize("mode", ["dense", "mixed"])
+def test_no_matched_span_keeps_the_outcome_part_only(bpe_tokenizer, mode):
+    tok = bpe_tokenizer
+    ids = enc(tok, "The author wrote a novel") + [tok.eos_token_id]
+    out = compute_score_rewards([Feedback(good_spans=("a poem",))], [ids], tok, mode=mode, scores=[0.6], scalar_coef=2.0)
+    assert out.samples[0].status == "no_matched_span" and out.samples[0].labels and not any(out.samples[0].labels)
+    n = len(ids)
+    assert float(out.rewards[0].sum()) == pytest.approx(1.2)  # c * s, nothing from the spans
+    if mode == "mixed":
+        assert out.rewards[0, n - 1] == pytest.approx(1.2) and float(out.rewards[0, : n - 1].abs().sum()) == 0
+    else:  # no token is labelled, so the score is spread over all of them
+        assert torch.allclose(out.rewards[0, :n], torch.full((n,), 1.2 / n))
 
 
 def test_length_alone_does_not_pay(bpe_tokenizer):

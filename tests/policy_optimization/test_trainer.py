@@ -93,17 +93,35 @@ def test_failures_are_counted_and_training_goes_on(make_trainer):
         trainer.step()
 
 
-def test_nonfinite_rewards_stop_with_a_clear_error_and_a_checkpoint(make_trainer, tmp_path):
-    def inf_score(prompts, responses):
-        return [float("inf")] + [0.0] * (len(responses) - 1)
+def test_nonfinite_rewards_stop_with_a_clear_error_and_keep_the_clean_checkpoint(make_trainer, tmp_path):
+    """The emergency checkpoint must not replace checkpoint-<step> of the last good iteration: that state has not
+    drawn the failing batch yet, so --resume auto retries the batch instead of skipping it."""
+    batches: list[list[str]] = []
 
-    trainer = make_trainer(CallableFeedbackSource(first_and_last_words), reward_mode="mixed", score_fn=inf_score)
-    with pytest.raises(NonFiniteError, match=r"non-finite values at iteration 1 .*score rewards \(rows \[0\]\)") as err:
+    def inf_on_second_batch(prompts, responses):
+        batches.append(list(prompts))
+        return [float("inf") if len(batches) == 2 else 0.0] + [0.0] * (len(responses) - 1)
+
+    source = CallableFeedbackSource(first_and_last_words)
+    trainer = make_trainer(source, reward_mode="mixed", score_fn=inf_on_second_batch, save_steps=1)
+    with pytest.raises(NonFiniteError, match=r"non-finite values at iteration 2 .*score rewards \(rows \[0\]\)") as err:
         trainer.train()
-    assert "saved to" in str(err.value)
-    ckpt = tmp_path / "run" / "checkpoint-0"
-    assert (ckpt / "trainer_state.json").is_file() and (ckpt / "model.safetensors").is_file()
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # the bad iteration logged nothing
+    run = tmp_path / "run"
+    emergency, clean = run / "checkpoint-1-nonfinite", run / "checkpoint-1"
+    assert f"saved for inspection to {emergency}" in str(err.value)
+    assert f"--resume auto ignores it and continues from {clean}" in str(err.value)
+    assert (emergency / "model.safetensors").is_file()
+    clean_state = json.loads((clean / "trainer_state.json").read_text())
+    assert (clean_state["step"], clean_state["data_pos"]) == (1, 4)  # untouched: before the bad batch was drawn
+    assert json.loads((emergency / "trainer_state.json").read_text())["data_pos"] == 8
+    assert find_latest_checkpoint(run) == clean
+    assert [json.loads(line)["iteration"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+
+    resumed = make_trainer(source, reward_mode="mixed", score_fn=inf_on_second_batch, save_steps=1, resume="auto")
+    resumed.train()
+    assert len(batches) == 3 and batches[2] == batches[1]  # the failed batch was retried, not skipped
+    assert resumed.state.step == 2 and find_latest_checkpoint(run).name == "checkpoint-2"
+    assert emergency.is_dir()  # rotation leaves the emergency checkpoint for the user to inspect
 
 
 def test_nonfinite_loss_is_caught_during_the_update(make_trainer, tmp_path, monkeypatch):
@@ -112,9 +130,108 @@ def test_nonfinite_loss_is_caught_during_the_update(make_trainer, tmp_path, monk
     trainer = make_trainer(CallableFeedbackSource(first_and_last_words))
     real = trainer_module.value_loss
     monkeypatch.setattr(trainer_module, "value_loss", lambda *a, **k: (real(*a, **k)[0] * float("nan"), real(*a, **k)[1]))
-    with pytest.raises(NonFiniteError, match="during the PPO update"):
+    with pytest.raises(NonFiniteError, match="during the PPO update.*no clean checkpoint yet"):
         trainer.step()
     assert (tmp_path / "run" / "checkpoint-0-nonfinite" / "trainer_state.json").is_file()
+    assert find_latest_checkpoint(tmp_path / "run") is None  # --resume auto would start over, not load it
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"whiten_rewards": True}, {"entropy_coef": 0.05}, {"kl_estimator": "k3"}, {"gradient_accumulation_steps": 2}],
+    ids=["whiten_rewards", "entropy_coef", "k3", "grad_accum"],
+)
+def test_less_used_options_train_and_the_kl_controller_follows_its_formula(make_trainer, tmp_path, options):
+    from text2grad.rewards import adaptive_kl_coef
+
+    # A short horizon so the controller visibly moves kl_coef in one iteration.
+    trainer = make_trainer(CallableFeedbackSource(first_and_last_words), adaptive_kl=True, kl_horizon=10, **options)
+    trainer.train()
+    first, second = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for m in (first, second):
+        for k, v in m.items():
+            assert v is None or math.isfinite(v), (k, v)
+    expected = adaptive_kl_coef(first["objective/kl_coef"], first["objective/kl"], 6.0, 4, 10)
+    assert first["objective/kl_coef"] == 0.05 and expected != pytest.approx(0.05)
+    assert second["objective/kl_coef"] == pytest.approx(expected, rel=1e-12)
+    if not options.get("whiten_rewards"):
+        for m in (first, second):  # the KL term is the only thing between score and total reward
+            assert m["reward/total_mean"] == pytest.approx(m["reward/score_mean"] - m["objective/kl_coef"] * m["objective/kl"], abs=1e-5)
+    if options.get("kl_estimator") == "k3":
+        assert second["objective/kl"] >= 0  # k3 is non-negative per token
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_single_update_per_iteration_starts_at_ratio_one(make_trainer, accumulation):
+    """One epoch and one minibatch: the only optimizer step comes after every micro-batch's forward, so each
+    forward sees the rollout weights and the PPO ratio is 1 (approx_kl 0, nothing clipped)."""
+    trainer = make_trainer(
+        CallableFeedbackSource(first_and_last_words), num_ppo_epochs=1, num_mini_batches=1,
+        gradient_accumulation_steps=accumulation,
+    )
+    before = trainable_snapshot(trainer)
+    for _ in range(2):  # also after the weights moved
+        metrics = trainer.step()
+        assert metrics["policy/approx_kl"] == pytest.approx(0.0, abs=1e-9)  # several updates give ~1e-5 here
+        assert metrics["policy/clipfrac"] == 0.0
+    after = trainable_snapshot(trainer)
+    assert any(not torch.equal(before[n], after[n]) for n in before if "lora_" in n)  # the update did happen
+
+
+def test_progress_bar_is_shown_on_stderr(make_trainer, capsys):
+    make_trainer(CallableFeedbackSource(first_and_last_words), num_iterations=1, progress_bar=True).train()
+    err = capsys.readouterr().err
+    assert "ppo" in err and "1/1" in err and "score=" in err
+
+
+def test_report_to_sends_every_numeric_metric_to_the_tracker(make_trainer, tmp_path, monkeypatch):
+    """tensorboard is not installed here, so accelerate's tensorboard tracker is replaced by a recorder; the
+    trainer's own path (report_to -> Accelerator(log_with=...) -> init_trackers -> log -> end_training) is real."""
+    import importlib.util
+
+    import accelerate.tracking
+    from accelerate.tracking import GeneralTracker
+    from accelerate.utils import LoggerType
+
+    class Recorder(GeneralTracker):
+        name = "tensorboard"
+        requires_logging_directory = True
+        runs: list["Recorder"] = []
+
+        def __init__(self, run_name, logging_dir, **kwargs):
+            super().__init__()
+            self.run_name, self.config, self.logged, self.finished = run_name, None, [], False
+            Recorder.runs.append(self)
+
+        @property
+        def tracker(self):
+            return self
+
+        def store_init_configuration(self, values):
+            self.config = dict(values)
+
+        def log(self, values, step=None, **kwargs):
+            self.logged.append((step, dict(values)))
+
+        def finish(self):
+            self.finished = True
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setitem(accelerate.tracking.LOGGER_TYPE_TO_CLASS, "tensorboard", Recorder)
+    monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: [LoggerType.TENSORBOARD])
+    with monkeypatch.context() as m:  # only while the trainer checks that the package is there
+        m.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "tensorboard" else real_find_spec(name, *a))
+        trainer = make_trainer(CallableFeedbackSource(first_and_last_words), report_to="tensorboard", run_name="tiny")
+    trainer.train()
+
+    (run,) = Recorder.runs
+    assert run.run_name == "tiny" and run.config["report_to"] == "tensorboard" and run.config["kl_coef"] == 0.05
+    assert run.finished
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [step for step, _ in run.logged] == [1, 2]
+    for (_, values), line in zip(run.logged, lines):
+        assert values == {k: v for k, v in line.items() if v is not None}
+        assert "reward/score_mean" in values and "objective/kl" in values
 
 
 def test_resume_gives_the_same_next_step_as_an_uninterrupted_run(make_trainer, tmp_path):
