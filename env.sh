@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
 # Creates .venv and installs text2grad with its dependencies. Idempotent: a second run only checks.
 #
-#   bash env.sh                  # CPU machine: torch 2.13.0 CPU wheel first, so no CUDA wheels are pulled
-#   TORCH_SPEC="torch==2.13.0" TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash env.sh   # a CUDA torch
+#   bash env.sh                  # torch==2.13.0 from the default index (public PyPI unless your pip config says otherwise)
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash env.sh     # a CPU-only torch (no CUDA wheels)
+#   TORCH_SPEC="torch==2.13.0" TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash env.sh   # a CUDA 12.8 torch
 #   TEXT2GRAD_EXTRAS=test,offline-eval,vllm bash env.sh   # choose extras (default: test,offline-eval)
 #   VENV=/path/to/venv bash env.sh                        # another venv location
+#   TEXT2GRAD_ENV_DRY_RUN=1 bash env.sh                   # only print what would be (re)installed, change nothing
+#
+# Which torch you get: a plain `torch==2.13.0` from the public PyPI on Linux x86_64 is a CUDA build (it pulls
+# the nvidia-* wheels, several GB). On a CPU-only Linux machine pass
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu to get the small CPU build. That is not the default
+# because some machines (CI among them) can reach PyPI but not download.pytorch.org.
+#
+# Torch is reinstalled whenever TORCH_SPEC or TORCH_INDEX_URL differs from what the last install used
+# (recorded in $VENV/.text2grad-torch), so switching from the CPU build to a CUDA one is just a rerun with
+# the new TORCH_INDEX_URL. A venv made before that record existed keeps its torch unless you ask for a
+# non-default TORCH_SPEC or TORCH_INDEX_URL.
 #
 # Source it (`source env.sh`) to also activate the venv in your shell.
 _t2g_root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -13,38 +25,94 @@ VENV="${VENV:-$_t2g_root/.venv}"
 # The install runs in a subshell with strict error handling, so `source env.sh` never changes your shell's options.
 (
 set -euo pipefail
-TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+_default_torch_spec="torch==2.13.0"
+TORCH_SPEC="${TORCH_SPEC:-$_default_torch_spec}"
+TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
 EXTRAS="${TEXT2GRAD_EXTRAS:-test,offline-eval}"
 PYTHON="${PYTHON:-python3}"
-
-if [ ! -x "$VENV/bin/python" ]; then
-    echo "[env.sh] creating virtual environment in $VENV"
-    "$PYTHON" -m venv "$VENV"
-fi
+_dry_run="${TEXT2GRAD_ENV_DRY_RUN:-0}"
 _py="$VENV/bin/python"
-# pip, minus the noise some machines' pip configs add about missing local index folders
-_pip() { "$_py" -m pip "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2); }
 
 # The stamp records what was installed; if pyproject.toml, the torch spec and the extras are unchanged, skip.
 _stamp="$VENV/.text2grad-installed"
-_want="$(cat "$_t2g_root/pyproject.toml" | sha256sum | cut -c1-16) $TORCH_SPEC $EXTRAS ${TORCH_INDEX_URL:-}"
-if [ -f "$_stamp" ] && [ "$(cat "$_stamp")" = "$_want" ] && "$_py" -c "import text2grad" 2>/dev/null; then
+_want="$(sha256sum < "$_t2g_root/pyproject.toml" | cut -c1-16) $TORCH_SPEC $EXTRAS $TORCH_INDEX_URL"
+# A separate torch stamp, because `import torch` succeeding says nothing about which build is installed.
+_torch_stamp="$VENV/.text2grad-torch"
+_torch_want="$TORCH_SPEC ${TORCH_INDEX_URL:-(default index)}"
+
+_up_to_date() {
+    [ -f "$_stamp" ] && [ "$(cat "$_stamp")" = "$_want" ] && "$_py" -c "import text2grad" 2>/dev/null
+}
+
+# Prints "keep", "install: <why>" or "reinstall: <why>"; it only reads, so a dry run can call it.
+_torch_decision() {
+    if [ ! -x "$_py" ] || ! "$_py" -c "import torch" 2>/dev/null; then
+        echo "install: torch is not importable in $VENV"
+    elif [ -f "$_torch_stamp" ]; then
+        local have
+        have="$(cat "$_torch_stamp")"
+        if [ "$have" = "$_torch_want" ]; then
+            echo "keep"
+        else
+            echo "reinstall: requested $_torch_want, installed $have"
+        fi
+    elif [ "$TORCH_SPEC" != "$_default_torch_spec" ] || [ -n "$TORCH_INDEX_URL" ]; then
+        # No record of how the existing torch was installed, and the user asks for something specific.
+        echo "reinstall: requested $_torch_want, installed build unknown (no $_torch_stamp)"
+    else
+        echo "keep"
+    fi
+}
+
+if [ "$_dry_run" = "1" ]; then
+    if _up_to_date; then
+        echo "[env.sh] dry run: $VENV is up to date"
+    else
+        echo "[env.sh] dry run: would install text2grad[$EXTRAS] into $VENV"
+    fi
+    echo "[env.sh] dry run: torch: $(_torch_decision)"
+    exit 0
+fi
+
+if _up_to_date; then
     echo "[env.sh] $VENV is up to date"
-else
-    _pip install --quiet --upgrade pip
-    if ! "$_py" -c "import torch" 2>/dev/null; then
-        echo "[env.sh] installing $TORCH_SPEC"
-        if [ -n "${TORCH_INDEX_URL:-}" ]; then
+    exit 0
+fi
+
+if [ ! -x "$_py" ]; then
+    echo "[env.sh] creating virtual environment in $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+# pip, minus the noise some machines' pip configs add about missing local index folders
+_pip() { "$_py" -m pip "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2); }
+
+_pip install --quiet --upgrade pip
+_torch="$(_torch_decision)"
+case "$_torch" in
+    keep) ;;
+    *)
+        echo "[env.sh] torch: $_torch"
+        # pip treats an installed 2.13.0+cpu as satisfying torch==2.13.0, so another build needs an uninstall first.
+        if [ "${_torch%%:*}" = "reinstall" ]; then
+            _pip uninstall --quiet --yes torch
+        fi
+        if [ -n "$TORCH_INDEX_URL" ]; then
             _pip install --quiet "$TORCH_SPEC" --index-url "$TORCH_INDEX_URL"
         else
             _pip install --quiet "$TORCH_SPEC"
         fi
-    fi
-    echo "[env.sh] installing text2grad[$EXTRAS] (editable)"
-    _pip install --quiet -e "$_t2g_root[$EXTRAS]"
-    echo "$_want" > "$_stamp"
-fi
+        ;;
+esac
+echo "$_torch_want" > "$_torch_stamp"
+echo "[env.sh] installing text2grad[$EXTRAS] (editable)"
+_pip install --quiet -e "$_t2g_root[$EXTRAS]"
+echo "$_want" > "$_stamp"
 ) || { echo "[env.sh] setting up $VENV failed" >&2; return 1 2>/dev/null || exit 1; }
+
+# A dry run changes nothing, the caller's environment included.
+if [ "${TEXT2GRAD_ENV_DRY_RUN:-0}" = "1" ]; then
+    return 0 2>/dev/null || exit 0
+fi
 
 # Offline by default: the hub is not reachable on CI machines; real users unset these to download models.
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"

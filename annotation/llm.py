@@ -12,9 +12,14 @@ exponential backoff: ``c/2 + U(0, c/2)`` with ``c = min(backoff_max_s, backoff_b
 The API key is read from an environment variable, never from a flag or config file, and every error text
 that leaves this module passes through `mask_secrets`, so the key appears in no log, output or exception.
 
+The model's answer text is masked the moment it arrives (`ChatClient.complete`): a proxy or server that
+echoes the request (key included) in a 200 reply must not get the key into records, failures or reports.
+
 A `UsageMeter` counts requests, retries and tokens for the report and enforces ``max_requests`` and
 ``max_cost_usd``: when a budget would be exceeded, no new request starts (`BudgetExhausted`) and requests
-already in flight finish normally.
+already in flight finish normally. A server that sends no ``usage`` gets its tokens estimated from the text
+length (`estimate_tokens`, ~4 characters per token); the meter counts those requests so the report can say
+its token and cost figures are partly estimates.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ __all__ = [
     "critique_with_llm",
     "make_openai_client",
     "mask_secrets",
+    "estimate_tokens",
     "backoff_delay",
     "retry_after_seconds",
 ]
@@ -84,6 +90,18 @@ def mask_secrets(text: str, secrets: Sequence[str | None] = ()) -> str:
         if secret and secret != PLACEHOLDER_KEY and len(secret) >= 4:
             text = text.replace(secret, "***")
     return _KEY_PATTERN.sub(r"\1***", text)
+
+
+CHARS_PER_TOKEN = 4  # a rough average for English text with GPT-style tokenizers; only used as an estimate
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough token count for ``text`` (~4 characters per token), for servers that report no usage.
+
+    An estimate, not a tokenizer: it can be off by a factor of 2 for code or non-English text, so it keeps
+    ``max_cost_usd`` working, not exact.
+    """
+    return -(-len(text) // CHARS_PER_TOKEN) if text else 0
 
 
 def backoff_delay(attempt: int, base_s: float, max_s: float, rng: random.Random) -> float:
@@ -135,6 +153,8 @@ class UsageMeter:
         self.price_per_1k_output = price_per_1k_output
         self.requests = 0
         self.finished = 0
+        self.billed = 0  # finished requests that used tokens: the only ones the average cost is taken over
+        self.estimated = 0  # requests whose tokens were estimated because the server sent no usage
         self.in_flight = 0
         self.api_retries = 0
         self.prompt_tokens = 0
@@ -156,8 +176,9 @@ class UsageMeter:
             self.exhausted = f"max_requests={self.max_requests} reached"
         if self.exhausted is None and self.max_cost_usd is not None:
             # Reserve the requests in flight (and this one) at the average cost so far, so concurrency
-            # does not overshoot the budget by up to `concurrency` requests.
-            average = self.cost_usd / self.finished if self.finished else 0.0
+            # does not overshoot the budget by up to `concurrency` requests. Failed requests cost nothing, so
+            # counting them would drag the average down and let too many requests start.
+            average = self.cost_usd / self.billed if self.billed else 0.0
             if self.cost_usd + (self.in_flight + 1) * average > self.max_cost_usd or self.cost_usd >= self.max_cost_usd:
                 self.exhausted = f"max_cost_usd={self.max_cost_usd} reached (spent ${self.cost_usd:.4f})"
         if self.exhausted is not None:
@@ -169,15 +190,21 @@ class UsageMeter:
         with self._lock:
             self.api_retries += 1
 
-    def release(self, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+    def release(self, prompt_tokens: int = 0, completion_tokens: int = 0, estimated: bool = False) -> None:
+        """Count a finished request and the tokens it used (none for a failed one); ``estimated`` marks
+        tokens that were estimated from text length rather than reported by the server."""
         with self._lock:
-            self._release(prompt_tokens, completion_tokens)
+            self._release(prompt_tokens, completion_tokens, estimated)
 
-    def _release(self, prompt_tokens: int, completion_tokens: int) -> None:
+    def _release(self, prompt_tokens: int, completion_tokens: int, estimated: bool = False) -> None:
         self.in_flight -= 1
         self.finished += 1
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
+        if prompt_tokens or completion_tokens:
+            self.billed += 1
+        if estimated:
+            self.estimated += 1
 
 
 @dataclass(frozen=True)
@@ -279,12 +306,18 @@ class ChatClient:
                 message = self._mask(f"{type(exc).__name__} from {cfg.model}: {exc}")
                 status, wait = None, None
             else:
+                text = (response.choices[0].message.content or "") if response.choices else ""
                 usage = response.usage
                 prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
                 completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
-                self.meter.release(prompt_tokens, completion_tokens)
-                text = (response.choices[0].message.content or "") if response.choices else ""
-                return Completion(text, prompt_tokens, completion_tokens)
+                # No usage (or all zeros, which no real completion has) would make every request look free
+                # and max_cost_usd never trigger, so estimate from the text instead.
+                estimated = prompt_tokens == 0 and completion_tokens == 0
+                if estimated:
+                    prompt_tokens = sum(estimate_tokens(str(m.get("content") or "")) for m in messages)
+                    completion_tokens = estimate_tokens(text)
+                self.meter.release(prompt_tokens, completion_tokens, estimated=estimated)
+                return Completion(self._mask(text), prompt_tokens, completion_tokens)
             if attempt >= cfg.max_api_retries:
                 raise AnnotationAPIError(f"{message} (gave up after {attempt + 1} attempts)", status)
             if wait is not None:

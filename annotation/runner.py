@@ -90,6 +90,7 @@ class RunReport:
     unmatched_span_rate: float = 0.0
     tokens_in: int = 0
     tokens_out: int = 0
+    tokens_estimated_requests: int = 0  # requests the server sent no usage for: tokens estimated from text length
     estimated_cost_usd: float = 0.0
     elapsed_s: float = 0.0
     records_per_s: float = 0.0
@@ -118,6 +119,11 @@ class RunReport:
             f"spans: {self.spans_total} quoted, {self.spans_unmatched} not found in the response "
             f"(unmatched rate {self.unmatched_span_rate:.2%}), {self.spans_normalized} found after normalization",
             f"tokens in/out: {self.tokens_in}/{self.tokens_out}, estimated cost ${self.estimated_cost_usd:.4f}",
+            *(
+                [f"tokens were estimated (~4 characters per token) for {self.tokens_estimated_requests} request(s): "
+                 "the server sent no usage, so tokens and cost are rough"]
+                if self.tokens_estimated_requests else []
+            ),
             f"{self.elapsed_s:.1f} s, {self.records_per_s:.2f} records/s; output has {self.output_records} record(s), "
             f"failures file {self.failure_records}",
         ]
@@ -298,6 +304,11 @@ def _failure_record(record: Mapping[str, Any], reason: str, error: str, source: 
     }
 
 
+def _masked_info(info: Mapping[str, Any], secret: str | None) -> dict[str, Any]:
+    """``info`` with its text values (the model's raw answer among them) passed through `mask_secrets`."""
+    return {k: mask_secrets(v, [secret]) if isinstance(v, str) else v for k, v in info.items()}
+
+
 class _Appender:
     """Crash-safe JSONL appends with group commit.
 
@@ -397,6 +408,7 @@ def run_annotation(cfg: AnnotationConfig, critic: RecordCritic | None = None) ->
         report.api_retries = meter.api_retries
         report.tokens_in = meter.prompt_tokens
         report.tokens_out = meter.completion_tokens
+        report.tokens_estimated_requests = meter.estimated
         report.estimated_cost_usd = round(meter.cost_usd, 6)
         report.records_per_s = (report.done + report.failed) / report.elapsed_s if report.elapsed_s > 0 else 0.0
         report.not_finished = report.to_annotate - report.done - report.failed
@@ -450,7 +462,10 @@ async def _annotate_all(
     try:
 
         def fail(record: Mapping[str, Any], reason: str, error: str, raw: str = "") -> None:
-            fail_file.append(_failure_record(record, reason, mask_secrets(error, [secret]), source, raw))
+            # The raw answer is masked here too, not only in ChatClient: a plugin critic's text passes no client.
+            fail_file.append(
+                _failure_record(record, reason, mask_secrets(error, [secret]), source, mask_secrets(raw or "", [secret]))
+            )
             report.failed += 1
             reasons[reason] += 1
 
@@ -479,6 +494,7 @@ async def _annotate_all(
                 else:
                     fb: Feedback = result.feedback
                     if fb.ok:
+                        result.info = _masked_info(result.info, secret)
                         out_file.append(build_record(record, result, source, stats))
                         report.done += 1
                     else:

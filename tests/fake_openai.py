@@ -53,6 +53,7 @@ class Reply:
         delay_s: seconds to wait before answering (or before dropping).
         drop: close the connection without sending any response.
         prompt_tokens / completion_tokens: reported in ``usage``.
+        usage: send the ``usage`` object at all (``False`` models servers that report none).
         body: send this JSON-able object (or raw ``str``) instead of the standard response body.
     """
 
@@ -64,14 +65,15 @@ class Reply:
     prompt_tokens: int = 10
     completion_tokens: int = 10
     body: Any = None
+    usage: bool = True
 
 
 Handler = Callable[[dict, int], "Reply | str"]
 
 
-def chat_completion(content: str, model: str, prompt_tokens: int, completion_tokens: int) -> dict:
-    """The OpenAI chat-completions response object for one assistant message."""
-    return {
+def chat_completion(content: str, model: str, prompt_tokens: int, completion_tokens: int, usage: bool = True) -> dict:
+    """The OpenAI chat-completions response object for one assistant message (without ``usage`` if not ``usage``)."""
+    payload = {
         "id": f"chatcmpl-fake-{time.monotonic_ns()}",
         "object": "chat.completion",
         "created": int(time.time()),
@@ -90,6 +92,9 @@ def chat_completion(content: str, model: str, prompt_tokens: int, completion_tok
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+    if not usage:
+        del payload["usage"]
+    return payload
 
 
 def _error_body(status: int, message: str) -> dict:
@@ -221,7 +226,7 @@ class FakeOpenAIServer:
                     self._send_json(reply.status, reply.body, reply.headers)
                 elif reply.status == 200:
                     model = str(body.get("model", "fake-model"))
-                    payload = chat_completion(reply.content, model, reply.prompt_tokens, reply.completion_tokens)
+                    payload = chat_completion(reply.content, model, reply.prompt_tokens, reply.completion_tokens, reply.usage)
                     self._send_json(200, payload, reply.headers)
                 else:
                     self._send_json(reply.status, _error_body(reply.status, reply.content), reply.headers)

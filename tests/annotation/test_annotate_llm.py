@@ -191,6 +191,34 @@ def test_key_is_masked_in_failure_records(tmp_path, run_cli, capsys):
     assert SECRET_KEY not in json.dumps(report) and SECRET_KEY not in capsys.readouterr().out
 
 
+def test_key_echoed_in_successful_replies_reaches_no_file(tmp_path, run_cli, capsys):
+    write_jsonl(tmp_path / "in.jsonl", qa_records(2))
+
+    def handler(body, n):  # a server that puts the caller's key into 200 answers
+        response = response_of(body)
+        if "Answer 0:" in response:  # unparseable: its raw text goes to the failures file
+            return Reply(content=f"Debug echo: authorization Bearer {SECRET_KEY} -- no JSON today")
+        reasoning = f"Reasoning: the key {SECRET_KEY} was used.\n"  # parseable: raw goes to meta._annotation
+        answer = {"critique": f"Fine ({SECRET_KEY}).", "good_spans": [response.splitlines()[0]], "poor_spans": []}
+        return Reply(content=reasoning + json.dumps(answer))
+
+    with FakeOpenAIServer(handler) as server:
+        rc, report = run_cli(server, tmp_path, "--max_retries", "0", "--concurrency", "1")
+    assert rc == 0 and not server.errors and len(server.requests) == 2
+    assert report["done"] == 1 and report["failed"] == 1
+    failure = read_jsonl(tmp_path / "out.jsonl.failures.jsonl")[0]
+    assert failure["id"] == "r0" and failure["raw"] == "Debug echo: authorization Bearer *** -- no JSON today"
+    record = read_jsonl(tmp_path / "out.jsonl")[0]
+    assert record["id"] == "r1" and record["good_spans"] == ["Answer 1: water it sparingly."]
+    assert record["meta"]["_annotation"]["raw"].startswith("Reasoning: the key *** was used.")
+    assert record["critique"] == "Fine (***)."
+    captured = capsys.readouterr()
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"out.jsonl", "out.jsonl.failures.jsonl", "out.jsonl.report.json"}
+    texts = [captured.out, captured.err] + [p.read_text() for p in files]
+    assert all(SECRET_KEY not in t and SECRET_KEY[8:] not in t for t in texts)
+
+
 def test_max_requests_stops_cleanly_and_a_rerun_finishes(tmp_path, run_cli):
     write_jsonl(tmp_path / "in.jsonl", qa_records(20))
     with FakeOpenAIServer(quoting_handler) as server:
@@ -218,6 +246,38 @@ def test_max_cost_stops_before_the_budget_is_exceeded(tmp_path, run_cli):
     assert rc == 0 and len(server.requests) == 3
     assert report["estimated_cost_usd"] == pytest.approx(0.03) and report["estimated_cost_usd"] <= 0.035
     assert report["done"] == 3 and "max_cost_usd" in report["stopped"]
+
+
+def test_max_cost_works_when_the_server_reports_no_usage(tmp_path, run_cli, capsys):
+    write_jsonl(tmp_path / "in.jsonl", qa_records(10))
+    content = _answer([], [])
+    with FakeOpenAIServer(lambda b, n: Reply(content=content, usage=False)) as server:
+        rc, report = run_cli(
+            server, tmp_path, "--max_cost_usd", "1.5", "--price_per_1k_input", "1.0",
+            "--price_per_1k_output", "1.0", "--concurrency", "1",
+        )
+    assert rc == 0 and not server.errors
+    # tokens are estimated at ceil(characters / 4), per message and for the answer
+    per_request = [sum(-(-len(m["content"]) // 4) for m in b["messages"]) for b in server.requests]
+    answer_tokens = -(-len(content) // 4)
+    assert report["tokens_in"] == sum(per_request) and report["tokens_out"] == answer_tokens * len(per_request)
+    cost = (sum(per_request) + answer_tokens * len(per_request)) / 1000
+    assert report["estimated_cost_usd"] == pytest.approx(cost) and cost <= 1.5
+    # the budget stopped the run cleanly: some records done, the rest left for a rerun
+    assert "max_cost_usd" in report["stopped"] and 0 < report["done"] < 10
+    assert report["done"] == report["requests"] == len(server.requests) and report["failed"] == 0
+    assert report["not_finished"] == 10 - report["done"]
+    assert report["tokens_estimated_requests"] == len(server.requests)
+    assert f"tokens were estimated (~4 characters per token) for {len(server.requests)} request(s)" in capsys.readouterr().out
+
+
+def test_reported_usage_is_not_marked_as_estimated(tmp_path, run_cli, capsys):
+    write_jsonl(tmp_path / "in.jsonl", qa_records(2))
+    with FakeOpenAIServer(lambda b, n: Reply(content=_answer([], []), prompt_tokens=7, completion_tokens=3)) as server:
+        rc, report = run_cli(server, tmp_path)
+    assert rc == 0 and len(server.requests) == 2
+    assert (report["tokens_in"], report["tokens_out"], report["tokens_estimated_requests"]) == (14, 6, 0)
+    assert "estimated (~4 characters" not in capsys.readouterr().out
 
 
 def test_rerun_skips_done_records_and_repairs_a_torn_last_line(tmp_path, run_cli):

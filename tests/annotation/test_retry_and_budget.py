@@ -8,7 +8,14 @@ import time
 
 import pytest
 
-from annotation.llm import BudgetExhausted, UsageMeter, backoff_delay, mask_secrets, retry_after_seconds
+from annotation.llm import (
+    BudgetExhausted,
+    UsageMeter,
+    backoff_delay,
+    estimate_tokens,
+    mask_secrets,
+    retry_after_seconds,
+)
 from annotation.runner import repair_torn_tail
 
 
@@ -60,6 +67,26 @@ def test_cost_budget_reserves_requests_in_flight():
     assert meter.requests == 4 and meter.cost_usd == pytest.approx(0.01)
     with pytest.raises(BudgetExhausted):  # once exhausted, it stays exhausted
         meter.release(0, 0) or meter.acquire()
+
+
+def test_failed_requests_do_not_lower_the_average_cost():
+    meter = UsageMeter(max_cost_usd=0.025, price_per_1k_input=0.01, price_per_1k_output=0.0)
+    meter.acquire(); meter.release(1000, 0)  # one billed request: $0.01  # noqa: E702
+    for _ in range(3):  # three failed requests cost nothing and must not count as $0 samples
+        meter.acquire(); meter.release()  # noqa: E702
+    meter.acquire()  # spent 0.01 + 1 reserved at 0.01 = 0.02 <= 0.025
+    with pytest.raises(BudgetExhausted, match="max_cost_usd"):
+        meter.acquire()  # 0.01 + 2 * 0.01 = 0.03 > 0.025 (averaging over all 4 would have allowed it)
+    assert meter.billed == 1 and meter.finished == 4
+
+
+def test_estimated_tokens_are_counted_and_marked():
+    assert [estimate_tokens(t) for t in ("", "abcd", "abcde", "x" * 400)] == [0, 1, 2, 100]
+    meter = UsageMeter(price_per_1k_input=0.01, price_per_1k_output=0.02)
+    meter.acquire(); meter.release(10, 5)  # noqa: E702
+    meter.acquire(); meter.release(100, 50, estimated=True)  # noqa: E702
+    assert (meter.prompt_tokens, meter.completion_tokens, meter.estimated, meter.billed) == (110, 55, 1, 2)
+    assert meter.cost_usd == pytest.approx((110 * 0.01 + 55 * 0.02) / 1000)
 
 
 def test_repair_torn_tail(tmp_path):

@@ -1,0 +1,168 @@
+"""env.sh (idempotent setup, the torch reinstall decision, sourcing) and scripts/test.sh (no tests = failure).
+
+Nothing here installs anything: the decision tests use env.sh's dry run against a throwaway venv folder whose
+``bin/python`` is a stub, and the real-venv tests only run env.sh where it is already up to date.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_URL = "https://download.pytorch.org/whl/cpu"
+CUDA_URL = "https://download.pytorch.org/whl/cu128"
+# What a user may have exported for their own setup; the decision tests set these explicitly instead.
+_SETUP_VARS = ("TORCH_SPEC", "TORCH_INDEX_URL", "TEXT2GRAD_EXTRAS", "VENV", "TEXT2GRAD_ENV_DRY_RUN")
+
+
+def _bash(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _repo_venv_env() -> dict[str, str]:
+    """The environment of this test run, pointed at the venv running it (as `bash env.sh` would use)."""
+    env = {k: v for k, v in os.environ.items() if k != "TEXT2GRAD_ENV_DRY_RUN"}
+    env["VENV"] = sys.prefix
+    return env
+
+
+def _require_env_sh_venv() -> None:
+    if sys.prefix == sys.base_prefix or not (Path(sys.prefix) / ".text2grad-installed").is_file():
+        pytest.skip(f"tests run from {sys.prefix}, which env.sh did not set up; running env.sh would install into it")
+
+
+# --------------------------------------------------------------------------------------------------
+# The real venv: a rerun is a fast no-op, sourcing keeps the caller's shell options
+# --------------------------------------------------------------------------------------------------
+
+
+def test_second_env_sh_run_is_up_to_date_fast_and_writes_nothing():
+    _require_env_sh_venv()
+    env = _repo_venv_env()
+    first = _bash(["env.sh"], env, timeout=1800)  # a no-op when the venv is current, as under scripts/test.sh
+    assert first.returncode == 0, first.stderr
+    stamp = Path(sys.prefix) / ".text2grad-installed"
+    before = (stamp.read_text(), stamp.stat().st_mtime_ns)
+    start = time.monotonic()
+    second = _bash(["env.sh"], env)
+    elapsed = time.monotonic() - start
+    assert second.returncode == 0, second.stderr
+    assert f"[env.sh] {sys.prefix} is up to date" in second.stdout
+    assert "installing" not in second.stdout and "torch:" not in second.stdout
+    assert (stamp.read_text(), stamp.stat().st_mtime_ns) == before  # nothing was reinstalled
+    assert elapsed < 30, f"an up-to-date env.sh took {elapsed:.1f} s"
+
+
+def test_sourcing_env_sh_keeps_the_callers_shell_options():
+    _require_env_sh_venv()
+    script = (
+        'set +e +u; set +o pipefail; before="$(set -o | grep -E "errexit|nounset|pipefail")"; '
+        'source env.sh >/dev/null; after="$(set -o | grep -E "errexit|nounset|pipefail")"; '
+        'echo "$before" | tr -s " \\t" " "; echo ---; echo "$after" | tr -s " \\t" " "; echo "PATH=$PATH"'
+    )
+    result = _bash(["-c", script], _repo_venv_env())
+    assert result.returncode == 0, result.stderr
+    before, after = result.stdout.split("---\n")
+    assert "errexit off" in before and "pipefail off" in before
+    assert after.split("PATH=")[0].strip() == before.strip()
+    assert after.split("PATH=")[1].startswith(f"{sys.prefix}/bin:")  # and it did activate the venv
+
+
+def test_test_sh_treats_no_collected_tests_as_a_failure():
+    _require_env_sh_venv()
+    # One small file keeps collection cheap; -k matches nothing in it, so pytest exits 5.
+    result = _bash(
+        ["scripts/test.sh", "tests/test_repository_layout.py", "-p", "no:cacheprovider", "-k", "no_such_test_name_xyz"],
+        _repo_venv_env(),
+    )
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "pytest collected no tests; that is a failure, not a pass" in result.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# The torch (re)install decision, through the dry run on a stub venv
+# --------------------------------------------------------------------------------------------------
+
+
+def _stub_venv(tmp_path: Path, torch_importable: bool = True) -> Path:
+    """A venv folder whose python answers `-c "import ..."` checks (the only thing a dry run asks of it)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    torch_rc = 0 if torch_importable else 1
+    python.write_text(f'#!/bin/sh\nif [ "$2" = "import torch" ]; then exit {torch_rc}; fi\nexit 0\n')
+    python.chmod(0o755)
+    return venv
+
+
+def _dry_run(venv: Path, **setup: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in _SETUP_VARS}
+    env.update(VENV=str(venv), TEXT2GRAD_ENV_DRY_RUN="1", **setup)
+    result = _bash(["env.sh"], env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _torch_line(output: str) -> str:
+    lines = [ln for ln in output.splitlines() if ln.startswith("[env.sh] dry run: torch: ")]
+    assert len(lines) == 1, output
+    return lines[0].removeprefix("[env.sh] dry run: torch: ")
+
+
+def _write_stamps(venv: Path, spec: str, index_url: str, extras: str = "test,offline-eval") -> None:
+    """The stamps env.sh writes after installing with ``spec``/``index_url``."""
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    (venv / ".text2grad-installed").write_text(f"{digest} {spec} {extras} {index_url}\n")
+    (venv / ".text2grad-torch").write_text(f"{spec} {index_url or '(default index)'}\n")
+
+
+def test_changing_the_torch_index_flips_the_decision_to_reinstall(tmp_path):
+    venv = _stub_venv(tmp_path)
+    _write_stamps(venv, "torch==2.13.0", CPU_URL)  # the user first set up the CPU build
+    same = _dry_run(venv, TORCH_INDEX_URL=CPU_URL)
+    assert f"{venv} is up to date" in same and _torch_line(same) == "keep"
+
+    cuda = _dry_run(venv, TORCH_INDEX_URL=CUDA_URL)  # then asks for CUDA, as the README says
+    assert "would install text2grad[test,offline-eval]" in cuda
+    assert _torch_line(cuda) == f"reinstall: requested torch==2.13.0 {CUDA_URL}, installed torch==2.13.0 {CPU_URL}"
+
+    default = _dry_run(venv)  # dropping the index URL is a change too
+    assert _torch_line(default).startswith("reinstall: requested torch==2.13.0 (default index)")
+    other_version = _dry_run(venv, TORCH_SPEC="torch==2.12.0", TORCH_INDEX_URL=CPU_URL)
+    assert _torch_line(other_version).startswith("reinstall: requested torch==2.12.0 ")
+
+
+def test_changing_only_extras_reinstalls_the_package_but_keeps_torch(tmp_path):
+    venv = _stub_venv(tmp_path)
+    _write_stamps(venv, "torch==2.13.0", "")
+    unchanged = _dry_run(venv)
+    assert "is up to date" in unchanged and _torch_line(unchanged) == "keep"
+    extras = _dry_run(venv, TEXT2GRAD_EXTRAS="test")
+    assert "would install text2grad[test]" in extras and _torch_line(extras) == "keep"
+
+
+def test_venv_without_a_torch_record_keeps_torch_unless_a_specific_one_is_asked_for(tmp_path):
+    venv = _stub_venv(tmp_path)  # made by an env.sh that did not record the torch build
+    assert _torch_line(_dry_run(venv)) == "keep"
+    assert _torch_line(_dry_run(venv, TORCH_INDEX_URL=CUDA_URL)).startswith(
+        f"reinstall: requested torch==2.13.0 {CUDA_URL}, installed build unknown"
+    )
+
+
+def test_missing_torch_or_venv_means_install_and_a_dry_run_creates_nothing(tmp_path):
+    venv = _stub_venv(tmp_path, torch_importable=False)
+    _write_stamps(venv, "torch==2.13.0", CPU_URL)
+    assert _torch_line(_dry_run(venv, TORCH_INDEX_URL=CPU_URL)) == f"install: torch is not importable in {venv}"
+    assert sorted(p.name for p in venv.iterdir()) == [".text2grad-installed", ".text2grad-torch", "bin"]
+
+    absent = tmp_path / "no-venv-yet"
+    output = _dry_run(absent)
+    assert "would install" in output and _torch_line(output).startswith("install:")
+    assert not absent.exists()
