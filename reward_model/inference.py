@@ -40,7 +40,7 @@ from text2grad.spans import (
     token_offsets,
 )
 
-__all__ = ["GenerativeRewardModel", "RewardModelStats", "ScoredResponse", "json_complete", "CONFIG_FILENAME"]
+__all__ = ["GenerativeRewardModel", "RewardModelStats", "ScoredResponse", "json_complete", "cut_at_json", "CONFIG_FILENAME"]
 
 logger = logging.getLogger("reward_model.inference")
 
@@ -59,6 +59,20 @@ def json_complete(text: str) -> bool:
         return False
     result = parse_target(tail)
     return result.ok and not result.repaired
+
+
+def cut_at_json(text: str) -> str | None:
+    """``text`` up to the first point where `json_complete` holds, or None if it never does.
+
+    The HF backend stops generating there; vLLM cannot take a Python stop test, so its outputs are cut
+    afterwards to the same text (anything written after the JSON would otherwise reach the parser).
+    """
+    end = text.find("}")
+    while end != -1:
+        if json_complete(text[: end + 1]):
+            return text[: end + 1]
+        end = text.find("}", end + 1)
+    return None
 
 
 @dataclass
@@ -286,7 +300,8 @@ class GenerativeRewardModel:
                 ids, self.max_new_tokens, do_sample=self.do_sample, temperature=self.temperature, top_p=self.top_p
             )
             for k, (text, finished) in zip(order, generated):
-                results[k] = _Output(text, finished)
+                cut = cut_at_json(text) if self.stop_at_json else None
+                results[k] = _Output(cut, True) if cut is not None else _Output(text, finished)
         else:
             from text2grad.generation import generate
 
@@ -404,6 +419,10 @@ class GenerativeRewardModel:
         return [s.rewards for s in self.score(prompts, responses, policy_tokenizer, response_token_ids, **options)]
 
 
+# Our dtype names (as in `text2grad.modeling`) -> vLLM's, which rejects "bf16" / "fp16".
+_VLLM_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
 class _VLLMEngine:
     """The vLLM backend: token-id prompts in, (text, finished) out. vLLM is imported only here."""
 
@@ -415,7 +434,7 @@ class _VLLMEngine:
                 "backend='vllm' needs the vllm package, which is not installed. Install it on a GPU machine with "
                 "`pip install 'text2grad[vllm]'`, or use backend='hf'."
             ) from exc
-        kwargs = dict(model=model, tokenizer=tokenizer, dtype=dtype if dtype not in (None, "auto") else "auto")
+        kwargs = dict(model=model, tokenizer=tokenizer, dtype=_VLLM_DTYPES.get(dtype or "auto", dtype))
         self.lora = None
         if adapter:
             import json

@@ -303,27 +303,33 @@ def _checkpointing_kwargs(args_cls, enabled: bool) -> dict[str, bool]:
     return {"activation_checkpointing" if "activation_checkpointing" in params else "gradient_checkpointing": True}
 
 
-def train(cfg: RewardModelConfig) -> dict[str, Any]:
-    """Run training and save the result in ``cfg.output_dir``. Returns the final training metrics."""
-    from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
+def _warmup_kwargs(args_cls, ratio: float) -> dict[str, float]:
+    """TrainingArguments keywords for linear warmup over ``ratio`` of the training steps, on transformers 4.x and 5.
 
-    from text2grad.modeling import load_tokenizer
+    transformers 5 dropped ``warmup_ratio`` and reads a float ``warmup_steps`` below 1 as a ratio, but 4.x takes
+    ``warmup_steps`` as a step count (0.05 steps = no warmup), so the ratio must go to ``warmup_ratio`` there.
+    """
+    import dataclasses
 
-    if not cfg.train_file:
-        raise ConfigError("train_file is required (annotated JSONL from the annotation phase)")
-    resume = _resume_path(cfg)
-    if cfg.deepspeed and os.environ.get("DS_ACCELERATOR") == "cpu" and not torch.cuda.is_available():
-        _allow_deepspeed_on_cpu()
-    # TrainingArguments first: with a ZeRO-3 config it registers DeepSpeed so that from_pretrained
-    # partitions the weights while loading instead of materialising the full model on every rank.
-    args = TrainingArguments(
+    fields = {f.name: f for f in dataclasses.fields(args_cls)} if dataclasses.is_dataclass(args_cls) else {}
+    legacy = fields.get("warmup_ratio")
+    if legacy is not None and "deprecated" not in str(legacy.metadata.get("help", "")).lower():
+        return {"warmup_ratio": ratio}
+    return {"warmup_steps": ratio}
+
+
+def training_arguments(cfg: RewardModelConfig):
+    """The `transformers.TrainingArguments` for ``cfg`` (building them registers a ZeRO-3 DeepSpeed config)."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
         per_device_eval_batch_size=cfg.per_device_eval_batch_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         learning_rate=cfg.learning_rate,
         lr_scheduler_type=cfg.lr_scheduler_type,
-        warmup_steps=cfg.warmup_ratio,
+        **_warmup_kwargs(TrainingArguments, cfg.warmup_ratio),
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,
         num_train_epochs=cfg.num_train_epochs,
@@ -344,6 +350,22 @@ def train(cfg: RewardModelConfig) -> dict[str, Any]:
         disable_tqdm=cfg.disable_tqdm,
         dataloader_num_workers=0,
     )
+
+
+def train(cfg: RewardModelConfig) -> dict[str, Any]:
+    """Run training and save the result in ``cfg.output_dir``. Returns the final training metrics."""
+    from transformers import Trainer, TrainerCallback, set_seed
+
+    from text2grad.modeling import load_tokenizer
+
+    if not cfg.train_file:
+        raise ConfigError("train_file is required (annotated JSONL from the annotation phase)")
+    resume = _resume_path(cfg)
+    if cfg.deepspeed and os.environ.get("DS_ACCELERATOR") == "cpu" and not torch.cuda.is_available():
+        _allow_deepspeed_on_cpu()
+    # TrainingArguments first: with a ZeRO-3 config it registers DeepSpeed so that from_pretrained
+    # partitions the weights while loading instead of materialising the full model on every rank.
+    args = training_arguments(cfg)
     set_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="right")
     train_set, dropped = build_dataset(cfg, tokenizer, cfg.train_file, cfg.train_split, cfg.limit)

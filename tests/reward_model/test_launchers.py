@@ -1,4 +1,4 @@
-"""The real launchers: a 2-process DeepSpeed ZeRO-3 run on CPU, and the per-dataset shell scripts."""
+"""The real launchers: 2-process DeepSpeed ZeRO-2 and ZeRO-3 runs on CPU, and the per-dataset shell scripts."""
 
 from __future__ import annotations
 
@@ -39,13 +39,14 @@ def _tail(proc: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_deepspeed_zero3_two_cpu_processes_train_save_reload(rm_world, tmp_path):
+@pytest.mark.parametrize("zero_config", ["zero2.json", "zero3.json"])  # ~25 s each on 2 CPU cores
+def test_deepspeed_two_cpu_processes_train_save_reload(rm_world, tmp_path, zero_config):
     out = tmp_path / "ds"
     cmd = [
         sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(_free_port()),
         "--module", "reward_model.train",
         *train_args(rm_world, out, max_steps=4, save_steps=2, per_device_train_batch_size=1, learning_rate=1e-2,
-                    deepspeed=str(REPO / "configs" / "deepspeed" / "zero3.json")),
+                    deepspeed=str(REPO / "configs" / "deepspeed" / zero_config)),
     ]
     proc = subprocess.run(cmd, cwd=REPO, env=_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, _tail(proc)

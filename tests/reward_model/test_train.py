@@ -111,6 +111,12 @@ def test_merge_matches_the_adapter(rm_world, lora_run, tmp_path):
     assert b.instruction == INSTRUCTION == a.instruction  # the training config travelled with the merge
     prompts, responses = [r["prompt"] for r in RECORDS], [r["response"] for r in RECORDS]
     assert [f.raw for f in a.feedback(prompts, responses)] == [f.raw for f in b.feedback(prompts, responses)]
+    # The base model named explicitly with the adapter beside it (from_pretrained(base, adapter=...)).
+    c = GenerativeRewardModel.from_pretrained(str(rm_world / "base"), adapter=str(lora_run), max_new_tokens=12)
+    assert c.instruction == INSTRUCTION
+    with torch.no_grad():
+        torch.testing.assert_close(c.model(ids).logits, expected, atol=1e-4, rtol=1e-4)
+    assert [f.raw for f in c.feedback(prompts, responses)] == [f.raw for f in a.feedback(prompts, responses)]
 
 
 def test_merge_rejects_a_non_adapter(rm_world, tmp_path, capsys):
@@ -159,6 +165,48 @@ def test_cli_errors_are_clear(rm_world, tmp_path, capsys):
         RewardModelConfig(bf16=True, fp16=True)
     with pytest.raises(ConfigError, match="warmup_ratio"):
         RewardModelConfig(warmup_ratio=1.5)
+
+
+def test_warmup_ratio_becomes_the_scheduler_warmup(tmp_path):
+    from transformers import Trainer
+
+    from reward_model.train import training_arguments
+
+    cfg = RewardModelConfig(output_dir=str(tmp_path), warmup_ratio=0.25, learning_rate=1e-2, lr_scheduler_type="linear")
+    trainer = Trainer(model=torch.nn.Linear(2, 2), args=training_arguments(cfg))
+    trainer.create_optimizer_and_scheduler(num_training_steps=20)
+    lrs = []
+    for _ in range(8):
+        lrs.append(trainer.lr_scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    # 25% of 20 steps = 5 warmup steps: 0, 1/5, ..., 4/5 of the peak, the peak at step 5, then linear decay.
+    assert lrs[:6] == pytest.approx([1e-2 * i / 5 for i in range(6)])
+    assert lrs[6] == pytest.approx(1e-2 * 14 / 15) and lrs[7] < lrs[6]
+
+
+def test_warmup_ratio_goes_where_the_transformers_version_reads_it():
+    import dataclasses
+
+    from reward_model.train import _warmup_kwargs
+
+    @dataclasses.dataclass
+    class Args4x:  # transformers 4.x: warmup_steps is a step count, the ratio has its own field
+        warmup_steps: int = 0
+        warmup_ratio: float = dataclasses.field(default=0.0, metadata={"help": "Linear warmup over warmup_ratio."})
+
+    @dataclasses.dataclass
+    class ArgsDeprecated:
+        warmup_steps: float = 0
+        warmup_ratio: float = dataclasses.field(default=0.0, metadata={"help": "Deprecated, use warmup_steps."})
+
+    @dataclasses.dataclass
+    class Args5:  # transformers 5: a float warmup_steps below 1 is a ratio
+        warmup_steps: float = 0
+
+    assert _warmup_kwargs(Args4x, 0.05) == {"warmup_ratio": 0.05}
+    assert _warmup_kwargs(ArgsDeprecated, 0.05) == {"warmup_steps": 0.05}
+    assert _warmup_kwargs(Args5, 0.05) == {"warmup_steps": 0.05}
 
 
 def test_launcher_rank_flag_is_ignored():

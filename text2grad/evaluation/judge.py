@@ -214,13 +214,27 @@ def chat_completions(cfg: JudgeConfig, conversations: Sequence[list[dict]], show
 # ------------------------------------------------------------------------------------------------
 # Parsing verdicts and ratings
 
+# Decoration judges put around a verdict: markdown emphasis, quotes, brackets.
+_DECO = r"[\s*_`\"'\[(]*"
+# A verdict letter only counts when it stands alone (end, punctuation or a closing bracket after it): otherwise
+# "The verdict is a tie." would read the article "a" as Assistant A.
+_LETTER = r"(a|b|c)(?=[\s*_`\"')\]]*(?:$|[.,;:!?)\]]))"
+# Tie words are tried before the letter, after an optional article, for the same reason.
+_TIE = r"(?:(?:a|an|the)\s+)?(tie|draw|equal)\b"
 _VERDICT_LINE = re.compile(
-    r"verdict\s*(?:is)?\s*[:：=\-]?\s*[*_`\"'\[(]*\s*"
-    r"(?:(?:output|answer|summary|response|assistant|system)\s*)?[\[(]?\s*(a|b|c|tie|draw|equal)\b",
-    re.IGNORECASE,
+    r"verdict\s*(?:is)?\s*[:：=\-]?" + _DECO
+    + r"(?:(?:output|answer|summary|response|assistant|system)\s*)?[\[(]?\s*(?:" + _TIE + "|" + _LETTER + ")",
+    re.IGNORECASE | re.MULTILINE,
 )
 _BRACKETED = re.compile(r"\[\[\s*(a|b|c|tie)\s*\]\]", re.IGNORECASE)
-_BARE = re.compile(r"^[\s*_`\"'\[(]*(a|b|tie|draw)[\s*_`\"'\].)]*$", re.IGNORECASE)
+# The whole answer is a verdict: "B.", "Tie", "Assistant A is better".
+_BARE = re.compile(
+    r"^" + _DECO + r"(?:(?:(?:output|answer|summary|response|assistant)\s+)?(a|b)(?:\s+is\s+better)?|(tie|draw))"
+    r"[\s*_`\"'\].)!]*$",
+    re.IGNORECASE,
+)
+# An answer that ends by naming a tie: "Both are equally good: tie".
+_TRAILING_TIE = re.compile(r"[:：\-–]" + _DECO + r"(tie|draw)[\s*_`\"'\].)!]*$", re.IGNORECASE)
 _RATING = re.compile(r"rating\s*[:：=]?\s*\[\[\s*(\d+(?:\.\d+)?)\s*\]\]", re.IGNORECASE)
 _RATING_LOOSE = re.compile(r"(?:\[\[\s*(\d+(?:\.\d+)?)\s*\]\]|rating\s*[:：=]\s*\**\s*(\d+(?:\.\d+)?)\s*(?:/\s*10)?)", re.IGNORECASE)
 
@@ -235,15 +249,17 @@ def parse_pairwise_verdict(text: str | None) -> Literal["A", "B", "tie"] | None:
 
     Accepted, the LAST occurrence winning (judges often restate a verdict they then revise): a line
     ``Verdict: A`` (also ``**Verdict:** Response B``, ``verdict = tie``), MT-Bench's ``[[A]]`` / ``[[B]]`` /
-    ``[[C]]`` (C = tie), or an answer that is nothing but ``A``, ``B`` or ``tie``.
+    ``[[C]]`` (C = tie), an answer that is nothing but ``A``, ``B``, ``tie`` or ``Assistant A is better``, or one
+    ending in ``: tie``. A letter counts only standing alone, so ``The verdict is a tie.`` is a tie, not A.
     """
     if not text:
         return None
     matches = list(_VERDICT_LINE.finditer(text)) or list(_BRACKETED.finditer(text))
-    if matches:
-        return _normalize_verdict(matches[-1].group(1))
-    bare = _BARE.match(text.strip())
-    return _normalize_verdict(bare.group(1)) if bare else None
+    if not matches:
+        matches = [m for m in (_BARE.match(text.strip()), _TRAILING_TIE.search(text.strip())) if m]
+    if not matches:
+        return None
+    return _normalize_verdict(next(g for g in matches[-1].groups() if g))
 
 
 def parse_rating(text: str | None, low: float = 1.0, high: float = 10.0) -> float | None:
