@@ -203,12 +203,11 @@ CHAT_TEMPLATE = (
 )
 
 
-@pytest.mark.parametrize("kind", ["bpe", "unigram"])
-def test_response_inside_a_chat_templated_sequence(kind):
-    from conftest import CORPUS
-    from text2grad.modeling import train_tokenizer
+def test_response_inside_a_chat_templated_sequence(any_tokenizer):
+    import copy
 
-    tok = train_tokenizer(CORPUS, vocab_size=400, kind=kind, chat_template=CHAT_TEMPLATE)
+    tok = copy.deepcopy(any_tokenizer)  # the fixture is shared by the session: template a copy
+    tok.chat_template = CHAT_TEMPLATE
     prompt = [{"role": "user", "content": "Summarize the post about the novel."}]
     messages = prompt + [{"role": "assistant", "content": RESPONSE}]
     start = len(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
