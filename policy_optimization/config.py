@@ -13,13 +13,11 @@ sees ``batch_size * N`` episodes.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from text2grad.config import literal_choices
 
 __all__ = ["PPOConfig", "REWARD_MODES"]
 
@@ -162,7 +160,7 @@ class PPOConfig:
         # would otherwise fail much later (e.g. report_to="tb" as a bare KeyError when the trainer starts).
         problems = [
             f"{name} must be one of {list(allowed)}, got {getattr(self, name)!r}"
-            for name, allowed in _literal_fields().items()
+            for name, allowed in literal_choices(PPOConfig).items()
             if getattr(self, name) not in allowed
         ]
         from text2grad.modeling import resolve_dtype
@@ -222,17 +220,3 @@ class PPOConfig:
         if self.total_episodes is not None:
             return math.ceil(self.total_episodes / (self.batch_size * num_processes))
         raise ValueError("set num_iterations or total_episodes (how long to train)")
-
-
-@functools.lru_cache(maxsize=None)
-def _literal_fields() -> dict[str, tuple[Any, ...]]:
-    """``{field name: allowed values}`` for every ``Literal``-typed field of `PPOConfig` (optional ones allow None)."""
-    hints = typing.get_type_hints(PPOConfig)
-    out: dict[str, tuple[Any, ...]] = {}
-    for f in dataclasses.fields(PPOConfig):
-        tp = hints[f.name]
-        args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
-        literals = [a for a in args if typing.get_origin(a) is Literal]
-        if literals:
-            out[f.name] = tuple(v for lit in literals for v in typing.get_args(lit)) + ((None,) if type(None) in args else ())
-    return out

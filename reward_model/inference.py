@@ -419,10 +419,6 @@ class GenerativeRewardModel:
         return [s.rewards for s in self.score(prompts, responses, policy_tokenizer, response_token_ids, **options)]
 
 
-# Our dtype names (as in `text2grad.modeling`) -> vLLM's, which rejects "bf16" / "fp16".
-_VLLM_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
 class _VLLMEngine:
     """The vLLM backend: token-id prompts in, (text, finished) out. vLLM is imported only here."""
 
@@ -434,7 +430,11 @@ class _VLLMEngine:
                 "backend='vllm' needs the vllm package, which is not installed. Install it on a GPU machine with "
                 "`pip install 'text2grad[vllm]'`, or use backend='hf'."
             ) from exc
-        kwargs = dict(model=model, tokenizer=tokenizer, dtype=_VLLM_DTYPES.get(dtype or "auto", dtype))
+        from text2grad.modeling import resolve_dtype
+
+        torch_dtype = resolve_dtype(dtype)  # vLLM wants torch's names ("bfloat16"), not the short "bf16"
+        vllm_dtype = "auto" if torch_dtype is None else str(torch_dtype).removeprefix("torch.")
+        kwargs = dict(model=model, tokenizer=tokenizer, dtype=vllm_dtype)
         self.lora = None
         if adapter:
             import json

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import types
@@ -49,6 +50,19 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
         if len(args) == 1:
             return args[0], True
     return tp, False
+
+
+@functools.lru_cache(maxsize=None)
+def literal_choices(cls: type) -> dict[str, tuple[Any, ...]]:
+    """``{field name: allowed values}`` for every ``Literal``-typed field of the dataclass ``cls`` (an optional
+    one also allows None). A config's ``__post_init__`` checks these, so a config built in Python fails as early
+    and as clearly as one parsed from the command line."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for f in dataclasses.fields(cls):
+        base, optional = _unwrap_optional(_field_type(cls, f))
+        if typing.get_origin(base) is typing.Literal:
+            out[f.name] = typing.get_args(base) + ((None,) if optional else ())
+    return out
 
 
 def _coerce(value: Any, tp: Any, name: str) -> Any:

@@ -69,3 +69,18 @@ def test_save_and_reload(tmp_path):
     cfg = DemoConfig(steps=3, targets=["k"])
     save_config(cfg, tmp_path / "saved.yaml")
     assert load_config(DemoConfig, tmp_path / "saved.yaml") == cfg
+
+
+def test_literal_choices_lists_each_literal_field_and_none_when_optional():
+    from dataclasses import dataclass
+    from typing import Literal
+
+    from text2grad.config import literal_choices
+
+    @dataclass
+    class Cfg:
+        mode: Literal["a", "b"] = "a"
+        maybe: Literal["x"] | None = None
+        name: str = "n"
+
+    assert literal_choices(Cfg) == {"mode": ("a", "b"), "maybe": ("x", None)}
