@@ -25,8 +25,8 @@ from typing import Sequence
 
 from annotation.config import AnnotationConfig
 from annotation.runner import run_annotation
-from text2grad.config import parse_config
-from text2grad.data import DataError
+from text2grad.core.config import parse_config
+from text2grad.core.data import DataError
 
 __all__ = ["main"]
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from annotation.llm import ChatClient, critique_with_llm
 from annotation.templates import PromptTemplate
-from text2grad.feedback import Feedback
+from text2grad.core.feedback import Feedback
 
 __all__ = [
     "CriticResult",
@@ -258,7 +258,7 @@ def _unique(items: Sequence[str]) -> list[str]:
 
 
 class CodeTestCritic:
-    """Feedback from unit tests run in the sandbox (`text2grad.sandbox.run_tests`).
+    """Feedback from unit tests run in the sandbox (`text2grad.core.sandbox.run_tests`).
 
     What it says about a response:
 
@@ -292,7 +292,7 @@ class CodeTestCritic:
         max_workers: int | None = None,
         max_failures_in_critique: int = 3,
     ) -> None:
-        from text2grad import sandbox  # imported here so the rest of annotation works without it
+        from text2grad.core import sandbox  # imported here so the rest of annotation works without it
 
         self._sandbox = sandbox
         self.tests = tests

@@ -41,7 +41,7 @@ import openai
 
 from annotation.config import AnnotationConfig
 from annotation.templates import PromptTemplate, builtin_template, load_template, repair_message
-from text2grad.feedback import Feedback, parse_feedback
+from text2grad.core.feedback import Feedback, parse_feedback
 
 __all__ = [
     "AnnotationAPIError",
@@ -396,7 +396,7 @@ class LLMCritic:
     synchronous and safe to call from any thread, including while another event loop runs in the caller's
     thread: requests run concurrently on the critic's own loop thread. It never raises: API errors, exhausted
     budgets and unparseable answers come back as `Feedback.failed` with a (key-free) reason.
-    Spans are returned as the model wrote them; align them with `text2grad.spans.locate_spans`.
+    Spans are returned as the model wrote them; align them with `text2grad.core.spans.locate_spans`.
     """
 
     def __init__(self, config: AnnotationConfig | None = None, **overrides: Any) -> None:

@@ -10,7 +10,7 @@ Flow of `run_annotation`:
    to the output (or the failures file) as one complete line the moment it is done (fsync'd in batches, see
    `_Appender`), so a run killed at any point (Ctrl-C, SIGTERM or ``kill -9``) loses at most the records in
    flight, and a rerun redoes exactly those. Nothing is ever written twice for one id.
-4. Validate: each quoted span is located in the response (`text2grad.spans.locate_spans`: exact, else after
+4. Validate: each quoted span is located in the response (`text2grad.core.spans.locate_spans`: exact, else after
    Unicode/whitespace/case normalization). Located spans are stored as the exact response text; spans that
    cannot be found are dropped from good/poor spans, listed under ``unmatched_spans`` and counted.
 5. Report: counts, retries, unmatched-span rate, tokens and estimated cost, written to ``<output>.report.json``
@@ -54,10 +54,10 @@ from annotation.llm import (
     mask_secrets,
     select_template,
 )
-from text2grad.config import config_to_dict
-from text2grad.data import DataError, iter_jsonl, load_records, record_id
-from text2grad.feedback import Feedback
-from text2grad.spans import locate_spans
+from text2grad.core.config import config_to_dict
+from text2grad.core.data import DataError, iter_jsonl, load_records, record_id
+from text2grad.core.feedback import Feedback
+from text2grad.core.spans import locate_spans
 
 __all__ = ["RunReport", "run_annotation", "load_inputs", "build_record", "read_done_ids", "repair_torn_tail"]
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from text2grad.data import DataError, render_template
+from text2grad.core.data import DataError, render_template
 
 __all__ = ["PromptTemplate", "load_template", "builtin_template", "repair_message"]
 

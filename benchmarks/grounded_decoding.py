@@ -5,7 +5,7 @@
 ``<dir>`` and ``<rm_eval.jsonl>`` come from a quickstart run: ``<cache>/reward_model-*/model`` and
 ``<cache>/reward_model-*/rm_eval.jsonl`` (the cache is ``$TEXT2GRAD_CACHE`` or ~/.cache/text2grad/quickstart).
 Both modes go through `GenerativeRewardModel.generate_feedback` with ``grounded_spans`` off and on (greedy,
-same batch size); each is timed ``--repeats`` times (best kept) and scored with `text2grad.metrics.evaluate_feedback`
+same batch size); each is timed ``--repeats`` times (best kept) and scored with `reward_model.metrics.evaluate_feedback`
 against the critic's annotations: unmatched-quote rate, token precision / recall / F1 per class, span exact
 matches. Prints a Markdown table with the grounded/free ratios.
 """
@@ -29,9 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from reward_model.inference import GenerativeRewardModel
-    from text2grad.data import iter_jsonl
-    from text2grad.feedback import Feedback
-    from text2grad.metrics import evaluate_feedback
+    from text2grad.core.data import iter_jsonl
+    from text2grad.core.feedback import Feedback
+    from reward_model.metrics import evaluate_feedback
 
     records = list(iter_jsonl(args.eval_file))
     prompts, responses = [r["prompt"] for r in records], [r["response"] for r in records]

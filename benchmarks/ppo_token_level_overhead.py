@@ -55,7 +55,7 @@ def build_trainer(args: argparse.Namespace, mode: str, out: str):
     from policy_optimization.feedback_sources import ReferenceSummaryCritic
     from policy_optimization.models import ValueModel
     from policy_optimization.trainer import NLGradientPPOTrainer
-    from text2grad.modeling import build_tiny_llama, train_tokenizer
+    from text2grad.core.modeling import build_tiny_llama, train_tokenizer
 
     records = make_records(64)
     tok = train_tokenizer([r["prompt"] + " " + r["reference"] for r in records], vocab_size=args.vocab, kind="bpe")

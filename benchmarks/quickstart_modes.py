@@ -2,7 +2,7 @@
 
     python benchmarks/quickstart_modes.py --seeds 0 1 2 --output_dir runs/bench_quickstart
 
-Each seed runs the quickstart pipeline (`text2grad.quickstart.pipeline.run`) with the same SFT policy and
+Each seed runs the quickstart pipeline (`text2grad.apps.quickstart.pipeline.run`) with the same SFT policy and
 reward model (trained once, then cached) and a different PPO seed; both reward modes use the same seed, budget
 and hyperparameters. Reported per mode:
 
@@ -42,8 +42,8 @@ def rm_agreement(samples_path: Path, critic, tokenizer, first: int, last: int) -
     ``first``/``last``: the rollouts of iterations <= first, and >= last. A drop means the policy moved to
     responses the reward model judges worse than on its training distribution (the room for reward hacking).
     """
-    from text2grad.feedback import Feedback
-    from text2grad.metrics import evaluate_feedback
+    from text2grad.core.feedback import Feedback
+    from reward_model.metrics import evaluate_feedback
 
     rows = [json.loads(line) for line in samples_path.read_text().splitlines()]
     out = {}
@@ -70,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("extra", nargs="*", help="extra quickstart flags after --, e.g. -- --kl_coef 0.1")
     args = parser.parse_args(argv)
 
-    from text2grad.quickstart.pipeline import QuickstartConfig, run
-    from text2grad.quickstart.report import rollout_curves
-    from text2grad.quickstart.task import FactCritic
-    from text2grad.config import load_config
+    from text2grad.apps.quickstart.pipeline import QuickstartConfig, run
+    from text2grad.apps.quickstart.report import rollout_curves
+    from text2grad.apps.quickstart.task import FactCritic
+    from text2grad.core.config import load_config
 
     rows = []
     for seed in args.seeds:
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides["cache_dir"] = args.cache_dir
         cfg = load_config(QuickstartConfig, None, overrides)
         if args.extra:
-            from text2grad.config import parse_config
+            from text2grad.core.config import parse_config
 
             cfg = parse_config(QuickstartConfig, [f"--{k}={v}" for k, v in overrides.items()] + list(args.extra))
         t0 = time.perf_counter()
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         row["rm_token_f1"] = {k: v.get("f1") for k, v in (summary["reward_model_eval"].get("token") or {}).items()}
         row["logprob_shift"] = summary.get("logprob_shift")
         if args.ppo_feedback == "reward_model":
-            from text2grad.modeling import load_tokenizer
+            from text2grad.core.modeling import load_tokenizer
 
             n = summary["curves"]["nl_gradient"][-1]["iteration"]
             tok = load_tokenizer(str(out / "ppo-nl_gradient" / "policy"))

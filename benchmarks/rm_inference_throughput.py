@@ -9,7 +9,7 @@ inputs sorted by length); "sequential" calls it once per pair. The model is a ra
 built from a config (nothing is downloaded), decoding is greedy and every row runs to ``max_new_tokens``
 (the stop-at-JSON check still runs each step, as in real use, but an untrained model never writes the JSON),
 so both modes generate the same number of tokens and the ratio measures batching alone. Inputs are SLF5K-style
-(post, summary) pairs from `text2grad.tiny`. Prints a Markdown table.
+(post, summary) pairs from `text2grad.apps.tiny`. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from reward_model.inference import GenerativeRewardModel
     from reward_model.serialization import PLAIN_TEMPLATE
-    from text2grad.modeling import build_tiny_llama, train_tokenizer
-    from text2grad.tiny import make_records
+    from text2grad.core.modeling import build_tiny_llama, train_tokenizer
+    from text2grad.apps.tiny import make_records
 
     records = make_records("slf5k", args.n, seed=0)
     prompts, responses = [r["post"] for r in records], [r["summary"] for r in records]

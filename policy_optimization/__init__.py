@@ -18,7 +18,7 @@ _EXPORTS = {
     "NLGradientPPOTrainer": "policy_optimization.trainer",
     "NonFiniteError": "policy_optimization.trainer",
     "ValueModel": "policy_optimization.models",
-    "compute_score_rewards": "policy_optimization.rewards",
+    "compute_score_rewards": "text2grad.core.rewards",
     "build_feedback_source": "policy_optimization.feedback_sources",
     "CallableFeedbackSource": "policy_optimization.feedback_sources",
     "ReferenceSummaryCritic": "policy_optimization.feedback_sources",

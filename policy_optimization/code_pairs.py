@@ -2,7 +2,7 @@
 
 KodCode has no human preferences, so the DPO baseline's pairs are built by execution (the paper's Appendix N):
 every candidate program for a question runs against the question's unit tests in the sandbox
-(`text2grad.sandbox.run_tests`); a program that passes every test is *chosen*, one that fails is *rejected*.
+(`text2grad.core.sandbox.run_tests`); a program that passes every test is *chosen*, one that fails is *rejected*.
 
     python -m policy_optimization.code_pairs --input runs/kodcode/candidates.jsonl \\
         --candidate_fields '["solution", "policy_samples", "gpt4o_solution"]' --output runs/kodcode/pairs.jsonl
@@ -49,7 +49,7 @@ class CodePairsConfig:
     progress_bar: bool = _f(True, "Show a progress bar over the test runs.")
 
     def __post_init__(self) -> None:
-        from text2grad.config import ConfigError
+        from text2grad.core.config import ConfigError
 
         if not self.candidate_fields:
             raise ConfigError("candidate_fields is empty; name at least one field that holds candidate programs")
@@ -62,7 +62,7 @@ class CodePairsConfig:
 
 def _candidates(record: dict[str, Any], fields: Sequence[str]) -> list[str]:
     """Distinct non-empty programs from ``fields`` (code extracted from Markdown fences), in field order."""
-    from text2grad.evaluation.code import extract_code
+    from text2grad.apps.evaluation.code import extract_code
 
     out: list[str] = []
     for name in fields:
@@ -79,8 +79,8 @@ def build_pairs(records: Sequence[dict[str, Any]], cfg: CodePairsConfig) -> tupl
     """Run every candidate's tests and pair passing with failing programs. Returns (pairs, report)."""
     from tqdm.auto import tqdm
 
-    from text2grad.data import record_id
-    from text2grad.sandbox import run_tests
+    from text2grad.core.data import record_id
+    from text2grad.core.sandbox import run_tests
 
     jobs = [(i, code) for i, rec in enumerate(records) for code in _candidates(rec, cfg.candidate_fields)]
 
@@ -125,8 +125,8 @@ def build_pairs(records: Sequence[dict[str, Any]], cfg: CodePairsConfig) -> tupl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from text2grad.config import ConfigError, parse_config
-    from text2grad.data import DataError, load_records, write_jsonl
+    from text2grad.core.config import ConfigError, parse_config
+    from text2grad.core.data import DataError, load_records, write_jsonl
 
     cfg = parse_config(CodePairsConfig, argv)
     try:

@@ -1,7 +1,7 @@
 """`PPOConfig`: every knob of NL-Gradient PPO in one dataclass, TRL-PPOConfig names where TRL had them.
 
 ``python -m policy_optimization.train --config configs/slf5k/ppo.yaml --kl_coef 0.1`` reads the defaults,
-then the YAML file, then the flags (`text2grad.config.parse_config`). Defaults follow the paper's SLF5K
+then the YAML file, then the flags (`text2grad.core.config.parse_config`). Defaults follow the paper's SLF5K
 setting (lr 1e-6, batch 12, 4 PPO epochs, initial KL coefficient 0.2 with adaptive control toward a
 sequence KL of 6 nats, LoRA policy).
 
@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from text2grad.config import literal_choices
+from text2grad.core.config import literal_choices
 
 __all__ = ["PPOConfig", "REWARD_MODES"]
 
@@ -89,7 +89,7 @@ class PPOConfig:
     )
     reward_scheme: Literal["uniform", "linear_decay"] = _f("uniform", "Reward shape inside a span.")
     span_normalize: bool = _f(False, "Divide each span's token rewards by its length (every span worth +-1).")
-    boundary: Literal["any", "majority", "all"] = _f("any", "Which tokens a span edge labels (text2grad.spans).")
+    boundary: Literal["any", "majority", "all"] = _f("any", "Which tokens a span edge labels (text2grad.core.spans).")
     overlap: Literal["poor", "good"] = _f("poor", "Label that wins where a good and a poor span overlap.")
     occurrence: Literal["all", "first"] = _f("all", "Label every occurrence of a repeated quote, or the first.")
     scalar_source: str = _f(
@@ -128,7 +128,7 @@ class PPOConfig:
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     max_grad_norm: float = _f(1.0, "Gradient clipping (0 = off).")
     kl_coef: float = _f(0.2, "Initial KL penalty coefficient (beta of r_t^KL = -kl_coef * KL_t).")
-    kl_estimator: Literal["k1", "k3"] = _f("k1", "Per-token KL estimator (text2grad.rewards.kl_penalty).")
+    kl_estimator: Literal["k1", "k3"] = _f("k1", "Per-token KL estimator (text2grad.core.ppo_math.kl_penalty).")
     adaptive_kl: bool = _f(True, "Adapt kl_coef toward target_kl (Ziegler et al. controller).")
     target_kl: float = _f(6.0, "Target sequence KL (nats, summed over response tokens) for adaptive control.")
     kl_horizon: int = _f(10000, "Horizon of the adaptive KL controller, in episodes.")
@@ -163,7 +163,7 @@ class PPOConfig:
             for name, allowed in literal_choices(PPOConfig).items()
             if getattr(self, name) not in allowed
         ]
-        from text2grad.modeling import resolve_dtype
+        from text2grad.core.modeling import resolve_dtype
 
         try:
             resolve_dtype(self.dtype)

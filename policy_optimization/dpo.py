@@ -7,7 +7,7 @@ Each record gives a prompt and a chosen and a rejected response (``chosen_templa
 filled from its fields, e.g. ``{chosen}`` / ``{rejected}``; map other names with ``field_map``). With LoRA
 the reference model is the base with the adapter disabled (TRL's default), without it a frozen copy.
 The output directory holds the adapter (or full model) and the tokenizer, loadable with
-``text2grad.modeling.load_causal_lm``.
+``text2grad.core.modeling.load_causal_lm``.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from text2grad.config import ConfigError, parse_config
-    from text2grad.data import DataError
+    from text2grad.core.config import ConfigError, parse_config
+    from text2grad.core.data import DataError
 
     cfg = parse_config(DPORunConfig, argv)
     if not logging.getLogger().handlers:

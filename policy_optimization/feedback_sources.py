@@ -1,6 +1,6 @@
 """Feedback sources for the policy phase, behind one protocol, chosen by name in the PPO config.
 
-Every source implements `text2grad.feedback.FeedbackSource`: ``feedback(prompts, responses) ->
+Every source implements `text2grad.core.feedback.FeedbackSource`: ``feedback(prompts, responses) ->
 list[Feedback]``, one per pair, failures as ``Feedback.failed`` (never raising). `build_feedback_source`
 maps a config name to one (imports are lazy, so an unused source's dependencies are never loaded):
 
@@ -28,7 +28,7 @@ import os
 import re
 from typing import Any, Callable, Mapping, Sequence
 
-from text2grad.feedback import Feedback, FeedbackSource
+from text2grad.core.feedback import Feedback, FeedbackSource
 
 __all__ = [
     "CallableFeedbackSource",

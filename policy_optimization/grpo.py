@@ -6,7 +6,7 @@ of the feedback on top, per token::
 
     A[b, t] = A_group[b] + span_coef * delta[b, t]
 
-with ``delta`` the +1 / -1 / 0 span rewards of `policy_optimization.rewards` on the exact completion ids
+with ``delta`` the +1 / -1 / 0 span rewards of `text2grad.core.rewards` on the exact completion ids
 (``reward_scheme`` and the span rules as in PPO). TRL's loss accepts advantages of shape (B, T) and applies
 its clipped ratio per token, so a flagged span is pushed up or down on its own tokens while the rest of the
 completion follows the group baseline.
@@ -27,8 +27,8 @@ from typing import Any, Literal, Sequence
 import torch
 from trl import GRPOTrainer
 
-from policy_optimization.rewards import compute_score_rewards, span_sequence_score
-from text2grad.feedback import Feedback
+from text2grad.core.rewards import compute_score_rewards, span_sequence_score
+from text2grad.core.feedback import Feedback
 
 __all__ = ["Text2GradGRPOTrainer", "token_advantages"]
 

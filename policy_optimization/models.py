@@ -58,7 +58,7 @@ class ValueModel(nn.Module):
         from safetensors.torch import load_file
         from transformers import AutoModel
 
-        from text2grad.modeling import resolve_dtype
+        from text2grad.core.modeling import resolve_dtype
 
         torch_dtype = resolve_dtype(dtype)
         backbone = AutoModel.from_pretrained(name_or_path, **({"dtype": torch_dtype} if torch_dtype is not None else {}))

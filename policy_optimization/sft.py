@@ -104,7 +104,7 @@ def training_kwargs(cfg: HFRunConfig) -> dict[str, Any]:
 def load_pairs(cfg: HFRunConfig, templates: dict[str, str]) -> list[dict[str, Any]]:
     """Records rendered into the columns ``templates`` names (e.g. prompt / completion, or prompt / chosen /
     rejected), conversational when ``use_chat_template``."""
-    from text2grad.data import DataError, load_records, record_id, render_template
+    from text2grad.core.data import DataError, load_records, record_id, render_template
 
     records = load_records(cfg.dataset_path, cfg.dataset_split, cfg.field_map, limit=cfg.max_samples)
     if not records:
@@ -121,7 +121,7 @@ def load_pairs(cfg: HFRunConfig, templates: dict[str, str]) -> list[dict[str, An
 def load_model_and_tokenizer(cfg: HFRunConfig):
     """(model, tokenizer, base path for a saved adapter). A start adapter is merged; with ``use_lora`` the
     merged weights are saved once to ``output_dir/base_merged`` so the new adapter has a loadable base."""
-    from text2grad.modeling import load_causal_lm, load_tokenizer
+    from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="right")
     model = load_causal_lm(cfg.model_name_or_path, adapter=cfg.adapter, dtype=cfg.dtype, merge_adapter=True)
@@ -152,8 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from text2grad.config import ConfigError, parse_config
-    from text2grad.data import DataError
+    from text2grad.core.config import ConfigError, parse_config
+    from text2grad.core.data import DataError
 
     cfg = parse_config(SFTRunConfig, argv)
     if not logging.getLogger().handlers:

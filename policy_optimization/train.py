@@ -32,8 +32,8 @@ def build_prompt_records(cfg: PPOConfig, tokenizer) -> list[dict[str, Any]]:
 
     The record's own fields are kept (feedback sources read references and tests from them).
     """
-    from text2grad.data import DataError, load_records, record_id, render_template
-    from text2grad.generation import apply_chat_template
+    from text2grad.core.data import DataError, load_records, record_id, render_template
+    from text2grad.core.generation import apply_chat_template
 
     records = load_records(cfg.dataset_path, cfg.dataset_split, cfg.field_map, limit=cfg.max_samples)
     if not records:
@@ -57,7 +57,7 @@ def _is_main_process() -> bool:
 def load_models(cfg: PPOConfig, tokenizer):
     """(policy, reference or None, value model, base path for the saved adapter)."""
     from policy_optimization.models import ValueModel
-    from text2grad.modeling import load_causal_lm
+    from text2grad.core.modeling import load_causal_lm
 
     policy = load_causal_lm(cfg.model_name_or_path, adapter=cfg.adapter, dtype=cfg.dtype, merge_adapter=True)
     base_path = cfg.model_name_or_path
@@ -83,9 +83,9 @@ def load_models(cfg: PPOConfig, tokenizer):
 def main(argv: Sequence[str] | None = None) -> int:
     from policy_optimization.feedback_sources import build_feedback_source, build_score_fn
     from policy_optimization.trainer import NLGradientPPOTrainer, NonFiniteError
-    from text2grad.config import ConfigError, parse_config
-    from text2grad.data import DataError
-    from text2grad.modeling import end_distributed, load_tokenizer
+    from text2grad.core.config import ConfigError, parse_config
+    from text2grad.core.data import DataError
+    from text2grad.core.modeling import end_distributed, load_tokenizer
 
     cfg = parse_config(PPOConfig, argv, description="NL-Gradient PPO (token-level rewards from natural-language feedback).")
     if not logging.getLogger().handlers:

@@ -5,7 +5,7 @@ One iteration (`NLGradientPPOTrainer.step`), top to bottom:
 1. take ``batch_size`` prompts (this process's share of a seeded global order);
 2. sample one response per prompt (left-padded prompts, KV cache, exact sampled ids, cut at the first EOS);
 3. ask the feedback source for a `Feedback` on each (prompt, response); optional task score function;
-4. turn feedback into per-token score rewards on the sampled ids (`policy_optimization.rewards`, per mode);
+4. turn feedback into per-token score rewards on the sampled ids (`text2grad.core.rewards`, per mode);
 5. one no-grad pass: log-probs and entropy of the policy, values, log-probs of the reference policy;
 6. rewards = score rewards - kl_coef * KL_t (k1 or k3), optional whitening; GAE advantages and returns;
 7. ``num_ppo_epochs`` passes of shuffled minibatch updates: clipped policy loss + vf_coef * clipped value
@@ -13,7 +13,7 @@ One iteration (`NLGradientPPOTrainer.step`), top to bottom:
 8. adaptive KL coefficient, metrics (metrics.jsonl, optional TensorBoard/W&B), checkpoint every
    ``save_steps``.
 
-The math is the shared core's (`text2grad.rewards`); the trainer only moves tensors between those pure
+The math is the shared core's (`text2grad.core.ppo_math`, `text2grad.core.rewards`); the trainer only moves tensors between those pure
 functions. It runs through `accelerate`, so the same code serves one CPU, one GPU, DDP, and DeepSpeed
 ZeRO-2/3 (policy and value model are one prepared module; under ZeRO-3 the policy's parameters are
 gathered for generation).
@@ -38,11 +38,11 @@ import torch
 
 from policy_optimization.config import PPOConfig
 from policy_optimization.models import PolicyAndValue, ValueModel, disable_dropout
-from policy_optimization.rewards import ScoreRewards, compute_score_rewards
-from text2grad.config import config_to_dict, save_config
-from text2grad.feedback import Feedback
-from text2grad.generation import Generation, generate
-from text2grad.rewards import (
+from text2grad.core.rewards import ScoreRewards, compute_score_rewards
+from text2grad.core.config import config_to_dict, save_config
+from text2grad.core.feedback import Feedback
+from text2grad.core.generation import Generation, generate
+from text2grad.core.ppo_math import (
     adaptive_kl_coef,
     entropy_from_logits,
     explained_variance,
@@ -413,7 +413,7 @@ class NLGradientPPOTrainer:
             if isinstance(fb, Mapping):
                 fb = Feedback.from_dict(dict(fb))
             if not isinstance(fb, Feedback):
-                raise TypeError(f"the feedback source returned a {type(fb).__name__}; expected text2grad.feedback.Feedback")
+                raise TypeError(f"the feedback source returned a {type(fb).__name__}; expected text2grad.core.feedback.Feedback")
             out[i] = fb
         return out, 0
 
@@ -657,7 +657,7 @@ class NLGradientPPOTrainer:
     def save_model(self, output_dir: str | Path) -> None:
         """Write ``policy/`` (LoRA adapter, or full model) with the tokenizer, and ``value_model/``.
 
-        ``text2grad.modeling.load_causal_lm(output_dir/"policy")`` loads the policy (for an adapter, its
+        ``text2grad.core.modeling.load_causal_lm(output_dir/"policy")`` loads the policy (for an adapter, its
         ``base_model_name_or_path`` names the base). Must be called on every process (ZeRO-3 gathers weights).
         """
         acc = self.accelerator

@@ -4,7 +4,7 @@
         --eval_file outputs/slf5k/annotations/eval.jsonl --output_dir outputs/slf5k/rm_eval
 
 For every (prompt, response) the model writes a critique and span JSON, which is compared with the
-annotator's feedback by `text2grad.metrics`: JSON-validity rate, unmatched-span rate, token-level
+annotator's feedback by `reward_model.metrics`: JSON-validity rate, unmatched-span rate, token-level
 precision / recall / F1 for positive, negative and neutral tokens, and span exact / partial match counts.
 Writes ``report.json``, ``report.md`` and ``predictions.jsonl`` (one line per example: the reference, the
 prediction, the raw output and the per-example counts) to ``output_dir``.
@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from reward_model.serialization import parse_target, record_feedback
-from text2grad.config import ConfigError, config_to_dict, parse_config
-from text2grad.data import DataError, iter_jsonl, load_records, record_id, write_jsonl
-from text2grad.feedback import Feedback
-from text2grad.metrics import evaluate_feedback, format_markdown
-from text2grad.spans import Boundary, Occurrence, Overlap
+from text2grad.core.config import ConfigError, config_to_dict, parse_config
+from text2grad.core.data import DataError, iter_jsonl, load_records, record_id, write_jsonl
+from text2grad.core.feedback import Feedback
+from reward_model.metrics import evaluate_feedback, format_markdown
+from text2grad.core.spans import Boundary, Occurrence, Overlap
 
 __all__ = ["EvalConfig", "evaluate", "main"]
 
@@ -99,7 +99,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """Run the evaluation and write the report files. Returns the report dictionary."""
     from tqdm.auto import tqdm
 
-    from text2grad.modeling import load_tokenizer
+    from text2grad.core.modeling import load_tokenizer
 
     if not cfg.eval_file:
         raise ConfigError("eval_file is required")

@@ -8,7 +8,7 @@
 
 - The input is built by `reward_model.serialization` with the instruction and prompt format stored in the
   model directory's ``text2grad_config.yaml``, so the model is asked exactly the way it was trained.
-- Generation is batched (inputs sorted by length, left padding, KV cache; `text2grad.generation.generate`),
+- Generation is batched (inputs sorted by length, left padding, KV cache; `text2grad.core.generation.generate`),
   greedy by default, bounded by ``max_new_tokens``, and each row stops at EOS or as soon as it has written
   a complete span-JSON object.
 - A generation that does not parse becomes ``Feedback.failed`` (no spans, zero reward) and is counted in
@@ -29,9 +29,9 @@ import torch
 import yaml
 
 from reward_model.serialization import DEFAULT_INSTRUCTION, PromptFormat, RMInput, fit_rm_input, parse_target
-from text2grad.feedback import Feedback
-from text2grad.rewards import RewardScheme, span_token_rewards
-from text2grad.spans import (
+from text2grad.core.feedback import Feedback
+from text2grad.core.rewards import RewardScheme, span_token_rewards
+from text2grad.core.spans import (
     Boundary,
     Occurrence,
     Overlap,
@@ -140,7 +140,7 @@ class GenerativeRewardModel:
             (the response is always kept whole).
         do_sample, temperature, top_p: greedy by default.
         stop_at_json: stop a row as soon as it has written a complete span-JSON object.
-        grounded_spans: grounded span decoding (`text2grad.generation.QuoteConstraint`, "hf" backend only):
+        grounded_spans: grounded span decoding (`text2grad.core.generation.QuoteConstraint`, "hf" backend only):
             every quote in the span lists is forced to be an exact substring of the response, so no span is
             lost as unmatched. The critique is generated freely. Off by default, so the model is measured as
             trained; the quickstart turns it on (see benchmarks/README.md for its effect).
@@ -225,7 +225,7 @@ class GenerativeRewardModel:
             **kwargs: GenerativeRewardModel options (max_new_tokens, batch_size, ...); they override
                 what the saved training config says.
         """
-        from text2grad.modeling import load_tokenizer
+        from text2grad.core.modeling import load_tokenizer
 
         path = Path(path_or_hub_id)
         is_adapter_dir = (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
@@ -253,7 +253,7 @@ class GenerativeRewardModel:
                 base = PeftConfig.from_pretrained(str(path)).base_model_name_or_path
             engine = _VLLMEngine(base, adapter_dir, str(tok_source), dtype, vllm_kwargs or {})
             return cls(None, tokenizer, backend="vllm", engine=engine, **options)
-        from text2grad.modeling import load_causal_lm
+        from text2grad.core.modeling import load_causal_lm
 
         model = load_causal_lm(path_or_hub_id, adapter=adapter, dtype=dtype, merge_adapter=merge_adapter)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -303,7 +303,7 @@ class GenerativeRewardModel:
                 cut = cut_at_json(text) if self.stop_at_json else None
                 results[k] = _Output(cut, True) if cut is not None else _Output(text, finished)
         else:
-            from text2grad.generation import generate
+            from text2grad.core.generation import generate
 
             for flag in (True, False):  # plain-template and chat-template inputs tokenize differently
                 group = [k for k in order if inputs[k].add_special_tokens is flag]
@@ -354,7 +354,7 @@ class GenerativeRewardModel:
         return results
 
     def feedback(self, prompts: Sequence[str], responses: Sequence[str]) -> list[Feedback]:
-        """`text2grad.feedback.FeedbackSource` protocol: same as `generate_feedback`."""
+        """`text2grad.core.feedback.FeedbackSource` protocol: same as `generate_feedback`."""
         return self.generate_feedback(prompts, responses)
 
     # ----------------------------------------------------------------------------------------------
@@ -430,7 +430,7 @@ class _VLLMEngine:
                 "backend='vllm' needs the vllm package, which is not installed. Install it on a GPU machine with "
                 "`pip install 'text2grad[vllm]'`, or use backend='hf'."
             ) from exc
-        from text2grad.modeling import resolve_dtype
+        from text2grad.core.modeling import resolve_dtype
 
         torch_dtype = resolve_dtype(dtype)  # vLLM wants torch's names ("bfloat16"), not the short "bf16"
         vllm_dtype = "auto" if torch_dtype is None else str(torch_dtype).removeprefix("torch.")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from text2grad.config import ConfigError, parse_config
+from text2grad.core.config import ConfigError, parse_config
 
 __all__ = ["MergeConfig", "merge", "main"]
 
@@ -40,7 +40,7 @@ def merge(cfg: MergeConfig) -> Path:
     """Write the merged model to ``cfg.output_dir`` and return that path."""
     from peft import PeftConfig
 
-    from text2grad.modeling import load_causal_lm, load_tokenizer
+    from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
     adapter = Path(cfg.adapter)
     if not cfg.adapter or not (adapter / "adapter_config.json").is_file():

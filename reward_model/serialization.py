@@ -13,11 +13,11 @@ template when it has one (``prompt_format="auto"``), else with `PLAIN_TEMPLATE`:
 
     ### Critique
 
-Target z = `text2grad.feedback.format_feedback(feedback)` followed by the EOS token: a one-line critique,
+Target z = `text2grad.core.feedback.format_feedback(feedback)` followed by the EOS token: a one-line critique,
 a newline, and one line of span JSON ``{"good_spans": [...], "poor_spans": [...]}``. Training puts the
 loss on z only (labels are -100 on every input token and on padding); inference feeds the same input ids
 and parses what the model writes with `parse_target` (the last line first, then
-`text2grad.feedback.parse_feedback`).
+`text2grad.core.feedback.parse_feedback`).
 
 Length: the response is never cut, because spans must be quotes of the whole response; when the input
 is too long, the *task prompt* is shortened in the middle (its head and tail are kept, joined by
@@ -34,8 +34,8 @@ from typing import Any, Literal, Sequence
 
 import torch
 
-from text2grad.feedback import Feedback, ParseResult, format_feedback, parse_feedback
-from text2grad.generation import apply_chat_template
+from text2grad.core.feedback import Feedback, ParseResult, format_feedback, parse_feedback
+from text2grad.core.generation import apply_chat_template
 
 __all__ = [
     "DEFAULT_INSTRUCTION",

@@ -36,8 +36,8 @@ from reward_model.serialization import (
     encode_example,
     record_feedback,
 )
-from text2grad.config import ConfigError, parse_config, save_config
-from text2grad.data import DataError, load_records
+from text2grad.core.config import ConfigError, parse_config, save_config
+from text2grad.core.data import DataError, load_records
 
 __all__ = ["RewardModelConfig", "CONFIG_FILENAME", "build_dataset", "train", "main"]
 
@@ -215,7 +215,7 @@ def build_dataset(
 
 
 def _build_model(cfg: RewardModelConfig):
-    from text2grad.modeling import load_causal_lm
+    from text2grad.core.modeling import load_causal_lm
 
     model = load_causal_lm(cfg.model_name_or_path, dtype=cfg.dtype)
     if cfg.gradient_checkpointing:
@@ -356,7 +356,7 @@ def train(cfg: RewardModelConfig) -> dict[str, Any]:
     """Run training and save the result in ``cfg.output_dir``. Returns the final training metrics."""
     from transformers import Trainer, TrainerCallback, set_seed
 
-    from text2grad.modeling import load_tokenizer
+    from text2grad.core.modeling import load_tokenizer
 
     if not cfg.train_file:
         raise ConfigError("train_file is required (annotated JSONL from the annotation phase)")
@@ -451,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loss = metrics.get("train_loss")
         shown = f"{loss:.4f}" if isinstance(loss, float) and math.isfinite(loss) else loss
         print(f"reward model saved to {cfg.output_dir} (train_loss={shown}, examples={metrics['train_examples']})")
-    from text2grad.modeling import end_distributed
+    from text2grad.core.modeling import end_distributed
 
     end_distributed()
     return 0

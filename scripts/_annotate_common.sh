@@ -22,7 +22,7 @@ if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     # (tests/fake_openai.py), so the real client, retries and resume logic run end to end without an API.
     WORK="${TINY_DIR:-$(mktemp -d)}"
     mkdir -p "$WORK"
-    "$PY" -m text2grad.tiny --dataset "$DATASET" --output_dir "$WORK" >/dev/null 2>&1
+    "$PY" -m text2grad.apps.tiny --dataset "$DATASET" --output_dir "$WORK" >/dev/null 2>&1
     INPUT="$WORK/data/train.jsonl"
     OUTPUT="$WORK/annotations.${CRITIC:-llm}.jsonl"
     EXTRA+=(--field_map "$TINY_FIELD_MAP" --progress false)

@@ -20,7 +20,7 @@ SFT_PROMPT=(); PPO_PROMPT=(); DPO_PROMPT=()
 if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     TINY=1
     OUT="${OUT%/}/tiny"
-    "$PY" -m text2grad.tiny --dataset "$NAME" --output_dir "$OUT/world"
+    "$PY" -m text2grad.apps.tiny --dataset "$NAME" --output_dir "$OUT/world"
     MODEL="$OUT/world/model"
     DATASET="$OUT/world/data/train.jsonl"
     SFT_SIZE=(--max_steps 2 --per_device_train_batch_size 4 --bf16 false --logging_steps 1 --save_steps 1000)

@@ -23,7 +23,7 @@ extra=()
 
 if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     TINY_DIR="${TINY_DIR:-runs/tiny/kodcode}"
-    python -m text2grad.tiny --dataset kodcode --output_dir "$TINY_DIR"
+    python -m text2grad.apps.tiny --dataset kodcode --output_dir "$TINY_DIR"
     MODEL="$TINY_DIR/model"
     KODCODE_EVAL="$TINY_DIR/data/eval.jsonl"
     OUTPUT_DIR="${TINY_OUTPUT_DIR:-$TINY_DIR/eval}"
@@ -52,7 +52,7 @@ for bench in $BENCHMARKS; do
         *) echo "scripts/eval_code.sh: unknown benchmark '$bench'" >&2; exit 2 ;;
     esac
     echo "== $bench"
-    python -m text2grad.evaluation.code --config "$CONFIG" --benchmark "$bench" "${model_args[@]}" "${data_args[@]}" \
+    python -m text2grad.apps.evaluation.code --config "$CONFIG" --benchmark "$bench" "${model_args[@]}" "${data_args[@]}" \
         --output_dir "$OUTPUT_DIR/$bench" "${extra[@]}" "$@"
     ran=$((ran + 1))
 done

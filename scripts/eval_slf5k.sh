@@ -4,7 +4,7 @@
 #   MODEL=meta-llama/Llama-3.1-8B-Instruct ADAPTER=runs/slf5k/policy DATA=data/slf5k/validation.jsonl \
 #       bash scripts/eval_slf5k.sh
 #   JUDGE_MODEL=gpt-4o BASELINE=runs/eval/slf5k_ppo/predictions.jsonl MODEL=... DATA=... bash scripts/eval_slf5k.sh
-#   TEXT2GRAD_TINY=1 bash scripts/eval_slf5k.sh      # offline smoke run on the tiny world (python -m text2grad.tiny)
+#   TEXT2GRAD_TINY=1 bash scripts/eval_slf5k.sh      # offline smoke run on the tiny world (python -m text2grad.apps.tiny)
 #
 # Environment: MODEL (hub id or dir; required unless PREDICTIONS is set), ADAPTER, DATA (required), OUTPUT_DIR
 # (default runs/eval/slf5k), PREDICTIONS (score this JSONL of {id, prediction} instead of generating),
@@ -20,7 +20,7 @@ OUTPUT_DIR="${OUTPUT_DIR:-runs/eval/slf5k}"
 extra=()
 if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     TINY_DIR="${TINY_DIR:-runs/tiny}"
-    "$PYTHON" -m text2grad.tiny --dataset slf5k --output_dir "$TINY_DIR/slf5k"
+    "$PYTHON" -m text2grad.apps.tiny --dataset slf5k --output_dir "$TINY_DIR/slf5k"
     MODEL="${MODEL:-$TINY_DIR/slf5k/model}"
     DATA="${DATA:-$TINY_DIR/slf5k/data/eval.jsonl}"
     extra+=(--max_new_tokens 12 --batch_size 4 --device cpu --show_progress false)
@@ -39,4 +39,4 @@ if [ -n "${JUDGE_MODEL:-}" ]; then
     if [ -n "${JUDGE_API_KEY_ENV:-}" ]; then args+=(--judge_api_key_env "$JUDGE_API_KEY_ENV"); fi
     if [ -n "${BASELINE:-}" ]; then args+=(--baseline_predictions "$BASELINE"); else args+=(--judge_against_reference true); fi
 fi
-exec "$PYTHON" -m text2grad.evaluation.summarization "${args[@]}" "${extra[@]}" "$@"
+exec "$PYTHON" -m text2grad.apps.evaluation.summarization "${args[@]}" "${extra[@]}" "$@"

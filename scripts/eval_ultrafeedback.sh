@@ -5,7 +5,7 @@
 #   MODEL=meta-llama/Meta-Llama-3-8B-Instruct ADAPTER=runs/ultrafeedback/policy \
 #       ARC_DATA=allenai/ai2_arc ALPACA_DATA=alpaca_eval.json MTBENCH_DATA=mt_bench_question.jsonl \
 #       JUDGE_MODEL=gpt-4-turbo bash scripts/eval_ultrafeedback.sh
-#   TEXT2GRAD_TINY=1 bash scripts/eval_ultrafeedback.sh   # offline smoke run on the tiny world (python -m text2grad.tiny)
+#   TEXT2GRAD_TINY=1 bash scripts/eval_ultrafeedback.sh   # offline smoke run on the tiny world (python -m text2grad.apps.tiny)
 #
 # Environment: MODEL (required), ADAPTER, OUTPUT_DIR (default runs/eval/ultrafeedback), ARC_DATA (a file, or
 # allenai/ai2_arc with ARC_CONFIG=ARC-Challenge, the default, and ARC_SPLIT=test), ALPACA_DATA (JSON/JSONL with
@@ -22,7 +22,7 @@ extra=()
 if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     TINY_DIR="${TINY_DIR:-runs/tiny}"
     world="$TINY_DIR/ultrafeedback"
-    "$PYTHON" -m text2grad.tiny --dataset ultrafeedback --output_dir "$world"
+    "$PYTHON" -m text2grad.apps.tiny --dataset ultrafeedback --output_dir "$world"
     MODEL="${MODEL:-$world/model}"
     # Tiny stand-ins built from the tiny world's eval records: a two-choice set (chosen vs rejected, in a
     # seeded order) for the ARC scorer, the prompts with their chosen answers as the AlpacaEval baseline,
@@ -30,7 +30,7 @@ if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     "$PYTHON" - "$world" <<'PY'
 import json, random, sys
 from pathlib import Path
-from text2grad.data import iter_jsonl, write_jsonl
+from text2grad.core.data import iter_jsonl, write_jsonl
 world = Path(sys.argv[1])
 records = list(iter_jsonl(world / "data" / "eval.jsonl"))
 rng = random.Random(0)
@@ -62,7 +62,7 @@ fi
 if [ -n "${ARC_DATA:-}" ]; then
     arc=(--task arc --data "$ARC_DATA")
     if [ ! -e "$ARC_DATA" ]; then arc+=(--data_config "${ARC_CONFIG:-ARC-Challenge}" --split "${ARC_SPLIT:-test}"); fi
-    "$PYTHON" -m text2grad.evaluation.qa "${common[@]}" "${arc[@]}" "${extra[@]}" "$@"
+    "$PYTHON" -m text2grad.apps.evaluation.qa "${common[@]}" "${arc[@]}" "${extra[@]}" "$@"
 else
     echo "[eval_ultrafeedback] ARC skipped: set ARC_DATA (e.g. allenai/ai2_arc or a JSONL file)"
 fi
@@ -71,12 +71,12 @@ if [ ${#judge[@]} -eq 0 ]; then
     exit 0
 fi
 if [ -n "${ALPACA_DATA:-}" ]; then
-    "$PYTHON" -m text2grad.evaluation.qa "${common[@]}" --task alpaca_eval --data "$ALPACA_DATA" "${judge[@]}" "${extra[@]}" "$@"
+    "$PYTHON" -m text2grad.apps.evaluation.qa "${common[@]}" --task alpaca_eval --data "$ALPACA_DATA" "${judge[@]}" "${extra[@]}" "$@"
 else
     echo "[eval_ultrafeedback] AlpacaEval skipped: set ALPACA_DATA (JSON/JSONL with instruction and output)"
 fi
 if [ -n "${MTBENCH_DATA:-}" ]; then
-    "$PYTHON" -m text2grad.evaluation.qa "${common[@]}" --task mt_bench --data "$MTBENCH_DATA" "${judge[@]}" "${extra[@]}" "$@"
+    "$PYTHON" -m text2grad.apps.evaluation.qa "${common[@]}" --task mt_bench --data "$MTBENCH_DATA" "${judge[@]}" "${extra[@]}" "$@"
 else
     echo "[eval_ultrafeedback] MT-Bench skipped: set MTBENCH_DATA (JSONL with turns)"
 fi

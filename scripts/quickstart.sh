@@ -6,7 +6,7 @@
 #   TEXT2GRAD_TINY=1 bash scripts/quickstart.sh        # same as --preset ci (what CI runs)
 #   bash scripts/quickstart.sh --preset large --output_dir runs/quickstart-large
 #
-# Extra flags go to `python -m text2grad.quickstart` (see its --help), e.g. --sft_model, --reward_model,
+# Extra flags go to `python -m text2grad.apps.quickstart` (see its --help), e.g. --sft_model, --reward_model,
 # --ppo_iterations 60, --kl_coef 0.1, --ppo_args '["--num_ppo_epochs", "4"]'.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,4 +19,4 @@ EXTRA=()
 if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     EXTRA+=(--preset ci --output_dir "${TINY_DIR:-$(mktemp -d)}/quickstart")
 fi
-exec "$PY" -m text2grad.quickstart --config configs/quickstart/quickstart.yaml "${EXTRA[@]}" "$@"
+exec "$PY" -m text2grad.apps.quickstart --config configs/quickstart/quickstart.yaml "${EXTRA[@]}" "$@"

@@ -2,7 +2,7 @@
 
 Tests point the real ``openai`` client (or a CLI's ``--base_url``) at it and script what each request gets::
 
-    from fake_openai import FakeOpenAIServer, Reply
+    from tests.fake_openai import FakeOpenAIServer, Reply
 
     def handler(body: dict, n: int) -> Reply:
         if n == 0:

@@ -1,7 +1,7 @@
 """Every ``python -m <module> ...`` command in the READMEs parses with that module's own argument parser.
 
 Nothing runs: the module's ``main`` is called with the command's arguments and stopped right after
-`text2grad.config.parse_config` has parsed them (and loaded the ``--config`` YAML, when the file exists), so a
+`text2grad.core.config.parse_config` has parsed them (and loaded the ``--config`` YAML, when the file exists), so a
 renamed, unknown or abbreviated flag, or a value the config rejects, fails here instead of for a reader.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import text2grad.config as config_module
+import text2grad.core.config as config_module
 
 REPO = Path(__file__).resolve().parents[1]
 READMES = [
@@ -23,9 +23,9 @@ READMES = [
     "annotation/README.md",
     "reward_model/README.md",
     "policy_optimization/README.md",
-    "text2grad/evaluation/README.md",
-    "text2grad/evaluation/README_code.md",
-    "text2grad/quickstart/README.md",
+    "text2grad/apps/evaluation/README.md",
+    "text2grad/apps/evaluation/README_code.md",
+    "text2grad/apps/quickstart/README.md",
 ]
 # `python -m X`, and launchers that take a module: `deepspeed ... --module X`, `accelerate launch ... -m X`, `torchrun -m X`
 _MODULE = re.compile(r"(?:\bpython3?|\bdeepspeed\b[^`\n]*?|\baccelerate launch\b[^`\n]*?|\btorchrun\b[^`\n]*?)\s(?:-m|--module)\s+([\w.]+)(.*)")
@@ -64,7 +64,7 @@ def _commands() -> list[tuple[str, str, list[str]]]:
                 tokens = shlex.split(rest)
                 # "..." elides arguments; it stays only as the value of a flag ("--input ...")
                 args = [t for k, t in enumerate(tokens) if t != "..." or (k and tokens[k - 1].startswith("--"))]
-                # inline prose naming a module ("`python -m text2grad.tiny` writes ...") is not a command to parse
+                # inline prose naming a module ("`python -m text2grad.apps.tiny` writes ...") is not a command to parse
                 if not (inline and not args):
                     found.append((readme, module, args))
     return found
@@ -109,7 +109,7 @@ def test_readme_command_parses(readme, module, args, monkeypatch, capsys):
 
     real_parse_args = argparse.ArgumentParser.parse_args
 
-    def parse_args(self, *a, **kw):  # CLIs with their own argparse parser (text2grad.tiny) stop here instead
+    def parse_args(self, *a, **kw):  # CLIs with their own argparse parser (text2grad.apps.tiny) stop here instead
         namespace = real_parse_args(self, *a, **kw)
         if not any(p is self for p in parsers):
             parsers.append(self)

@@ -1,6 +1,5 @@
-"""The repository keeps the design card's layout, and test modules stay importable side by side."""
+"""The repository keeps the design card's layout, and the tests mirror the packages."""
 
-from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -10,12 +9,12 @@ def test_design_card_layout():
     for name in ["README.md", "pyproject.toml", "env.sh", "text2grad", "annotation", "reward_model",
                  "policy_optimization", "configs", "scripts", "tests"]:
         assert (ROOT / name).exists(), name
-    for package in ["text2grad", "annotation", "reward_model", "policy_optimization"]:
+    for package in ["text2grad", "text2grad/core", "text2grad/apps", "annotation", "reward_model", "policy_optimization"]:
         assert (ROOT / package / "__init__.py").is_file(), package
 
 
-def test_test_module_basenames_are_unique():
-    # Test folders have no __init__.py (a tests/policy_optimization package would shadow the real one), so
-    # pytest imports test modules by basename: two test_x.py files in different folders collide.
-    names = Counter(p.name for p in (ROOT / "tests").rglob("*.py") if p.name != "conftest.py")
-    assert [n for n, c in names.items() if c > 1] == []
+def test_every_test_folder_is_a_package():
+    # With __init__.py everywhere pytest imports tests as `tests.<folder>.<module>`, so two test files may share
+    # a basename and no test folder shadows the real package of the same name.
+    folders = {p.parent for p in (ROOT / "tests").rglob("test_*.py")}
+    assert sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file()) == []

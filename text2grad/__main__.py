@@ -1,5 +1,5 @@
 import sys
 
-from text2grad.cli import main
+from text2grad.apps.cli import main
 
 sys.exit(main())

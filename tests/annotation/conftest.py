@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from annotation_test_utils import SECRET_KEY
+from tests.annotation.annotation_test_utils import SECRET_KEY
 
 
 @pytest.fixture

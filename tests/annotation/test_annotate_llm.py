@@ -6,8 +6,8 @@ import json
 import time
 
 import pytest
-from annotation_test_utils import SECRET_KEY, qa_records, read_jsonl, write_jsonl
-from fake_openai import FakeOpenAIServer, Reply, quoting_handler, response_of
+from tests.annotation.annotation_test_utils import SECRET_KEY, qa_records, read_jsonl, write_jsonl
+from tests.fake_openai import FakeOpenAIServer, Reply, quoting_handler, response_of
 
 
 def _answer(good, poor, critique="Critique text.", reasoning=True) -> str:

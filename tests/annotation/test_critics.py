@@ -8,11 +8,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from annotation_test_utils import SECRET_KEY, read_jsonl, write_jsonl
-from fake_openai import FakeOpenAIServer, Reply, quoting_handler
+from tests.annotation.annotation_test_utils import SECRET_KEY, read_jsonl, write_jsonl
+from tests.fake_openai import FakeOpenAIServer, Reply, quoting_handler
 
 from annotation.critics import CodeTestCritic, extract_code
-from text2grad.feedback import Feedback
+from text2grad.core.feedback import Feedback
 
 REPO = Path(__file__).resolve().parents[2]
 

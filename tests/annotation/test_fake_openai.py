@@ -8,7 +8,7 @@ import time
 import openai
 import pytest
 
-from fake_openai import FakeOpenAIServer, Reply
+from tests.fake_openai import FakeOpenAIServer, Reply
 
 
 def _client(server: FakeOpenAIServer, **kw) -> openai.OpenAI:

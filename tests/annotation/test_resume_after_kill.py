@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from annotation_test_utils import SECRET_KEY, qa_records, write_jsonl
-from fake_openai import FakeOpenAIServer, quoting_handler
+from tests.annotation.annotation_test_utils import SECRET_KEY, qa_records, write_jsonl
+from tests.fake_openai import FakeOpenAIServer, quoting_handler
 
 REPO = Path(__file__).resolve().parents[2]
 N = 60

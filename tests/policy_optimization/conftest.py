@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from po_testlib import PROMPTS, TINY_PPO
+from tests.policy_optimization.po_testlib import PROMPTS, TINY_PPO
 
 
 @pytest.fixture
@@ -12,7 +12,7 @@ def make_trainer(bpe_tokenizer, tmp_path):
     from policy_optimization.config import PPOConfig
     from policy_optimization.models import ValueModel
     from policy_optimization.trainer import NLGradientPPOTrainer
-    from text2grad.modeling import build_tiny_llama
+    from text2grad.core.modeling import build_tiny_llama
 
     def factory(source, *, tokenizer=None, dataset=None, score_fn=None, ref=None, output_dir=None, **overrides):
         tok = tokenizer or bpe_tokenizer

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from text2grad.feedback import Feedback
+from text2grad.core.feedback import Feedback
 
 
 PROMPTS = [

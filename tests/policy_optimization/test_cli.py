@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from text2grad.tiny import make_tiny_world
+    from text2grad.apps.tiny import make_tiny_world
 
     return make_tiny_world("slf5k", tmp_path_factory.mktemp("tiny") / "world", n_train=8, n_eval=2)
 
@@ -22,7 +22,7 @@ def test_sft_then_ppo_then_dpo_write_loadable_models(world, tmp_path):
     import torch
 
     from policy_optimization import dpo, sft, train
-    from text2grad.modeling import load_causal_lm
+    from text2grad.core.modeling import load_causal_lm
 
     data, model = str(world / "data" / "train.jsonl"), str(world / "model")
     assert sft.main([
@@ -35,7 +35,7 @@ def test_sft_then_ppo_then_dpo_write_loadable_models(world, tmp_path):
     rc = train.main([
         "--model_name_or_path", model, "--adapter", str(tmp_path / "sft"), "--dataset_path", data,
         "--prompt_template", PROMPT, "--feedback_prompt_template", "{post}",
-        "--feedback_source", "reference", "--reward_mode", "mixed", "--scalar_source", "po_testlib:word_count_score",
+        "--feedback_source", "reference", "--reward_mode", "mixed", "--scalar_source", "tests.policy_optimization.po_testlib:word_count_score",
         "--num_iterations", "2", "--batch_size", "4", "--num_mini_batches", "2", "--num_ppo_epochs", "1",
         "--response_length", "8", "--learning_rate", "1e-3", "--lora_r", "4", "--output_dir", str(tmp_path / "ppo"),
         "--progress_bar", "false",
@@ -142,7 +142,7 @@ def test_config_rejects_inconsistent_batch_settings():
 def test_dpo_pairs_from_conversation_records(tmp_path):
     from policy_optimization.dpo import DPORunConfig
     from policy_optimization.sft import load_pairs
-    from text2grad.data import write_jsonl
+    from text2grad.core.data import write_jsonl
 
     turn = lambda text: [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": text}]  # noqa: E731
     write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "Q?", "chosen": turn("good"), "rejected": turn("bad")}])

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from test_training_scripts import ROOT, read_metrics, run_script, script_env
+from tests.policy_optimization.test_training_scripts import ROOT, read_metrics, run_script, script_env
 
 
 @pytest.mark.slow

@@ -11,8 +11,8 @@ from policy_optimization.feedback_sources import (
     build_score_fn,
     import_object,
 )
-from text2grad.feedback import Feedback, FeedbackSource
-from text2grad.spans import locate_spans
+from text2grad.core.feedback import Feedback, FeedbackSource
+from text2grad.core.spans import locate_spans
 
 REFERENCE = "Taylor moved to Denver and wants a new job, but the partner worries about money."
 

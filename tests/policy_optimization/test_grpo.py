@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from po_testlib import PROMPTS
+from tests.policy_optimization.po_testlib import PROMPTS
 
 from policy_optimization.feedback_sources import CallableFeedbackSource
 from policy_optimization.grpo import token_advantages
-from text2grad.feedback import Feedback
+from text2grad.core.feedback import Feedback
 
 
 def test_token_advantages_adds_span_rewards_to_the_group_advantage():
@@ -30,7 +30,7 @@ def test_grpo_trains_with_token_level_advantages(bpe_tokenizer, tmp_path):
     from trl import GRPOConfig
 
     from policy_optimization.grpo import Text2GradGRPOTrainer
-    from text2grad.modeling import build_tiny_llama
+    from text2grad.core.modeling import build_tiny_llama
 
     seen: list[dict] = []
 

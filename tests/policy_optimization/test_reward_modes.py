@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from policy_optimization.rewards import compute_score_rewards, response_mask, span_sequence_score
-from text2grad.feedback import Feedback
+from text2grad.core.rewards import compute_score_rewards, response_mask, span_sequence_score
+from text2grad.core.feedback import Feedback
 
 
 def enc(tok, text: str) -> list[int]:

@@ -8,11 +8,11 @@ import math
 
 import pytest
 import torch
-from po_testlib import first_and_last_words
+from tests.policy_optimization.po_testlib import first_and_last_words
 
 from policy_optimization.feedback_sources import CallableFeedbackSource
 from policy_optimization.trainer import NonFiniteError, find_latest_checkpoint
-from text2grad.feedback import Feedback
+from text2grad.core.feedback import Feedback
 
 REQUIRED_METRICS = [
     "reward/score_mean", "objective/kl", "objective/kl_coef", "policy/entropy", "policy/clipfrac", "loss/value",
@@ -142,7 +142,7 @@ def test_nonfinite_loss_is_caught_during_the_update(make_trainer, tmp_path, monk
     ids=["whiten_rewards", "entropy_coef", "k3", "grad_accum"],
 )
 def test_less_used_options_train_and_the_kl_controller_follows_its_formula(make_trainer, tmp_path, options):
-    from text2grad.rewards import adaptive_kl_coef
+    from text2grad.core.ppo_math import adaptive_kl_coef
 
     # A short horizon so the controller visibly moves kl_coef in one iteration.
     trainer = make_trainer(CallableFeedbackSource(first_and_last_words), adaptive_kl=True, kl_horizon=10, **options)
@@ -297,7 +297,7 @@ def test_rewarded_token_becomes_more_likely_and_an_untouched_one_barely_moves(tm
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from text2grad.modeling import SPECIAL_TOKENS, build_tiny_llama
+    from text2grad.core.modeling import SPECIAL_TOKENS, build_tiny_llama
 
     # A 16-token word-level vocabulary, so every word is sampled often enough to learn in a few iterations.
     words = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree", "fish", "bird", "rock", "rain"]
@@ -360,7 +360,7 @@ def test_generative_reward_model_as_the_feedback_source(make_trainer, bpe_tokeni
     every sample is a counted feedback error with zero reward and training goes on."""
     from policy_optimization.feedback_sources import build_feedback_source
     from reward_model.inference import GenerativeRewardModel
-    from text2grad.modeling import build_tiny_llama
+    from text2grad.core.modeling import build_tiny_llama
 
     rm_dir = tmp_path / "rm"
     build_tiny_llama(bpe_tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=3).save_pretrained(rm_dir)

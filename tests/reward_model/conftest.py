@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from rm_testlib import corpus, train_args, write_records
+from tests.reward_model.rm_testlib import corpus, train_args, write_records
 
 
 @pytest.fixture(autouse=True)
@@ -23,7 +23,7 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def rm_tokenizer():
-    from text2grad.modeling import train_tokenizer
+    from text2grad.core.modeling import train_tokenizer
 
     return train_tokenizer(corpus(), vocab_size=400, kind="bpe")
 
@@ -31,7 +31,7 @@ def rm_tokenizer():
 @pytest.fixture(scope="session")
 def rm_world(tmp_path_factory, rm_tokenizer):
     """A directory with ``base`` (tiny Llama + tokenizer, saved) and ``train.jsonl`` (the four records)."""
-    from text2grad.modeling import build_tiny_llama
+    from text2grad.core.modeling import build_tiny_llama
 
     root = tmp_path_factory.mktemp("rm_world")
     model = build_tiny_llama(rm_tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=0)

@@ -45,7 +45,7 @@ RECORDS = [
 
 def corpus() -> list[str]:
     from reward_model.serialization import PLAIN_TEMPLATE, target_text
-    from text2grad.feedback import Feedback
+    from text2grad.core.feedback import Feedback
 
     texts = []
     for r in RECORDS:

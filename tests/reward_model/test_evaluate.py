@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from rm_testlib import RECORDS, write_records
+from tests.reward_model.rm_testlib import RECORDS, write_records
 from reward_model.evaluate import main
-from text2grad.cli import main as cli_main
+from text2grad.apps.cli import main as cli_main
 
 
 def test_evaluate_memorized_model(memorized_rm, rm_world, tmp_path, unigram_tokenizer):

@@ -8,12 +8,12 @@ import types
 import pytest
 import torch
 
-from rm_testlib import INSTRUCTION, RECORDS
+from tests.reward_model.rm_testlib import INSTRUCTION, RECORDS
 from reward_model.inference import GenerativeRewardModel, json_complete
-from text2grad.feedback import Feedback, FeedbackSource
-from text2grad.generation import generate
-from text2grad.modeling import build_tiny_llama
-from text2grad.spans import decode_with_offsets, feedback_token_labels, token_offsets
+from text2grad.core.feedback import Feedback, FeedbackSource
+from text2grad.core.generation import generate
+from text2grad.core.modeling import build_tiny_llama
+from text2grad.core.spans import decode_with_offsets, feedback_token_labels, token_offsets
 
 PROMPTS = [r["prompt"] for r in RECORDS]
 RESPONSES = [r["response"] for r in RECORDS]
@@ -109,7 +109,7 @@ def test_json_complete():
 
 
 def test_generate_stop_fn_cuts_rows_at_the_first_accepting_prefix(rm_tokenizer):
-    """Core change used by the reward model: text2grad.generation.generate(stop_fn=...)."""
+    """Core change used by the reward model: text2grad.core.generation.generate(stop_fn=...)."""
     model = build_tiny_llama(rm_tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=1)
     prompts = ["Summarize: Alex moved", "How do I find a bike"]
     free = generate(model, rm_tokenizer, prompts, max_new_tokens=12)

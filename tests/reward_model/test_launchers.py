@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rm_testlib import RECORDS, train_args
+from tests.reward_model.rm_testlib import RECORDS, train_args
 from reward_model.inference import GenerativeRewardModel
-from test_train import mean_loss
-from text2grad.modeling import load_causal_lm, load_tokenizer
+from tests.reward_model.test_train import mean_loss
+from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rm_testlib import INSTRUCTION, RECORDS
+from tests.reward_model.rm_testlib import INSTRUCTION, RECORDS
 from reward_model.serialization import (
     IGNORE_INDEX,
     PLAIN_TEMPLATE,
@@ -23,7 +23,7 @@ from reward_model.serialization import (
     record_feedback,
     target_text,
 )
-from text2grad.feedback import Feedback, parse_feedback
+from text2grad.core.feedback import Feedback, parse_feedback
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
@@ -130,7 +130,7 @@ def test_collate_masks_each_sample_by_its_own_tokens(rm_tokenizer):
 
 def test_loss_only_counts_target_tokens(rm_tokenizer):
     """Changing the logits at input positions must not change the loss (the mask is what the model sees)."""
-    from text2grad.modeling import build_tiny_llama
+    from text2grad.core.modeling import build_tiny_llama
 
     model = build_tiny_llama(rm_tokenizer, hidden_size=32, num_layers=1, num_heads=2)
     r = RECORDS[0]

@@ -9,12 +9,12 @@ import pytest
 import torch
 import yaml
 
-from rm_testlib import INSTRUCTION, RECORDS, train_args, write_records
+from tests.reward_model.rm_testlib import INSTRUCTION, RECORDS, train_args, write_records
 from reward_model.serialization import collate, encode_example, record_feedback
 from reward_model.train import CONFIG_FILENAME, RewardModelConfig, _strip_launcher_args, build_dataset, main
-from text2grad.config import ConfigError, load_config
-from text2grad.data import DataError
-from text2grad.modeling import load_causal_lm, load_tokenizer
+from text2grad.core.config import ConfigError, load_config
+from text2grad.core.data import DataError
+from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 

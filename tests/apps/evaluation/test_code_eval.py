@@ -1,0 +1,321 @@
+"""Code evaluation: pass@k, data loaders, program assembly, and end-to-end scoring in the sandbox."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from text2grad.core.config import ConfigError
+from text2grad.core.data import DataError
+from text2grad.apps.evaluation import code as ce
+from text2grad.apps.evaluation.code import (
+    CodeProblem,
+    Sample,
+    build_program,
+    extract_code,
+    load_problems,
+    load_samples,
+    mean_pass_at_k,
+    pass_at_k,
+    reference_samples,
+    score_samples,
+    summarize,
+)
+
+# HumanEval problems whose tests need more than the entry point (helpers from the prompt, float checks, ...)
+HUMANEVAL_SUBSET = ["HumanEval/0", "HumanEval/2", "HumanEval/10", "HumanEval/32", "HumanEval/38", "HumanEval/50",
+                    "HumanEval/53", "HumanEval/96", "HumanEval/129", "HumanEval/163"]
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _score(problems, samples, ks=(1,), workers=2):
+    results = score_samples(problems, samples, workers=workers, timeout_s=20, per_test_timeout_s=10)
+    return summarize(problems, results, list(ks)), results
+
+
+# --- pass@k ----------------------------------------------------------------------------------------------------
+
+
+def test_pass_at_k_hand_computed():
+    assert pass_at_k(1, 1, 1) == 1.0
+    assert pass_at_k(1, 0, 1) == 0.0
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4)  # c / n
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert pass_at_k(10, 3, 3) == pytest.approx(1 - 35 / 120)  # 1 - C(7,3)/C(10,3)
+    assert pass_at_k(4, 3, 2) == 1.0  # fewer than k failures: every k-subset holds a pass
+    assert pass_at_k(10, 0, 5) == 0.0
+    assert pass_at_k(200, 1, 100) == pytest.approx(0.5)
+
+
+def test_pass_at_k_matches_binomials():
+    for n in range(1, 13):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                expected = 1.0 - math.comb(n - c, k) / math.comb(n, k)
+                assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_rejects_bad_input():
+    with pytest.raises(ValueError, match="1 <= k <= n"):
+        pass_at_k(3, 1, 4)
+    with pytest.raises(ValueError, match="0 <= c <= n"):
+        pass_at_k(3, 4, 1)
+    with pytest.raises(TypeError):
+        pass_at_k(3.0, 1, 1)
+    assert mean_pass_at_k([(2, 1), (2, 2), (2, 0)], 1) == pytest.approx(0.5)
+
+
+# --- program assembly ------------------------------------------------------------------------------------------
+
+
+def test_extract_code():
+    assert extract_code("Here:\n```python\ndef f():\n    return 1\n```\nDone") == "def f():\n    return 1\n"
+    assert extract_code("```\nx = 1\n```") == "x = 1\n"
+    assert extract_code("```js\nlet a\n```\n```py\nb = 2\n```") == "b = 2\n"
+    assert extract_code("```python\ndef g():\n    pass") == "def g():\n    pass"  # cut by the token limit
+    assert extract_code("def h():\n    return 2\n") == "def h():\n    return 2\n"
+
+
+def test_build_program_completion_and_whole_function():
+    prompt = 'from typing import List\n\n\ndef inc(xs: List[int]) -> List[int]:\n    """Add one to each."""\n'
+    problem = CodeProblem("t", prompt, "", "", "inc", code_prefix=prompt)
+    body = build_program(problem, Sample("t", completion="    return [x + 1 for x in xs]\n"))
+    assert body == prompt + "    return [x + 1 for x in xs]\n"
+    chat = "Sure!\n```python\ndef inc(xs):\n    return [x + 1 for x in xs]\n```"
+    whole = build_program(problem, Sample("t", completion=chat))
+    assert whole.startswith("from typing import List") and whole.endswith("def inc(xs):\n    return [x + 1 for x in xs]\n")
+    namespace: dict = {}
+    exec(compile(whole, "p", "exec"), namespace)  # the stub is replaced by the answer
+    assert namespace["inc"]([1]) == [2]
+    bare = CodeProblem("t", "def inc(xs):\n", "", "", "inc", code_prefix="def inc(xs):\n")
+    namespace = {}
+    exec(compile(build_program(bare, Sample("t", completion=chat)), "p", "exec"), namespace)
+    assert namespace["inc"]([2]) == [3]
+    assert build_program(problem, Sample("t", solution="x = 1")) == "x = 1"
+
+
+# --- HumanEval ------------------------------------------------------------------------------------------------
+
+
+def test_humaneval_canonical_subset_scores_100_and_wrong_scores_0():
+    problems = load_problems("humaneval", task_ids=HUMANEVAL_SUBSET)
+    assert [p.task_id for p in problems] == HUMANEVAL_SUBSET
+    (scores, rows), results = _score(problems, {s.task_id: [s] for s in reference_samples(problems)})
+    assert scores["pass@1"] == 1.0, [r for r in rows if r["correct"] == 0]
+    wrong = {p.task_id: [Sample(p.task_id, completion="    return None\n")] for p in problems}
+    (scores, rows), results = _score(problems, wrong)
+    assert scores["pass@1"] == 0.0
+    assert all(r.verdict == "failed" for r in results)
+
+
+@pytest.mark.slow
+def test_humaneval_all_164_canonical_100_and_wrong_0():
+    problems = load_problems("humaneval")
+    assert len(problems) == 164
+    (scores, rows), _ = _score(problems, {s.task_id: [s] for s in reference_samples(problems)})
+    assert scores["pass@1"] == 1.0, [r for r in rows if r["correct"] == 0]
+    wrong = {p.task_id: [Sample(p.task_id, completion="    raise NotImplementedError\n")] for p in problems}
+    (scores, rows), results = _score(problems, wrong)
+    assert scores["pass@1"] == 0.0
+    assert {r.error_type for r in results} == {"NotImplementedError"}
+
+
+def test_empty_and_unparseable_completions_are_failures(tmp_path):
+    problems = load_problems("humaneval", task_ids=["HumanEval/53"])  # add(x, y)
+    samples = {"HumanEval/53": [
+        Sample("HumanEval/53", completion=""),
+        Sample("HumanEval/53", completion="    return x +\n"),
+        Sample("HumanEval/53", completion="    return x + y\n"),
+    ]}
+    (scores, rows), results = _score(problems, samples, ks=(1, 2, 3))
+    assert [r.verdict for r in results] == ["failed", "failed", "passed"]
+    assert [r.error_type for r in results[:2]] == ["EmptyCompletion", "SyntaxError"]
+    assert scores["pass@1"] == pytest.approx(1 / 3)
+    assert scores["pass@2"] == pytest.approx(1 - 1 / 3)  # 1 - C(2,2)/C(3,2)
+    assert scores["pass@3"] == 1.0
+    assert rows[0]["correct"] == 1 and "EmptyCompletion" in rows[0]["first_error"]
+
+
+# --- MBPP, evalplus, KodCode loaders ---------------------------------------------------------------------------
+
+
+MBPP_RECORDS = [
+    {"task_id": 11, "text": "Write a python function to remove first and last occurrence of a given character from the string.",
+     "code": "def remove_Occ(s,ch):\n    s = s.replace(ch, '', 1)\n    idx = s.rfind(ch)\n    return s[:idx] + s[idx+1:] if idx >= 0 else s",
+     "test_list": ['assert remove_Occ("hello","l") == "heo"', 'assert remove_Occ("abcda","a") == "bcd"'],
+     "test_setup_code": "", "challenge_test_list": []},
+    {"task_id": 12, "text": "Write a function to sort a matrix by the sum of its rows.",
+     "code": "def sort_matrix(M):\n    return sorted(M, key=sum)",
+     "test_list": ["assert sort_matrix([[1, 2], [0, 0]]) == [[0, 0], [1, 2]]"],
+     "test_setup_code": "import math", "challenge_test_list": []},
+]
+
+
+def test_mbpp_original_and_sanitized_formats(tmp_path):
+    original = load_problems("mbpp", str(_write_jsonl(tmp_path / "mbpp.jsonl", MBPP_RECORDS)))
+    assert [p.task_id for p in original] == ["11", "12"] and original[0].entry_point == "remove_Occ"
+    assert "Your code should pass these tests" in original[0].prompt and 'remove_Occ("hello","l")' in original[0].prompt
+    sanitized = [{"task_id": r["task_id"], "prompt": r["text"], "code": r["code"], "test_imports": ["import math"],
+                  "test_list": r["test_list"]} for r in MBPP_RECORDS]
+    (tmp_path / "sanitized-mbpp.json").write_text(json.dumps(sanitized))
+    problems = load_problems("mbpp", str(tmp_path / "sanitized-mbpp.json"))
+    (scores, _), results = _score(problems, {s.task_id: [s] for s in reference_samples(problems)})
+    assert scores["pass@1"] == 1.0 and results[0].tests_total == 2
+    wrong = {p.task_id: [Sample(p.task_id, completion="```python\ndef remove_Occ(s, ch):\n    return s\n\ndef sort_matrix(M):\n    return M\n```")] for p in problems}
+    (scores, _), results = _score(problems, wrong)
+    assert scores["pass@1"] == 0.0 and results[0].tests_passed == 0
+
+
+def _plus_check_test(inputs, results):
+    return (
+        "import numpy as np\n\n\ndef assertion(out, exp, atol):\n    exact = out == exp\n"
+        "    if not exact and atol != 0:\n        np.testing.assert_allclose(out, exp, atol=atol)\n    else:\n        assert exact\n\n\n"
+        f"def check(candidate):\n    inputs = {inputs!r}\n    results = {results!r}\n"
+        "    for inp, exp in zip(inputs, results):\n        assertion(candidate(*inp), exp, 0)\n"
+    )
+
+
+def test_evalplus_humaneval_plus_formats_and_env_override(tmp_path, monkeypatch):
+    prompt = 'def halve(x: float) -> float:\n    """Half of x."""\n'
+    with_test = {"task_id": "HumanEval/900", "prompt": prompt, "entry_point": "halve", "canonical_solution": "    return x / 2\n",
+                 "test": _plus_check_test([[1.0], [3.0], [10**6 + 0.5]], [0.5, 1.5, 500000.25]),
+                 "base_input": [[1.0]], "plus_input": [[3.0]], "atol": 0}
+    old_style = {"task_id": "HumanEval/901", "prompt": prompt.replace("halve", "halve2"), "entry_point": "halve2",
+                 "canonical_solution": "    return x / 2\n", "base_input": [[1.0], [2.5]], "plus_input": [[1e9], [0.1]], "atol": 0}
+    path = tmp_path / "HumanEvalPlus.jsonl.gz"
+    with gzip.open(path, "wt") as fh:
+        for rec in (with_test, old_style):
+            fh.write(json.dumps(rec) + "\n")
+    monkeypatch.setenv("HUMANEVAL_OVERRIDE_PATH", str(path))
+    problems = load_problems("humaneval_plus")  # found through the environment variable
+    assert [p.task_id for p in problems] == ["HumanEval/900", "HumanEval/901"]
+    assert "test_check" in problems[0].tests and "test_inputs" in problems[1].tests
+    (scores, _), _ = _score(problems, {s.task_id: [s] for s in reference_samples(problems)})
+    assert scores["pass@1"] == 1.0
+    # right on the base inputs, wrong on a plus input: HumanEval+ must catch it
+    almost = {"HumanEval/900": [Sample("HumanEval/900", completion="    return x / 2 if x < 100 else x // 2\n")],
+              "HumanEval/901": [Sample("HumanEval/901", completion="    return x / 2 if x < 100 else x / 3\n")]}
+    (scores, rows), results = _score(problems, almost)
+    assert scores["pass@1"] == 0.0, rows
+    float_noise = {"HumanEval/901": [Sample("HumanEval/901", completion="    return x / 2 + 1e-9\n")]}
+    (scores, _), _ = _score(problems[1:], float_noise)  # within evalplus's default 1e-6 float tolerance
+    assert scores["pass@1"] == 1.0
+
+
+def test_evalplus_mbpp_plus_script_tests(tmp_path, monkeypatch):
+    script = ("inputs = [[[3, 4, 5, 6], [5, 7, 4, 10]], [[1, 2], [3]]]\nresults = [[4, 5], []]\n"
+              "for inp, exp in zip(inputs, results):\n    assert sorted(similar_elements(*inp)) == exp\n")
+    rec = {"task_id": "Mbpp/2", "prompt": '"""\nWrite a function to find the shared elements of two lists.\n"""\n',
+           "entry_point": "similar_elements", "canonical_solution": "def similar_elements(a, b):\n    return list(set(a) & set(b))\n",
+           "test": script, "atol": 0}
+    monkeypatch.setenv("MBPP_OVERRIDE_PATH", str(_write_jsonl(tmp_path / "MbppPlus.jsonl", [rec])))
+    problems = load_problems("mbpp_plus")
+    (scores, _), _ = _score(problems, {s.task_id: [s] for s in reference_samples(problems)})
+    assert scores["pass@1"] == 1.0
+    (scores, _), results = _score(problems, {"Mbpp/2": [Sample("Mbpp/2", solution="def similar_elements(a, b):\n    return a\n")]})
+    assert scores["pass@1"] == 0.0 and results[0].error_type == "AssertionError"
+
+
+def test_loader_errors_name_the_problem(tmp_path, monkeypatch):
+    monkeypatch.delenv("HUMANEVAL_OVERRIDE_PATH", raising=False)
+    with pytest.raises(DataError, match="HUMANEVAL_OVERRIDE_PATH"):
+        load_problems("humaneval_plus")
+    with pytest.raises(DataError, match="lacks \\['question'"):
+        load_problems("kodcode", str(_write_jsonl(tmp_path / "k.jsonl", [{"id": "a", "solution": "", "test": ""}])))
+    with pytest.raises(DataError, match="not in"):
+        load_problems("humaneval", task_ids=["HumanEval/9999"])
+    with pytest.raises(ConfigError, match="unknown benchmark"):
+        load_problems("apps")
+
+
+def test_samples_file_grouping_and_missing(tmp_path):
+    problems = load_problems("humaneval", task_ids=["HumanEval/53"])
+    path = _write_jsonl(tmp_path / "s.jsonl", [
+        {"task_id": "HumanEval/53", "completion": "    return x + y\n"},
+        {"task_id": "HumanEval/53", "solution": "def add(x, y):\n    return x - y\n"},
+        {"task_id": "HumanEval/0", "completion": "ignored: not selected"},
+    ])
+    grouped = load_samples(path, problems)
+    assert [(s.completion is not None, s.solution is not None) for s in grouped["HumanEval/53"]] == [(True, False), (False, True)]
+    (scores, _), _ = _score(problems, grouped, ks=(1, 2))
+    assert scores == {"pass@1": pytest.approx(0.5), "pass@2": 1.0}
+    with pytest.raises(DataError, match="no samples"):
+        load_samples(path, load_problems("humaneval", task_ids=["HumanEval/1"]))
+
+
+# --- CLI end to end --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_kodcode(tmp_path_factory):
+    from text2grad.apps.tiny import make_tiny_world
+
+    return make_tiny_world("kodcode", tmp_path_factory.mktemp("tiny_kodcode"), n_train=4, n_eval=6)
+
+
+def test_kodcode_references_via_cli(tiny_kodcode, tmp_path, capsys):
+    out = tmp_path / "ref"
+    rc = ce.main(["--benchmark", "kodcode", "--data", str(tiny_kodcode / "data" / "eval.jsonl"), "--score_references", "true",
+                  "--workers", "2", "--output_dir", str(out), "--show_progress", "false"])
+    assert rc == 0
+    report = json.loads((out / "kodcode.json").read_text())["results"]
+    assert report["pass@1"] == 1.0 and report["problems"] == 6 and report["verdicts"] == {"passed": 6}
+    assert "| pass@1" in capsys.readouterr().out
+    assert (out / "kodcode_problems.md").read_text().count("| kodcode-") == 6
+
+
+def test_tiny_model_end_to_end_scores_zero_without_crashing(tiny_kodcode, tmp_path):
+    out = tmp_path / "gen"
+    rc = ce.main(["--benchmark", "kodcode", "--data", str(tiny_kodcode / "data" / "eval.jsonl"), "--model", str(tiny_kodcode / "model"),
+                  "--n", "2", "--k", "1,2", "--max_new_tokens", "24", "--batch_size", "4", "--workers", "2",
+                  "--device", "cpu", "--output_dir", str(out), "--show_progress", "false", "--timeout_s", "10"])
+    assert rc == 0
+    report = json.loads((out / "kodcode.json").read_text())["results"]
+    assert report["samples"] == 12 and report["pass@1"] == 0.0 and report["pass@2"] == 0.0
+    completions = [json.loads(line) for line in (out / "kodcode_completions.jsonl").read_text().splitlines()]
+    assert len(completions) == 12
+    samples = [json.loads(line) for line in (out / "kodcode_samples.jsonl").read_text().splitlines()]
+    assert all(not s["passed"] and s["verdict"] in ("failed", "crashed", "timeout") for s in samples)
+    ran = [s for s in samples if s["error_type"] != "EmptyCompletion"]  # garbage that reached the sandbox
+    assert ran and report["syntax_errors"] + report["empty_completions"] <= 12
+    # the completions file round-trips through --samples_file
+    again = tmp_path / "again"
+    assert ce.main(["--benchmark", "kodcode", "--data", str(tiny_kodcode / "data" / "eval.jsonl"),
+                    "--samples_file", str(out / "kodcode_completions.jsonl"), "--k", "1,2", "--workers", "2",
+                    "--output_dir", str(again), "--show_progress", "false"]) == 0
+    assert json.loads((again / "kodcode.json").read_text())["results"]["pass@1"] == 0.0
+
+
+def test_cli_rejects_bad_configs(tmp_path, capsys):
+    for argv, message in (
+        (["--benchmark", "humaneval"], "exactly one of --model"),
+        (["--benchmark", "humaneval", "--model", "x", "--n", "1", "--k", "5"], "--n >= 5"),
+        (["--benchmark", "apps", "--score_references", "true"], "unknown benchmark"),
+    ):
+        with pytest.raises(SystemExit) as exc:  # parse_config reports config errors the argparse way
+            ce.main(argv + ["--output_dir", str(tmp_path)])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(ConfigError):
+        ce.CodeEvalConfig(benchmark="humaneval", score_references=True, k=[1, 2])
+
+
+@pytest.mark.slow
+def test_eval_code_script_tiny_mode(tmp_path):
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, TEXT2GRAD_TINY="1", TINY_DIR=str(tmp_path / "tiny"), TINY_OUTPUT_DIR=str(tmp_path / "eval"))
+    proc = subprocess.run(["bash", "scripts/eval_code.sh"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for bench in ("humaneval", "kodcode"):
+        report = json.loads((tmp_path / "eval" / bench / f"{bench}.json").read_text())["results"]
+        assert report["problems"] == 4 and report["pass@1"] == 0.0

@@ -1,0 +1,68 @@
+"""The ``text2grad`` command: one entry point that lists and dispatches to every phase's CLI.
+
+Each subcommand is an ordinary module with a ``main(argv)`` function, so ``text2grad annotate ...`` and
+``python -m text2grad.annotate ...`` are the same program.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from typing import Sequence
+
+# subcommand -> (module with main(argv), one-line description)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "quickstart": ("text2grad.apps.quickstart", "Run all three phases offline on a generated toy task (the embedded default)."),
+    "annotate": ("annotation.cli", "Phase 1: annotate (prompt, response) records with critiques and good/poor spans."),
+    "train-rm": ("reward_model.train", "Phase 2: train the generative reward model (LoRA or full)."),
+    "eval-rm": ("reward_model.evaluate", "Phase 2: evaluate a reward model on held-out annotations."),
+    "merge-rm": ("reward_model.merge", "Phase 2: merge a LoRA reward model into its base model."),
+    "sft": ("policy_optimization.sft", "Phase 3: supervised fine-tuning of the policy (TRL SFTTrainer)."),
+    "train-policy": ("policy_optimization.train", "Phase 3: NL-Gradient PPO (or scalar/dense/mixed PPO)."),
+    "dpo": ("policy_optimization.dpo", "Phase 3 baseline: DPO on chosen/rejected pairs (TRL DPOTrainer)."),
+    "code-pairs": ("policy_optimization.code_pairs", "Phase 3 baseline: KodCode DPO pairs from unit tests run in the sandbox."),
+    "eval-summarization": ("text2grad.apps.evaluation.summarization", "Evaluate a policy on SLF5K-style summarization."),
+    "eval-code": ("text2grad.apps.evaluation.code", "Evaluate a policy on HumanEval/MBPP(+) in the sandbox (pass@k)."),
+    "eval-qa": ("text2grad.apps.evaluation.qa", "Evaluate a policy on ARC-Challenge and judged QA (AlpacaEval/MT-Bench style)."),
+}
+
+
+def available() -> dict[str, tuple[str, str]]:
+    """Subcommands whose module exists in this installation."""
+    out = {}
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if found:
+            out[name] = (module, help_text)
+    return out
+
+
+def usage() -> str:
+    commands = available()
+    width = max(len(n) for n in commands) if commands else 0
+    lines = ["usage: text2grad <command> [options]   (text2grad <command> --help for its options)", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {help_text}" for name, (_, help_text) in commands.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    commands = available()
+    name, rest = argv[0], argv[1:]
+    if name not in commands:
+        print(f"text2grad: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(commands[name][0])
+    result = module.main(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

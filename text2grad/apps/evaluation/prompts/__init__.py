@@ -1,0 +1,1 @@
+"""Judge prompt templates (package data), read with `text2grad.apps.evaluation.judge.load_prompt`."""

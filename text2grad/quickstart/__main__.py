@@ -1,6 +1,0 @@
-import sys
-
-from text2grad.quickstart.pipeline import main
-
-if __name__ == "__main__":
-    sys.exit(main())
