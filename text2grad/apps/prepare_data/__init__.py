@@ -1,0 +1,62 @@
+"""``text2grad prepare-data`` / ``python -m text2grad.apps.prepare_data``: the paper's datasets, as they are on the
+hub, turned into the files each phase reads.
+
+    text2grad prepare-data --dataset slf5k --input JeremyAlain/SLF5K --output_dir data/slf5k
+    text2grad prepare-data --dataset ultrafeedback --input HuggingFaceH4/ultrafeedback_binarized --output_dir data/ultrafeedback
+    text2grad prepare-data --dataset kodcode --input KodCode/KodCode-Light-RL-10K --output_dir data/kodcode \\
+        --completions_model Qwen/Qwen2.5-0.5B-Instruct
+
+``--input`` is a hub id or a local copy in the native layout (see `sources`). Every dataset's ``--output_dir``
+gets ``annotation_input.jsonl`` (records to annotate: id, prompt, response and the dataset's own fields),
+``sft.jsonl`` (prompt, completion), ``rl_prompts.jsonl`` (prompt and what the critics need), ``eval.jsonl``,
+``preference_pairs.jsonl`` (prompt, chosen, rejected) and ``prepare_report.json`` (counts), written last.
+What each dataset puts in them is in the docstrings of `slf5k`, `ultrafeedback` and `kodcode`.
+
+A missing split or column stops the run before anything is written: ``error: <dataset> split '<split>' lacks
+column(s) [...]; it has columns [...]`` on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any, Sequence
+
+from text2grad.apps.prepare_data import kodcode, slf5k, ultrafeedback
+from text2grad.apps.prepare_data.common import OUTPUT_FILES, PrepareDataConfig, write_outputs
+from text2grad.apps.prepare_data.sources import SchemaError
+from text2grad.core.config import ConfigError, config_to_dict, parse_config
+from text2grad.core.data import DataError
+
+__all__ = ["PrepareDataConfig", "SchemaError", "OUTPUT_FILES", "prepare", "main"]
+
+_PREPARERS = {"slf5k": slf5k.prepare, "ultrafeedback": ultrafeedback.prepare, "kodcode": kodcode.prepare}
+
+
+def prepare(cfg: PrepareDataConfig) -> dict[str, Any]:
+    """Read, check and write; returns the report (also written to ``output_dir/prepare_report.json``)."""
+    if not cfg.input or not cfg.output_dir:
+        raise ConfigError("set --input (hub id or local copy) and --output_dir (e.g. data/" + cfg.dataset + ")")
+    files, report = _PREPARERS[cfg.dataset](cfg)
+    report = {"dataset": cfg.dataset, "input": cfg.input, **report, "config": config_to_dict(cfg)}
+    write_outputs(cfg.output_dir, files, report)
+    report["files"] = {name: len(files.get(name, [])) for name in OUTPUT_FILES}
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_config(PrepareDataConfig, argv, prog="text2grad prepare-data")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        report = prepare(cfg)
+    except (SchemaError, ConfigError, DataError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    counts = ", ".join(f"{name} {n}" for name, n in report["files"].items())
+    print(f"prepared {cfg.dataset} in {cfg.output_dir}: {counts}")
+    if cfg.dataset == "kodcode":
+        print(f"kodcode programs: {report['passing']} passing, {report['failing']} failing "
+              f"({json.dumps(report['programs'])})")
+    print(f"report: {cfg.output_dir}/prepare_report.json")
+    return 0

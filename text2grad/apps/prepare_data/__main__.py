@@ -1,0 +1,5 @@
+import sys
+
+from text2grad.apps.prepare_data import main
+
+sys.exit(main())

@@ -1,0 +1,137 @@
+"""The prepare-data configuration, the seeded disjoint split, and the writer of the output files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+from text2grad.core.config import ConfigError
+
+__all__ = [
+    "PrepareDataConfig", "OUTPUT_FILES", "split_by_key", "write_outputs", "conversation_reply", "DEFAULT_FRACTIONS",
+]
+
+# The files every dataset's --output_dir receives (other phases and the scripts read these names).
+OUTPUT_FILES = ("annotation_input.jsonl", "sft.jsonl", "rl_prompts.jsonl", "eval.jsonl", "preference_pairs.jsonl")
+
+# How the training split is shared out, disjoint by prompt. UltraFeedback: the paper's 30 % SFT / 50 % reward
+# model / 20 % RL. KodCode: the reward-model questions, the RL questions and a held-out evaluation set.
+DEFAULT_FRACTIONS: dict[str, dict[str, float]] = {
+    "ultrafeedback": {"sft": 0.3, "rm": 0.5, "rl": 0.2},
+    "kodcode": {"rm": 0.5, "rl": 0.45, "eval": 0.05},
+}
+
+
+def _f(default: Any, help: str) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class PrepareDataConfig:
+    """Turn a dataset in its native layout (hub id or local copy) into the files each phase reads."""
+
+    dataset: Literal["slf5k", "kodcode", "ultrafeedback"] = _f("slf5k", "Which of the paper's datasets the input is.")
+    input: str = _f("", "Hub id (JeremyAlain/SLF5K, KodCode/KodCode-Light-RL-10K, HuggingFaceH4/ultrafeedback_binarized) "
+                        "or a local copy in the native layout: a save_to_disk directory, a directory of per-split "
+                        "JSONL/parquet/arrow files named as on the hub, or one data file.")
+    output_dir: str = _f("", "Where annotation_input.jsonl, sft.jsonl, rl_prompts.jsonl, eval.jsonl, "
+                             "preference_pairs.jsonl and prepare_report.json are written (e.g. data/slf5k).")
+    seed: int = _f(0, "Seed of the split into SFT / reward-model / RL parts (same seed, same split).")
+    fractions: dict[str, float] = _f({}, "Shares of the training split by prompt, e.g. '{\"sft\": 0.3, \"rm\": 0.5, "
+                                         "\"rl\": 0.2}'. Empty: the dataset's default (UltraFeedback 30/50/20 as in the "
+                                         "paper; KodCode rm 0.5 / rl 0.45 / eval 0.05). SLF5K uses its own splits.")
+    eval_split: str | None = _f(None, "Split written to eval.jsonl: SLF5K validation (or test/development), "
+                                      "UltraFeedback test_prefs. KodCode has one split; its eval share comes from fractions.")
+    max_samples: int | None = _f(None, "Read at most this many rows per split (quick runs).")
+    slf5k_prompt_template: str = _f("Title: {title}\n\n{post}\n\nTL;DR:",
+                                    "SLF5K policy prompt (sft, rl_prompts, preference_pairs, eval), filled from the "
+                                    "row; keep it equal to configs/slf5k/eval.yaml's prompt_template.")
+    # --- KodCode completions (the reward model's negatives) ---
+    completions: str | None = _f(None, "KodCode: a JSONL of model completions to score next to the references: "
+                                       "question_id plus completion (a string) or completions (a list).")
+    completions_model: str | None = _f(None, "KodCode: a model (hub id or path) that writes completions for the "
+                                             "reward-model questions (text2grad.core.generation).")
+    completions_adapter: str | None = _f(None, "KodCode: a PEFT adapter on top of completions_model.")
+    completions_per_question: int = _f(1, "KodCode: completions sampled per reward-model question.")
+    max_new_tokens: int = _f(512, "KodCode: generation length of one completion.")
+    temperature: float = _f(0.8, "KodCode: sampling temperature (0: greedy).")
+    batch_size: int = _f(8, "KodCode: prompts per generation batch.")
+    use_chat_template: bool = _f(True, "KodCode: wrap the prompt in the model's chat template when it has one.")
+    dtype: str = _f("auto", "KodCode: dtype of completions_model (auto, bf16, fp16, fp32).")
+    test_timeout_s: float = _f(10.0, "KodCode: time limit of one program's test run in the sandbox.")
+    test_memory_mb: int = _f(1024, "KodCode: memory limit of one test run.")
+    workers: int = _f(2, "KodCode: test runs in parallel (each in its own sandbox).")
+
+    def __post_init__(self) -> None:
+        for name, value in self.fractions.items():
+            if not 0 <= float(value) <= 1:
+                raise ConfigError(f"fractions[{name!r}] must be within [0, 1], got {value}")
+        if self.fractions and abs(sum(self.fractions.values()) - 1.0) > 1e-6:
+            raise ConfigError(f"fractions must sum to 1, got {self.fractions} (sum {sum(self.fractions.values())})")
+        for name in ("completions_per_question", "batch_size", "workers", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise ConfigError(f"max_samples must be at least 1, got {self.max_samples}")
+
+    def resolved_fractions(self) -> dict[str, float]:
+        return dict(self.fractions or DEFAULT_FRACTIONS.get(self.dataset, {}))
+
+
+def split_by_key(keys: Sequence[str], fractions: Mapping[str, float], seed: int) -> dict[str, str]:
+    """Assign each distinct key (a prompt) to one part, so a prompt never lands in two parts.
+
+    The distinct keys are sorted, shuffled with ``seed`` and cut at the cumulative fractions (the last part
+    takes the rounding remainder), so the assignment depends only on the set of keys and the seed, not on the
+    row order. Returns ``{key: part}``.
+    """
+    distinct = sorted(set(keys))
+    random.Random(seed).shuffle(distinct)
+    parts = list(fractions)
+    out: dict[str, str] = {}
+    start, total = 0, len(distinct)
+    cumulative = 0.0
+    for k, part in enumerate(parts):
+        cumulative += float(fractions[part])
+        end = total if k == len(parts) - 1 else round(cumulative * total)
+        for key in distinct[start:end]:
+            out[key] = part
+        start = end
+    return out
+
+
+def conversation_reply(messages: Any) -> str | None:
+    """The content of the last assistant message of a ``[{role, content}, ...]`` list (None if there is none)."""
+    if not isinstance(messages, list):
+        return None
+    answers = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "assistant"]
+    if not answers or not isinstance(answers[-1].get("content"), str):
+        return None
+    return answers[-1]["content"]
+
+
+def stable_digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def write_outputs(output_dir: str | Path, files: Mapping[str, list[dict[str, Any]]], report: dict[str, Any]) -> Path:
+    """Write every output file (atomically, see `write_jsonl`) and ``prepare_report.json`` last, so a
+    report's presence means the directory is complete."""
+    from text2grad.core.data import write_jsonl
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "prepare_report.json").unlink(missing_ok=True)
+    for name in OUTPUT_FILES:
+        write_jsonl(out / name, list(files.get(name, [])))
+    report = {**report, "files": {name: len(files.get(name, [])) for name in OUTPUT_FILES}}
+    tmp = out / "prepare_report.json.tmp"
+    tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(out / "prepare_report.json")
+    return out
