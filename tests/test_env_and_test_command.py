@@ -116,7 +116,7 @@ def _torch_line(output: str) -> str:
     return lines[0].removeprefix("[env.sh] dry run: torch: ")
 
 
-def _write_stamps(venv: Path, spec: str, index_url: str, extras: str = "test,offline-eval") -> None:
+def _write_stamps(venv: Path, spec: str, index_url: str, extras: str = "test,offline-eval,real-assets") -> None:
     """The stamps env.sh writes after installing with ``spec``/``index_url``."""
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
     (venv / ".text2grad-installed").write_text(f"{digest} {spec} {extras} {index_url}\n")
@@ -130,7 +130,7 @@ def test_changing_the_torch_index_flips_the_decision_to_reinstall(tmp_path):
     assert f"{venv} is up to date" in same and _torch_line(same) == "keep"
 
     cuda = _dry_run(venv, TORCH_INDEX_URL=CUDA_URL)  # then asks for CUDA, as the README says
-    assert "would install text2grad[test,offline-eval]" in cuda
+    assert "would install text2grad[test,offline-eval,real-assets]" in cuda
     assert _torch_line(cuda) == f"reinstall: requested torch==2.13.0 {CUDA_URL}, installed torch==2.13.0 {CPU_URL}"
 
     default = _dry_run(venv)  # dropping the index URL is a change too
