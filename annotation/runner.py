@@ -36,13 +36,11 @@ from typing import Any, Mapping
 
 from annotation.config import AnnotationConfig
 from annotation.critics import (
-    CodeTestCritic,
     CriticResult,
     FeedbackSourceAdapter,
     HumanFeedbackGrounder,
     LLMAnnotator,
     RecordCritic,
-    load_critic_class,
 )
 from annotation.llm import (
     AnnotationAPIError,
@@ -55,6 +53,7 @@ from annotation.llm import (
     select_template,
 )
 from text2grad.core.config import config_to_dict
+from text2grad.core.critics import build_feedback_source
 from text2grad.core.data import DataError, iter_jsonl, load_records, record_id
 from text2grad.core.feedback import Feedback
 from text2grad.core.spans import locate_spans
@@ -353,17 +352,28 @@ class _Appender:
 # --------------------------------------------------------------------------------------------------
 
 
-def build_critic(cfg: AnnotationConfig, meter: UsageMeter) -> tuple[RecordCritic, Any, str | None]:
-    """The record critic for ``cfg.critic``, the API client to close afterwards (or None), and the secret to mask."""
+def build_critic(
+    cfg: AnnotationConfig, meter: UsageMeter, records: list[dict[str, Any]] | None = None
+) -> tuple[RecordCritic, Any, str | None]:
+    """The record critic for ``cfg.critic``, the API client to close afterwards (or None), and the secret to mask.
+
+    ``llm`` and ``human`` drive the run's own API client (budget, usage meter, prompt template); every other
+    name or ``module:Class`` spec is built by the critic registry (`text2grad.core.critics`) exactly as PPO
+    builds it, bound to ``records``.
+    """
     if cfg.critic in ("llm", "human"):
         client, secret = make_openai_client(cfg)
         chat = ChatClient(client, cfg, meter, secret)
         if cfg.critic == "llm":
             return LLMAnnotator(chat, select_template(cfg), cfg.max_retries), client, secret
         return HumanFeedbackGrounder(chat, select_template(cfg, human=True), cfg.max_retries), client, secret
+    kwargs = dict(cfg.critic_kwargs)
     if cfg.critic == "code_tests":
-        return CodeTestCritic(timeout_s=cfg.test_timeout_s, memory_mb=cfg.test_memory_mb), None, None
-    return FeedbackSourceAdapter(load_critic_class(cfg.critic, cfg.critic_kwargs)), None, None
+        kwargs = {"timeout_s": cfg.test_timeout_s, "memory_mb": cfg.test_memory_mb, "tests_field": "tests", **kwargs}
+    critic = build_feedback_source(cfg.critic, kwargs, records)
+    if callable(getattr(critic, "annotate", None)):  # already a record critic (code_tests)
+        return critic, None, None  # type: ignore[return-value]
+    return FeedbackSourceAdapter(critic), None, None
 
 
 def run_annotation(cfg: AnnotationConfig, critic: RecordCritic | None = None) -> RunReport:
@@ -394,7 +404,7 @@ def run_annotation(cfg: AnnotationConfig, critic: RecordCritic | None = None) ->
     meter = UsageMeter(cfg.max_requests, cfg.max_cost_usd, cfg.price_per_1k_input, cfg.price_per_1k_output)
     client, secret = None, None
     if critic is None and todo:
-        critic, client, secret = build_critic(cfg, meter)
+        critic, client, secret = build_critic(cfg, meter, todo)
     template = getattr(critic, "template", None)
     if todo and template is not None:
         template.messages(todo[0])  # a placeholder the records lack is a configuration error: fail before any request

@@ -52,7 +52,7 @@ def make_records(n: int) -> list[dict]:
 
 def build_trainer(args: argparse.Namespace, mode: str, out: str):
     from policy_optimization.config import PPOConfig
-    from policy_optimization.feedback_sources import ReferenceSummaryCritic
+    from annotation.critics import ReferenceSummaryCritic
     from policy_optimization.models import ValueModel
     from policy_optimization.trainer import NLGradientPPOTrainer
     from text2grad.core.modeling import build_tiny_llama, train_tokenizer

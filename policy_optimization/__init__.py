@@ -2,7 +2,8 @@
 
 - `PPOConfig` (config.py) and `NLGradientPPOTrainer` (trainer.py): the trainer; `python -m policy_optimization.train`.
 - rewards.py: the reward modes (nl_gradient, scalar, dense, mixed) as pure functions.
-- feedback_sources.py: reward model, LLM critic, unit tests, reference critic, or any ``module:Class``.
+- scores.py: task score functions for the scalar/dense/mixed reward modes. The critics themselves (reward
+  model, LLM, unit tests, reference, any ``module:Class``) come from the one registry in `text2grad.core.critics`.
 - sft.py / dpo.py: TRL SFTTrainer and DPOTrainer runs (``text2grad sft`` / ``text2grad dpo``).
 
 Names are imported lazily, so ``import policy_optimization`` stays cheap.
@@ -19,9 +20,9 @@ _EXPORTS = {
     "NonFiniteError": "policy_optimization.trainer",
     "ValueModel": "policy_optimization.models",
     "compute_score_rewards": "text2grad.core.rewards",
-    "build_feedback_source": "policy_optimization.feedback_sources",
-    "CallableFeedbackSource": "policy_optimization.feedback_sources",
-    "ReferenceSummaryCritic": "policy_optimization.feedback_sources",
+    "build_feedback_source": "text2grad.core.critics",
+    "CallableFeedbackSource": "text2grad.core.critics",
+    "ReferenceSummaryCritic": "annotation.critics",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from policy_optimization.sft import _f
+from text2grad.core.critics import extract_code
 
 __all__ = ["CodePairsConfig", "build_pairs", "main"]
 
@@ -62,8 +63,6 @@ class CodePairsConfig:
 
 def _candidates(record: dict[str, Any], fields: Sequence[str]) -> list[str]:
     """Distinct non-empty programs from ``fields`` (code extracted from Markdown fences), in field order."""
-    from text2grad.apps.evaluation.code import extract_code
-
     out: list[str] = []
     for name in fields:
         value = record.get(name)

@@ -81,7 +81,8 @@ def load_models(cfg: PPOConfig, tokenizer):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from policy_optimization.feedback_sources import build_feedback_source, build_score_fn
+    from policy_optimization.scores import build_score_fn
+    from text2grad.core.critics import build_feedback_source
     from policy_optimization.trainer import NLGradientPPOTrainer, NonFiniteError
     from text2grad.core.config import ConfigError, parse_config
     from text2grad.core.data import DataError

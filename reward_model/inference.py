@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -259,6 +260,24 @@ class GenerativeRewardModel:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         return cls(model.to(device), tokenizer, **options)
 
+    @classmethod
+    def from_critic_kwargs(
+        cls, path: str | None = None, model_name_or_path: str | None = None, **kwargs: Any
+    ) -> "GenerativeRewardModel":
+        """The reward model as a critic (registry name ``reward_model`` in `text2grad.core.critics`).
+
+        ``path`` (or ``model_name_or_path``) is the trained reward model; the other kwargs go to
+        `from_pretrained`. Under a distributed launcher (``LOCAL_RANK`` set) each process puts its reward
+        model on its own GPU unless ``device`` is given.
+        """
+        path = path or model_name_or_path
+        if not path:
+            raise ValueError("critic 'reward_model' needs the kwarg path (the trained reward model directory), "
+                             "e.g. feedback_source_kwargs: {path: outputs/slf5k/reward_model}")
+        if "device" not in kwargs and "LOCAL_RANK" in os.environ and torch.cuda.is_available():
+            kwargs["device"] = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        return cls.from_pretrained(path, **kwargs)
+
     # ----------------------------------------------------------------------------------------------
     # Feedback
     # ----------------------------------------------------------------------------------------------
@@ -354,7 +373,7 @@ class GenerativeRewardModel:
         return results
 
     def feedback(self, prompts: Sequence[str], responses: Sequence[str]) -> list[Feedback]:
-        """`text2grad.core.feedback.FeedbackSource` protocol: same as `generate_feedback`."""
+        """`text2grad.core.critics.FeedbackSource` protocol: same as `generate_feedback`."""
         return self.generate_feedback(prompts, responses)
 
     # ----------------------------------------------------------------------------------------------

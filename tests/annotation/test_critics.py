@@ -11,7 +11,8 @@ import pytest
 from tests.annotation.annotation_test_utils import SECRET_KEY, read_jsonl, write_jsonl
 from tests.fake_openai import FakeOpenAIServer, Reply, quoting_handler
 
-from annotation.critics import CodeTestCritic, extract_code
+from annotation.code_critic import CodeTestCritic
+from text2grad.core.critics import extract_code
 from text2grad.core.feedback import Feedback
 
 REPO = Path(__file__).resolve().parents[2]

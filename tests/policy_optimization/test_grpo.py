@@ -6,7 +6,7 @@ import pytest
 import torch
 from tests.policy_optimization.po_testlib import PROMPTS
 
-from policy_optimization.feedback_sources import CallableFeedbackSource
+from text2grad.core.critics import CallableFeedbackSource
 from policy_optimization.grpo import token_advantages
 from text2grad.core.feedback import Feedback
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tests.policy_optimization.po_testlib import first_and_last_words
 
-from policy_optimization.feedback_sources import CallableFeedbackSource
+from text2grad.core.critics import CallableFeedbackSource
 from policy_optimization.trainer import NonFiniteError, find_latest_checkpoint
 from text2grad.core.feedback import Feedback
 
@@ -358,7 +358,7 @@ def test_report_to_without_the_package_fails_early_and_clearly(make_trainer, mon
 def test_generative_reward_model_as_the_feedback_source(make_trainer, bpe_tokenizer, tmp_path):
     """The real reward-model class behind the registry name; an untrained model writes no parseable JSON, so
     every sample is a counted feedback error with zero reward and training goes on."""
-    from policy_optimization.feedback_sources import build_feedback_source
+    from text2grad.core.critics import build_feedback_source
     from reward_model.inference import GenerativeRewardModel
     from text2grad.core.modeling import build_tiny_llama
 

@@ -10,7 +10,8 @@ import torch
 
 from tests.reward_model.rm_testlib import INSTRUCTION, RECORDS
 from reward_model.inference import GenerativeRewardModel, json_complete
-from text2grad.core.feedback import Feedback, FeedbackSource
+from text2grad.core.critics import FeedbackSource
+from text2grad.core.feedback import Feedback
 from text2grad.core.generation import generate
 from text2grad.core.modeling import build_tiny_llama
 from text2grad.core.spans import decode_with_offsets, feedback_token_labels, token_offsets

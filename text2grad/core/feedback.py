@@ -12,6 +12,9 @@ JSON object on its own line::
 ```json fences, trailing commas, single quotes, Python literals, keys in other spellings (``Good spans``,
 ``goodSpans``, ``positive_spans``), the paper code's ``word_score_list`` form, and output truncated
 mid-JSON. It never raises; on failure it returns a `ParseResult` whose ``error`` says what was wrong.
+
+The protocol a critic implements (`FeedbackSource`) and the registry of critics live in
+`text2grad.core.critics`.
 """
 
 from __future__ import annotations
@@ -20,11 +23,10 @@ import ast
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any
 
 __all__ = [
     "Feedback",
-    "FeedbackSource",
     "ParseResult",
     "format_feedback",
     "parse_feedback",
@@ -72,17 +74,6 @@ class Feedback:
             good_spans=tuple(str(s) for s in record.get("good_spans", ()) or ()),
             poor_spans=tuple(str(s) for s in record.get("poor_spans", ()) or ()),
         )
-
-
-@runtime_checkable
-class FeedbackSource(Protocol):
-    """Anything that critiques responses: the reward model, an LLM critic, unit tests, a fact checker.
-
-    Implementations return exactly one `Feedback` per (prompt, response) pair, in order, and report
-    per-sample failures as `Feedback.failed(...)` rather than raising, so one bad sample never costs a batch.
-    """
-
-    def feedback(self, prompts: Sequence[str], responses: Sequence[str]) -> list[Feedback]: ...
 
 
 @dataclass(frozen=True)

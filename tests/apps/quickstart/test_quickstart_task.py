@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from text2grad.core.feedback import FeedbackSource
+from text2grad.core.critics import FeedbackSource
 from text2grad.apps.quickstart.task import (
     PROBLEM_PHRASES,
     SLOTS,

@@ -445,7 +445,7 @@ def _norm_prompt(text: str) -> str:
 
 
 class FactCritic:
-    """A programmatic critic for the toy task (a `text2grad.core.feedback.FeedbackSource`).
+    """A programmatic critic for the toy task (a `text2grad.core.critics.FeedbackSource`).
 
     It looks up each prompt's facts in the task files it was built from and checks the response with
     `critique_summary`. Prompts are matched after collapsing whitespace; a prompt that merely *contains*
