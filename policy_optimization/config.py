@@ -19,9 +19,13 @@ from typing import Any, Literal
 
 from text2grad.core.config import literal_choices
 
-__all__ = ["PPOConfig", "REWARD_MODES"]
+__all__ = ["PPOConfig", "REWARD_MODES", "SCALAR_SOURCES"]
 
-REWARD_MODES = ("nl_gradient", "scalar", "dense", "mixed")
+# Named sequence-score sources for the scalar/score_spread/mixed modes (any 'package.module:function' also works).
+SCALAR_SOURCES = {
+    "quote_count": None,  # (#good - #poor quotes) / (#good + #poor) of the same feedback; not the paper's baseline
+    "scalar_rm": "reward_model.scalar:ScalarRewardScorer",  # Bradley-Terry reward model: the paper's PPO baseline
+}
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -73,31 +77,46 @@ class PPOConfig:
     use_chat_template: bool = _f(False, "Wrap policy prompts in the tokenizer's chat template.")
     system_prompt: str | None = _f(None, "System message for the chat template.")
     max_samples: int | None = _f(None, "Use only the first N records.")
-    max_prompt_length: int = _f(512, "Prompts longer than this many tokens are cut from the left.")
+    max_prompt_length: int = _f(
+        512,
+        "Prompts longer than this many tokens (chat template included) are cut from the left, keeping the end "
+        "where the question is. Every configs/<dataset>/ppo.yaml sets it from its data.",
+    )
 
     # ---- feedback and rewards ----------------------------------------------------------------------
     feedback_source: str = _f(
         "reward_model",
-        "reward_model | llm | code_tests | reference | package.module:ClassName (see feedback_sources.py).",
+        "reward_model | llm | code_tests | reference | package.module:ClassName (the critic registry, text2grad/core/critics.py); 'none' "
+        "only with reward_mode scalar and a scalar_source other than quote_count (the scalar baseline needs no critic).",
     )
     feedback_source_kwargs: dict[str, Any] = _f({}, "Keyword arguments for the feedback source's constructor.")
-    reward_mode: Literal["nl_gradient", "scalar", "dense", "mixed"] = _f(
+    reward_mode: Literal["nl_gradient", "scalar", "dense", "score_spread", "mixed"] = _f(
         "nl_gradient",
-        "nl_gradient: span token rewards (the method); scalar: one sequence score at the last token (PPO baseline); "
-        "dense: span rewards plus the sequence score spread over every other token; mixed: span rewards plus "
-        "scalar_coef * sequence score at the last token.",
+        "nl_gradient: span token rewards (the method); scalar: one sequence score at the last token (PPO baseline; "
+        "with scalar_source scalar_rm it is the paper's PPO); dense: span token rewards from a critic/reward model "
+        "that labels every part of the response (the paper's dense ablation; tokens/labelled_share is logged); "
+        "score_spread: span rewards plus the sequence score spread over every other token; mixed: span rewards "
+        "plus scalar_coef * sequence score at the last token.",
     )
     reward_scheme: Literal["uniform", "linear_decay"] = _f("uniform", "Reward shape inside a span.")
     span_normalize: bool = _f(False, "Divide each span's token rewards by its length (every span worth +-1).")
+    reward_weighting: Literal["none", "pos_importance"] = _f(
+        "none",
+        "Within-span token weights: pos_importance = the paper's token-importance ablation (1.0 on nouns and verbs, "
+        "0.2 on other tokens; TextBlob's offline Pattern tagger, extra 'pos').",
+    )
     boundary: Literal["any", "majority", "all"] = _f("any", "Which tokens a span edge labels (text2grad.core.spans).")
     overlap: Literal["poor", "good"] = _f("poor", "Label that wins where a good and a poor span overlap.")
     occurrence: Literal["all", "first"] = _f("all", "Label every occurrence of a repeated quote, or the first.")
     scalar_source: str = _f(
-        "spans",
-        "Sequence score for scalar/dense/mixed modes: 'spans' = (#good - #poor quotes) / (#good + #poor) from the "
-        "same feedback, in [-1, 1]; or 'package.module:function' called as fn(prompts, responses) -> list[float].",
+        "quote_count",
+        "Sequence score for scalar/score_spread/mixed modes: scalar_rm = a Bradley-Terry reward model trained on "
+        "preference pairs (reward_model.scalar; pass scalar_source_kwargs {\"path\": ...}), the paper's PPO "
+        "baseline; quote_count (alias: spans) = (#good - #poor quotes) / (#good + #poor) of the same feedback, in "
+        "[-1, 1], a derived score and NOT the paper's baseline; or 'package.module:function' called as "
+        "fn(prompts, responses) -> list[float].",
     )
-    scalar_source_kwargs: dict[str, Any] = _f({}, "Keyword arguments when scalar_source names a class.")
+    scalar_source_kwargs: dict[str, Any] = _f({}, "Keyword arguments when scalar_source names a class (scalar_rm: path, ...).")
     scalar_coef: float = _f(1.0, "Weight of the sequence score.")
     missing_eos_penalty: float | None = _f(
         None,
@@ -145,6 +164,16 @@ class PPOConfig:
     output_dir: str = _f("outputs/ppo", "Checkpoints, metrics.jsonl, samples.jsonl and the final policy/value model.")
     overwrite_output_dir: bool = _f(False, "Start fresh even if output_dir holds checkpoints of an earlier run.")
     resume: str | None = _f(None, "'auto' = continue from the latest checkpoint in output_dir if any; or a checkpoint dir.")
+    accept_config_changes: bool = _f(
+        False,
+        "Resume even though the config differs from the checkpoint's (the differences are logged and appended to "
+        "<output_dir>/config_changes.jsonl). Without it such a resume is refused.",
+    )
+    max_feedback_error_rate: float = _f(
+        0.2,
+        "Stop (exit 1, before the update) when more than this share of an iteration's samples gets no feedback "
+        "(source errors, unparseable feedback, failed scores); 1.0 never stops. Every iteration with errors logs a warning.",
+    )
     save_steps: int = _f(50, "Save a checkpoint every N iterations (0 = only at the end).")
     save_total_limit: int | None = _f(
         2, "Keep at most this many checkpoints, >= 1 (oldest removed); null/none keeps every checkpoint."
@@ -169,7 +198,7 @@ class PPOConfig:
             resolve_dtype(self.dtype)
         except ValueError as exc:
             problems.append(str(exc))
-        for name in ("batch_size", "num_mini_batches", "gradient_accumulation_steps", "num_ppo_epochs", "response_length"):
+        for name in ("batch_size", "num_mini_batches", "gradient_accumulation_steps", "num_ppo_epochs", "response_length", "max_prompt_length"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.batch_size % self.num_mini_batches:
@@ -179,6 +208,8 @@ class PPOConfig:
                 f"the minibatch size batch_size/num_mini_batches = {self.batch_size // self.num_mini_batches} must be "
                 f"divisible by gradient_accumulation_steps ({self.gradient_accumulation_steps})"
             )
+        if not 0 <= self.max_feedback_error_rate <= 1:
+            problems.append(f"max_feedback_error_rate is a share in [0, 1], got {self.max_feedback_error_rate}")
         if self.temperature <= 0:
             problems.append(f"temperature must be > 0 (sampling is required for PPO), got {self.temperature}")
         if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
@@ -197,8 +228,17 @@ class PPOConfig:
             problems.append(
                 f"save_total_limit must be >= 1, got {self.save_total_limit} (use null/none to keep every checkpoint)"
             )
-        if self.scalar_source != "spans" and ":" not in self.scalar_source:
-            problems.append(f"scalar_source must be 'spans' or 'package.module:function', got {self.scalar_source!r}")
+        if self.scalar_source == "spans":  # the earlier name of quote_count
+            self.scalar_source = "quote_count"
+        if self.scalar_source not in SCALAR_SOURCES and ":" not in self.scalar_source:
+            problems.append(
+                f"scalar_source must be one of {list(SCALAR_SOURCES)} or 'package.module:function', got {self.scalar_source!r}"
+            )
+        if self.feedback_source == "none" and (self.reward_mode != "scalar" or self.scalar_source == "quote_count"):
+            problems.append(
+                "feedback_source 'none' only works with reward_mode scalar and a scalar_source other than quote_count "
+                "(every other mode reads spans from the feedback)"
+            )
         if problems:
             raise ValueError("invalid PPOConfig: " + "; ".join(problems))
 
@@ -220,3 +260,8 @@ class PPOConfig:
         if self.total_episodes is not None:
             return math.ceil(self.total_episodes / (self.batch_size * num_processes))
         raise ValueError("set num_iterations or total_episodes (how long to train)")
+
+
+# The reward modes of text2grad.core.rewards (REWARD_MODES there; a test keeps the two equal). Read from the
+# field's Literal so that importing the config does not import torch.
+REWARD_MODES = literal_choices(PPOConfig)["reward_mode"]

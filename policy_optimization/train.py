@@ -103,10 +103,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="left")
         items = build_prompt_records(cfg, tokenizer)
         seen_by_source = [{**it, "prompt": it["feedback_prompt"]} for it in items]
-        source = build_feedback_source(cfg.feedback_source, cfg.feedback_source_kwargs, records=seen_by_source)
+        if cfg.feedback_source == "none":  # scalar baseline: the score function is the whole reward
+            from text2grad.core.rewards import NoFeedback
+
+            source = NoFeedback()
+        else:
+            source = build_feedback_source(cfg.feedback_source, cfg.feedback_source_kwargs, records=seen_by_source)
         score_fn = None
-        if cfg.scalar_source != "spans":
-            score_fn = build_score_fn(cfg.scalar_source, cfg.scalar_source_kwargs, records=seen_by_source)
+        if cfg.scalar_source != "quote_count":
+            from policy_optimization.config import SCALAR_SOURCES
+
+            spec = SCALAR_SOURCES.get(cfg.scalar_source) or cfg.scalar_source
+            score_fn = build_score_fn(spec, cfg.scalar_source_kwargs, records=seen_by_source)
         policy, ref, value, base_path = load_models(cfg, tokenizer)
         trainer = NLGradientPPOTrainer(cfg, tokenizer, policy, ref, value, source, items, score_fn=score_fn, base_model_path=base_path)
     except (ConfigError, DataError, FileNotFoundError, FileExistsError, ValueError) as exc:

@@ -82,9 +82,9 @@ def test_scalar_mode_puts_one_normalized_score_at_the_last_token(batch):
     assert span_sequence_score(Feedback.failed("x")) == 0.0
 
 
-def test_dense_mode_spreads_the_score_over_unlabelled_tokens(batch):
+def test_score_spread_mode_spreads_the_score_over_unlabelled_tokens(batch):
     tok, ids, spans, feedbacks = batch
-    out = compute_score_rewards(feedbacks, ids, tok, mode="dense", length=20)
+    out = compute_score_rewards(feedbacks, ids, tok, mode="score_spread", length=20)
     for b, label in ((0, -1), (1, +1)):
         n = len(ids[b])
         s, e = spans[b]
@@ -163,7 +163,7 @@ def test_failures_give_zero_span_reward_and_are_counted(bpe_tokenizer):
     assert [s.score for s in derived.samples] == [0.0, 0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("mode", ["nl_gradient", "scalar", "dense", "mixed"])
+@pytest.mark.parametrize("mode", ["nl_gradient", "scalar", "dense", "score_spread", "mixed"])
 def test_empty_response_earns_no_score_in_any_mode_but_pays_the_missing_eos_penalty(bpe_tokenizer, mode):
     tok = bpe_tokenizer
     blank = enc(tok, "   ")
@@ -178,7 +178,7 @@ def test_empty_response_earns_no_score_in_any_mode_but_pays_the_missing_eos_pena
     assert out.stats()["samples/empty"] == 2
 
 
-@pytest.mark.parametrize("mode", ["dense", "mixed"])
+@pytest.mark.parametrize("mode", ["score_spread", "mixed"])
 def test_no_matched_span_keeps_the_outcome_part_only(bpe_tokenizer, mode):
     tok = bpe_tokenizer
     ids = enc(tok, "The author wrote a novel") + [tok.eos_token_id]
@@ -197,7 +197,7 @@ def test_length_alone_does_not_pay(bpe_tokenizer):
     fb = Feedback(good_spans=("wrote a novel",))
     short = enc(tok, "The author wrote a novel") + [tok.eos_token_id]
     long = enc(tok, "The author wrote a novel and the author kept writing for many more words") + [tok.eos_token_id]
-    for mode in ("nl_gradient", "mixed", "dense", "scalar"):
+    for mode in ("nl_gradient", "mixed", "dense", "score_spread", "scalar"):
         out = compute_score_rewards([fb, fb], [short, long], tok, mode=mode)
         totals = out.rewards.sum(-1)
         assert torch.isclose(totals[0], totals[1]), mode

@@ -10,16 +10,27 @@ For one response of ``T_b`` generated tokens (up to and including EOS) with feed
   ``feedback_token_labels`` paints +1 / -1 / 0 per token from the quoted spans (exact or normalized
   matches only; the EOS token has no characters and stays 0). ``span_token_rewards`` turns labels into
   delta_t (uniform, or linear decay inside a span).
-- sequence score ``s``: from ``scalar_source`` (an external function, e.g. unit tests passing), or by
-  default from the same feedback: ``(#good - #poor quotes) / (#good + #poor)`` in [-1, 1], 0 without quotes.
+- sequence score ``s``: from ``scalar_source`` (an external function: the scalar reward model of
+  `reward_model.scalar` for the paper's PPO baseline, unit tests passing, ...), or without one from the same
+  feedback: ``(#good - #poor quotes) / (#good + #poor)`` in [-1, 1], 0 without quotes (``quote_count``; a
+  derived score, not the paper's baseline).
 
 Modes (``c`` = ``scalar_coef``)::
 
-    nl_gradient  r_t = delta_t                                   (the method: span token rewards)
-    scalar       r_t = c * s at the last token, 0 elsewhere      (PPO baseline; no span alignment at all)
-    dense        r_t = delta_t on span tokens, c * s / n_0 on each of the n_0 other tokens
-                 (every token carries reward; the unlabelled share sums to c * s whatever the length)
-    mixed        r_t = delta_t, plus c * s at the last token     (span rewards + outcome reward)
+    nl_gradient   r_t = delta_t                                  (the method: span token rewards)
+    scalar        r_t = c * s at the last token, 0 elsewhere     (PPO baseline; no span alignment at all)
+    dense         r_t = delta_t                                  (the paper's dense ablation: the same arithmetic,
+                                                                  fed by a critic/reward model that labels every
+                                                                  part of the response, ~70 % of tokens)
+    score_spread  r_t = delta_t on span tokens, c * s / n_0 on each of the n_0 other tokens
+                  (every token carries reward; the unlabelled share sums to c * s whatever the length)
+    mixed         r_t = delta_t, plus c * s at the last token    (span rewards + outcome reward)
+
+``ScoreRewards.stats()`` reports ``tokens/labelled_share``: the share of response tokens with a +-1 label
+(`labelled_token_share`); the paper reports ~30 % for CoT span labels and ~70 % for its dense ablation.
+
+``weighting="pos_importance"`` multiplies each delta_t by its token's part-of-speech weight (1.0 nouns/verbs,
+0.2 others; `text2grad.core.token_importance`), the paper's token-importance ablation.
 
 In every mode (nl_gradient included) a response that ran out of tokens without EOS gets
 ``-missing_eos_penalty`` at its last token, on top of whatever the mode gave that token.
@@ -48,6 +59,7 @@ import torch
 
 from text2grad.core.feedback import Feedback
 from text2grad.core.spans import decode_with_offsets, feedback_token_labels
+from text2grad.core.token_importance import pos_importance_weights
 
 __all__ = [
     "RewardScheme",
@@ -58,7 +70,17 @@ __all__ = [
     "span_sequence_score",
     "response_mask",
     "compute_score_rewards",
+    "labelled_token_share",
+    "REWARD_MODES",
+    "SPAN_MODES",
+    "TOKEN_WEIGHTINGS",
+    "NoFeedback",
 ]
+
+REWARD_MODES = ("nl_gradient", "scalar", "dense", "score_spread", "mixed")
+SPAN_MODES = ("nl_gradient", "dense", "score_spread", "mixed")  # modes whose reward uses span labels
+TOKEN_WEIGHTINGS = ("none", "pos_importance")
+RewardMode = Literal["nl_gradient", "scalar", "dense", "score_spread", "mixed"]
 
 RewardScheme = Literal["uniform", "linear_decay"]
 # A weighting hook gets (token ids, token labels) of one response and returns one weight per token;
@@ -181,6 +203,8 @@ class ScoreRewards:
         n_unmatched = sum(s.n_unmatched for s in self.samples)
         n_tokens = float(self.mask.sum())
         nonzero = float(((self.rewards != 0) & (self.mask > 0)).sum())
+        labelled = sum(sum(1 for x in s.labels if x != 0) for s in self.samples)
+        aligned = sum(len(s.labels) for s in self.samples)
         out = {f"samples/{k}": float(sum(s.status == k for s in self.samples)) for k in ("empty", "feedback_error", "no_matched_span")}
         out.update(
             {
@@ -188,6 +212,8 @@ class ScoreRewards:
                 "spans/unmatched": float(n_unmatched),
                 "tokens/total": n_tokens,
                 "tokens/nonzero_reward": nonzero,
+                # share of the span-aligned tokens that carry a +-1 label (0 in scalar mode: nothing is aligned)
+                "tokens/labelled_share": labelled / aligned if aligned else 0.0,
             }
         )
         return out
@@ -201,6 +227,28 @@ def span_sequence_score(feedback: Feedback) -> float:
     return (good - poor) / (good + poor) if good + poor else 0.0
 
 
+class NoFeedback:
+    """The feedback source of the scalar baseline with an external score (``feedback_source: none``).
+
+    Scalar mode aligns no spans, so it needs no critic: every pair gets an empty, successful `Feedback`
+    and the whole reward comes from the score function (e.g. the scalar reward model).
+    """
+
+    def feedback(self, prompts: Sequence[str], responses: Sequence[str]) -> list[Feedback]:
+        if len(prompts) != len(responses):
+            raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses")
+        return [Feedback() for _ in responses]
+
+
+def labelled_token_share(labels: Sequence[Sequence[int]]) -> float:
+    """Share of tokens with a non-zero label over all tokens of the given responses (0 for no tokens).
+
+    ``labels``: per response, one +1 / -1 / 0 per token (`SampleReward.labels`).
+    """
+    total = sum(len(row) for row in labels)
+    return sum(1 for row in labels for x in row if x != 0) / total if total else 0.0
+
+
 def response_mask(lengths: Sequence[int], length: int) -> torch.Tensor:
     """(B, length) float mask, 1.0 on the first ``lengths[b]`` positions of row b (right padding)."""
     positions = torch.arange(length).unsqueeze(0)
@@ -212,7 +260,7 @@ def compute_score_rewards(
     response_ids: Sequence[Sequence[int]],
     tokenizer,
     *,
-    mode: Literal["nl_gradient", "scalar", "dense", "mixed"],
+    mode: RewardMode,
     length: int | None = None,
     scores: Sequence[float | None] | None = None,
     finished: Sequence[bool] | None = None,
@@ -223,6 +271,8 @@ def compute_score_rewards(
     occurrence: Literal["all", "first"] = "all",
     scalar_coef: float = 1.0,
     missing_eos_penalty: float | None = None,
+    weighting: Literal["none", "pos_importance"] = "none",
+    pos_tagger: Callable[[str], list[tuple[str, str]]] | None = None,
 ) -> ScoreRewards:
     """Per-token score rewards for a batch of generated responses.
 
@@ -230,7 +280,7 @@ def compute_score_rewards(
         feedbacks: one `Feedback` per response, on the text ``tokenizer.decode(ids, skip_special_tokens=True)``.
         response_ids: the exact sampled ids of each response, up to and including EOS (no padding).
         tokenizer: the policy's (fast) tokenizer.
-        mode: nl_gradient | scalar | dense | mixed (module docstring).
+        mode: nl_gradient | scalar | dense | score_spread | mixed (module docstring).
         length: padded length T (default: the longest response).
         scores: external sequence scores (``None`` entries: the score function failed for that sample, 0
             is used; empty responses get 0 whatever their score). Without ``scores`` the score comes from the
@@ -240,12 +290,16 @@ def compute_score_rewards(
         scheme, span_normalize: reward shape inside a span (`text2grad.core.rewards.span_token_rewards`).
         boundary, overlap, occurrence: span-to-token rules (`text2grad.core.spans`).
         scalar_coef: weight c of the sequence score.
+        weighting: "pos_importance" multiplies span rewards by POS weights (1.0 nouns/verbs, 0.2 others).
+        pos_tagger: ``fn(text) -> [(word, Penn tag)]`` for "pos_importance" (default: TextBlob's Pattern tagger).
 
     Returns:
         `ScoreRewards` with rewards and mask of shape (B, T), zero on padding.
     """
-    if mode not in ("nl_gradient", "scalar", "dense", "mixed"):
-        raise ValueError(f"mode must be nl_gradient, scalar, dense or mixed, got {mode!r}")
+    if mode not in REWARD_MODES:
+        raise ValueError(f"mode must be one of {', '.join(REWARD_MODES)}, got {mode!r}")
+    if weighting not in TOKEN_WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {', '.join(TOKEN_WEIGHTINGS)}, got {weighting!r}")
     if len(feedbacks) != len(response_ids):
         raise ValueError(f"got {len(feedbacks)} feedbacks for {len(response_ids)} responses")
     if scores is not None and len(scores) != len(response_ids):
@@ -275,9 +329,12 @@ def compute_score_rewards(
             info.n_unmatched = result.alignment.n_unmatched
             if any(result.labels):
                 delta = span_token_rewards(result.labels, scheme, span_normalize=span_normalize)
+                if weighting == "pos_importance":
+                    weights = pos_importance_weights(decoded, offsets, tagger=pos_tagger)
+                    delta = delta * torch.tensor(weights, dtype=torch.float32)
             else:
                 info.status = "no_matched_span"
-        if mode != "nl_gradient" and info.status != "empty":
+        if mode in ("scalar", "score_spread", "mixed") and info.status != "empty":
             if external is not None:
                 info.score = float(external)
             elif scores is None and info.status != "feedback_error":
@@ -287,7 +344,7 @@ def compute_score_rewards(
             s = scalar_coef * info.score
             if mode in ("scalar", "mixed"):
                 rewards[b, n - 1] += s
-            elif mode == "dense":
+            elif mode == "score_spread":
                 unlabelled = [t for t in range(n) if not info.labels or info.labels[t] == 0]
                 if unlabelled:
                     rewards[b, unlabelled] += s / len(unlabelled)

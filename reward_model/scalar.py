@@ -1,0 +1,413 @@
+"""The scalar reward model of the paper's PPO baseline: a sequence classifier trained on preference pairs.
+
+    python -m reward_model.scalar --config configs/slf5k/scalar_rm.yaml           # one device
+    text2grad train-scalar-rm --config configs/slf5k/scalar_rm.yaml
+    deepspeed --num_gpus 8 -m reward_model.scalar --config ... --deepspeed configs/deepspeed/zero3.json
+    accelerate launch --num_processes 8 -m reward_model.scalar --config ...
+
+Standard RLHF (Bradley-Terry): a causal LM with a one-output head, ``r(x, y)``, trained on pairs
+``(x, y_chosen, y_rejected)`` with the pairwise loss ``-log sigmoid(r(x, y_c) - r(x, y_r))``, through TRL's
+`RewardTrainer` (LoRA through peft by default). The pairs are the ``preference_pairs.jsonl`` files of
+``text2grad prepare-data`` (fields ``prompt``, ``chosen``, ``rejected``): SLF5K's own comparisons,
+UltraFeedback's chosen/rejected, KodCode's passing/failing programs (paper, Appendix N).
+
+Encoding (`encode_pair_text`, shared by training and scoring so PPO scores exactly what was trained):
+``prompt_template`` filled with the prompt (special tokens such as BOS added by the tokenizer), then the
+response tokens, then EOS; when too long, the prompt is cut from the left (the response is never cut).
+
+Evaluation: pairwise accuracy (share of held-out pairs whose chosen response scores higher; ties count as
+wrong) and the mean margin, written to ``<output_dir>/eval_pairwise.json``. The held-out pairs are
+``eval_file`` or, without one, an ``eval_fraction`` of the training pairs set aside (seeded).
+
+In PPO (``--reward_mode scalar --scalar_source scalar_rm --scalar_source_kwargs '{"path": DIR}'``) the
+trained model is the score function, `ScalarRewardScorer`: ``scorer(prompts, responses) -> list[float]``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from text2grad.core.config import ConfigError, load_config, parse_config, save_config
+from text2grad.core.data import DataError, load_records
+
+__all__ = [
+    "ScalarRMConfig",
+    "CONFIG_FILENAME",
+    "pairwise_loss",
+    "encode_pair_text",
+    "load_pairs",
+    "ScalarRewardScorer",
+    "pairwise_accuracy",
+    "train",
+    "main",
+]
+
+logger = logging.getLogger("reward_model.scalar")
+
+CONFIG_FILENAME = "scalar_rm_config.yaml"
+LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _f(default: Any, help: str) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ScalarRMConfig:
+    """Train a Bradley-Terry scalar reward model on preference pairs (the paper's PPO baseline)."""
+
+    model_name_or_path: str = _f("", "Base model (hub id or local directory); a one-output score head is added.")
+    tokenizer_name_or_path: str | None = _f(None, "Tokenizer (default: model_name_or_path).")
+    train_file: str = _f("", "Preference pairs: JSONL/JSON/saved dataset/hub id with prompt, chosen, rejected.")
+    train_split: str = _f("train", "Split of train_file when it is a hub dataset.")
+    eval_file: str | None = _f(None, "Held-out pairs (same layout). Default: an eval_fraction of train_file.")
+    eval_split: str = _f("validation", "Split of eval_file when it is a hub dataset.")
+    eval_fraction: float = _f(0.1, "Share of train_file held out for pairwise accuracy when eval_file is not set.")
+    field_map: dict[str, str] = _f({}, "Rename fields, {our_name: their_name}, e.g. {\"prompt\": \"post\"}.")
+    limit: int | None = _f(None, "Use only the first N pairs of train_file.")
+    prompt_template: str = _f("{prompt}\n\n", "Text before the response, with {prompt} filled from each pair.")
+    max_length: int = _f(1024, "Max tokens of prompt + response + EOS; the prompt is cut from the left.")
+    output_dir: str = _f("outputs/scalar_rm", "Adapter (or weights), tokenizer, config and eval_pairwise.json.")
+
+    use_lora: bool = _f(True, "Train a LoRA adapter (the score head is trained in full) or every weight.")
+    lora_r: int = _f(16, "LoRA rank.")
+    lora_alpha: int = _f(32, "LoRA alpha.")
+    lora_dropout: float = _f(0.05, "LoRA dropout.")
+    lora_target_modules: list[str] = _f(list(LLAMA_LINEAR_MODULES), "Modules that get LoRA adapters.")
+
+    learning_rate: float = _f(1e-5, "Peak learning rate.")
+    lr_scheduler_type: str = _f("linear", "transformers scheduler name.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping norm.")
+    num_train_epochs: float = _f(1.0, "Epochs over the pairs.")
+    max_steps: int = _f(-1, "Stop after this many optimizer steps (overrides epochs if > 0).")
+    per_device_train_batch_size: int = _f(4, "Pairs per device per micro-step.")
+    gradient_accumulation_steps: int = _f(1, "Micro-steps per optimizer step.")
+    center_rewards_coefficient: float | None = _f(None, "Weight of mean((r_c + r_r)^2), keeping rewards centred.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward.")
+    bf16: bool = _f(False, "bfloat16 mixed precision.")
+    dtype: str = _f("auto", "dtype the base weights are loaded in: auto, bf16, fp16, fp32.")
+    deepspeed: str | None = _f(None, "DeepSpeed JSON config, e.g. configs/deepspeed/zero3.json.")
+    eval_batch_size: int = _f(8, "Pairs per batch when computing the pairwise accuracy.")
+    save_steps: int = _f(500, "Save a checkpoint every N optimizer steps.")
+    save_total_limit: int | None = _f(2, "Keep at most N checkpoints.")
+    logging_steps: int = _f(10, "Log every N steps.")
+    seed: int = _f(42, "Random seed (held-out split, data order, LoRA and head init).")
+    report_to: str = _f("none", "none, tensorboard, wandb (comma-separated).")
+    disable_tqdm: bool = _f(False, "Hide the progress bar.")
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError(f"eval_fraction must lie in [0, 1), got {self.eval_fraction}")
+        if self.max_length < 8:
+            raise ConfigError(f"max_length must be at least 8 tokens, got {self.max_length}")
+        if "{prompt}" not in self.prompt_template:
+            raise ConfigError("prompt_template must contain {prompt}")
+        if self.deepspeed and not Path(self.deepspeed).is_file():
+            raise ConfigError(f"deepspeed config {self.deepspeed!r} does not exist (see configs/deepspeed/)")
+
+
+# --------------------------------------------------------------------------------------------------
+# Definitions
+# --------------------------------------------------------------------------------------------------
+
+
+def pairwise_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor) -> torch.Tensor:
+    """Bradley-Terry loss ``mean(-log sigmoid(r_c - r_r))`` over (B,) rewards (the loss TRL's RewardTrainer uses)."""
+    return -torch.nn.functional.logsigmoid(chosen_rewards - rejected_rewards).mean()
+
+
+def encode_pair_text(tokenizer, prompt: str, response: str, *, prompt_template: str, max_length: int) -> list[int]:
+    """Token ids of one (prompt, response) for the scalar reward model: template(prompt) + response + EOS.
+
+    The prompt part keeps the tokenizer's special tokens (e.g. BOS); if the whole exceeds ``max_length``
+    the prompt tokens are cut from the left (a leading BOS is kept), never the response.
+    """
+    head = tokenizer(prompt_template.format(prompt=prompt), add_special_tokens=True)["input_ids"]
+    body = tokenizer(response, add_special_tokens=False)["input_ids"]
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    room = max_length - len(body) - len(eos)
+    if len(head) > room:
+        bos = head[:1] if tokenizer.bos_token_id is not None and head[:1] == [tokenizer.bos_token_id] else []
+        keep = max(room - len(bos), 0)
+        head = bos + (head[len(head) - keep :] if keep else [])
+    return (head + body + eos)[-max_length:] if len(head) + len(body) + len(eos) > max_length else head + body + eos
+
+
+def load_pairs(path: str, split: str, field_map: dict[str, str], limit: int | None = None) -> list[dict[str, str]]:
+    """Preference pairs with string ``prompt``, ``chosen`` and ``rejected``; a clear error naming a bad record."""
+    records = load_records(path, split, field_map, limit=limit)
+    out = []
+    for i, rec in enumerate(records):
+        missing = [k for k in ("prompt", "chosen", "rejected") if not isinstance(rec.get(k), str)]
+        if missing:
+            raise DataError(
+                f"{path}: record {i} lacks string field(s) {missing} (it has {sorted(rec)}); preference pairs need "
+                "prompt, chosen and rejected (rename fields with field_map)"
+            )
+        out.append({"prompt": rec["prompt"], "chosen": rec["chosen"], "rejected": rec["rejected"]})
+    if not out:
+        raise DataError(f"{path} holds no preference pairs")
+    return out
+
+
+def split_pairs(pairs: list[dict[str, str]], fraction: float, seed: int) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """(train, held out): a seeded random ``fraction`` of the pairs held out (at least one when fraction > 0)."""
+    if fraction <= 0 or len(pairs) < 2:
+        return pairs, []
+    order = list(range(len(pairs)))
+    random.Random(seed).shuffle(order)
+    n_eval = min(max(1, round(len(pairs) * fraction)), len(pairs) - 1)
+    held = set(order[:n_eval])
+    return [p for i, p in enumerate(pairs) if i not in held], [p for i, p in enumerate(pairs) if i in held]
+
+
+# --------------------------------------------------------------------------------------------------
+# Scoring
+# --------------------------------------------------------------------------------------------------
+
+
+class ScalarRewardScorer:
+    """A trained scalar reward model as a score function: ``scorer(prompts, responses) -> list[float]``.
+
+    Args:
+        path: the ``output_dir`` of `train` (LoRA adapter or full weights, tokenizer, config).
+        device: torch device (default: cuda if available, else cpu).
+        batch_size: sequences per forward pass.
+        model: an already built model (tests); ``tokenizer`` and ``config`` must come with it.
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        device: str | None = None,
+        batch_size: int = 16,
+        model: Any = None,
+        tokenizer: Any = None,
+        config: ScalarRMConfig | None = None,
+    ) -> None:
+        if model is None:
+            if not path:
+                raise ValueError("ScalarRewardScorer needs path (the trained scalar reward model directory)")
+            model, tokenizer, config = _load_trained(path)
+        if tokenizer is None or config is None:
+            raise ValueError("pass tokenizer and config together with model")
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = model.to(self.device).eval()
+        self.tokenizer, self.config, self.batch_size = tokenizer, config, batch_size
+
+    @torch.no_grad()
+    def score_ids(self, sequences: Sequence[Sequence[int]]) -> list[float]:
+        """r for each token-id sequence (right padded like the training collator)."""
+        out: list[float] = []
+        pad = self.tokenizer.pad_token_id
+        for start in range(0, len(sequences), self.batch_size):
+            chunk = [list(s) for s in sequences[start : start + self.batch_size]]
+            width = max(len(s) for s in chunk)
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, seq in enumerate(chunk):
+                ids[row, : len(seq)] = torch.tensor(seq)
+                mask[row, : len(seq)] = 1
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+            out.extend(float(x) for x in logits.float().squeeze(-1).cpu())
+        return out
+
+    def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+        if len(prompts) != len(responses):
+            raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses")
+        cfg = self.config
+        seqs = [
+            encode_pair_text(self.tokenizer, p, r, prompt_template=cfg.prompt_template, max_length=cfg.max_length)
+            for p, r in zip(prompts, responses)
+        ]
+        return self.score_ids(seqs)
+
+
+def pairwise_accuracy(scorer: ScalarRewardScorer, pairs: Sequence[dict[str, str]]) -> dict[str, float]:
+    """Share of pairs whose chosen response scores strictly higher, and the mean margin r_c - r_r."""
+    if not pairs:
+        return {"pairs": 0, "accuracy": float("nan"), "mean_margin": float("nan")}
+    chosen = scorer([p["prompt"] for p in pairs], [p["chosen"] for p in pairs])
+    rejected = scorer([p["prompt"] for p in pairs], [p["rejected"] for p in pairs])
+    margins = [c - r for c, r in zip(chosen, rejected)]
+    return {
+        "pairs": len(pairs),
+        "accuracy": sum(m > 0 for m in margins) / len(margins),
+        "mean_margin": sum(margins) / len(margins),
+    }
+
+
+def _load_trained(path: str):
+    from transformers import AutoModelForSequenceClassification
+
+    from text2grad.core.modeling import load_tokenizer, resolve_dtype
+
+    root = Path(path)
+    cfg_file = root / CONFIG_FILENAME
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{path} is not a trained scalar reward model (no {CONFIG_FILENAME}); train one with "
+                                "python -m reward_model.scalar")
+    cfg = load_config(ScalarRMConfig, cfg_file)
+    tokenizer = load_tokenizer(str(root), padding_side="right")
+    dtype = resolve_dtype(cfg.dtype)
+    kwargs = {"num_labels": 1, **({"dtype": dtype} if dtype is not None else {})}
+    if (root / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        base = AutoModelForSequenceClassification.from_pretrained(cfg.model_name_or_path, **kwargs)
+        base.config.pad_token_id = tokenizer.pad_token_id
+        model = PeftModel.from_pretrained(base, str(root)).merge_and_unload()
+    else:
+        model = AutoModelForSequenceClassification.from_pretrained(str(root), **kwargs)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer, cfg
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------
+
+
+def _reward_config(cfg: ScalarRMConfig):
+    from trl import RewardConfig
+
+    from reward_model.train import _checkpointing_kwargs, _warmup_kwargs
+
+    return RewardConfig(
+        output_dir=cfg.output_dir,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        **_warmup_kwargs(RewardConfig, 0.0),
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        num_train_epochs=cfg.num_train_epochs,
+        max_steps=cfg.max_steps,
+        **_checkpointing_kwargs(RewardConfig, cfg.gradient_checkpointing),
+        bf16=cfg.bf16,
+        deepspeed=cfg.deepspeed,
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
+        logging_steps=cfg.logging_steps,
+        report_to=[r for r in cfg.report_to.split(",") if r and r != "none"] or "none",
+        seed=cfg.seed,
+        disable_tqdm=cfg.disable_tqdm,
+        max_length=None,  # encode_pair_text already fits every pair (prompt cut from the left)
+        center_rewards_coefficient=cfg.center_rewards_coefficient,
+        dataloader_num_workers=0,
+    )
+
+
+def _encode_dataset(cfg: ScalarRMConfig, tokenizer, pairs: Sequence[dict[str, str]]):
+    from datasets import Dataset
+
+    enc = lambda p, r: encode_pair_text(tokenizer, p, r, prompt_template=cfg.prompt_template, max_length=cfg.max_length)  # noqa: E731
+    rows = [{"chosen_ids": enc(p["prompt"], p["chosen"]), "rejected_ids": enc(p["prompt"], p["rejected"])} for p in pairs]
+    return Dataset.from_list(rows)
+
+
+def train(cfg: ScalarRMConfig) -> dict[str, Any]:
+    """Train on ``cfg.train_file``, save to ``cfg.output_dir`` and return training + held-out metrics."""
+    from transformers import AutoModelForSequenceClassification, set_seed
+    from trl import RewardTrainer
+
+    from reward_model.train import _allow_deepspeed_on_cpu
+    from text2grad.core.modeling import load_tokenizer, resolve_dtype
+
+    if not cfg.model_name_or_path:
+        raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")
+    if not cfg.train_file:
+        raise ConfigError("set --train_file (preference_pairs.jsonl from `text2grad prepare-data`)")
+    pairs = load_pairs(cfg.train_file, cfg.train_split, cfg.field_map, cfg.limit)
+    if cfg.eval_file:
+        train_pairs, eval_pairs = pairs, load_pairs(cfg.eval_file, cfg.eval_split, cfg.field_map)
+    else:
+        train_pairs, eval_pairs = split_pairs(pairs, cfg.eval_fraction, cfg.seed)
+    if cfg.deepspeed and os.environ.get("DS_ACCELERATOR") == "cpu" and not torch.cuda.is_available():
+        _allow_deepspeed_on_cpu()
+    args = _reward_config(cfg)  # first: a ZeRO-3 config must be registered before the weights load
+    set_seed(cfg.seed)
+    tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="right")
+    dtype = resolve_dtype(cfg.dtype)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        cfg.model_name_or_path, num_labels=1, **({"dtype": dtype} if dtype is not None else {})
+    )
+    model.config.pad_token_id = tokenizer.pad_token_id
+    peft_config = None
+    if cfg.use_lora:
+        from peft import LoraConfig
+
+        names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        targets = [m for m in cfg.lora_target_modules if m in names or m == "all-linear"]
+        if not targets:
+            raise ConfigError(f"none of lora_target_modules {cfg.lora_target_modules} exist in {cfg.model_name_or_path}")
+        peft_config = LoraConfig(
+            task_type="SEQ_CLS", r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+            target_modules=targets[0] if targets == ["all-linear"] else targets,
+        )
+    trainer = RewardTrainer(
+        model=model, args=args, train_dataset=_encode_dataset(cfg, tokenizer, train_pairs),
+        processing_class=tokenizer, peft_config=peft_config,
+    )
+    result = trainer.train()
+    metrics: dict[str, Any] = {"train_pairs": len(train_pairs), **result.metrics}
+    trainer.save_model(cfg.output_dir)
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(cfg.output_dir)
+        save_config(cfg, Path(cfg.output_dir) / CONFIG_FILENAME)
+        unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+        if eval_pairs:
+            scorer = ScalarRewardScorer(model=unwrapped, tokenizer=tokenizer, config=cfg,
+                                        device=str(trainer.accelerator.device), batch_size=cfg.eval_batch_size)
+            report = pairwise_accuracy(scorer, eval_pairs)
+            report["source"] = cfg.eval_file or f"{cfg.eval_fraction:.0%} of {cfg.train_file} (seed {cfg.seed})"
+            (Path(cfg.output_dir) / "eval_pairwise.json").write_text(json.dumps(report, indent=2))
+            metrics.update({f"eval_{k}": v for k, v in report.items()})
+        trainer.save_metrics("train", {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+    return metrics
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from reward_model.train import _strip_launcher_args
+    from text2grad.core.modeling import end_distributed
+
+    logging.basicConfig(
+        level=logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    args = _strip_launcher_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = parse_config(ScalarRMConfig, args, description="Scalar (Bradley-Terry) reward model on preference pairs.")
+        if not cfg.model_name_or_path:
+            raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")
+        if not cfg.train_file:
+            raise ConfigError("set --train_file (preference_pairs.jsonl from `text2grad prepare-data`)")
+        metrics = train(cfg)
+    except (ConfigError, DataError, FileNotFoundError) as exc:
+        print(f"reward_model.scalar: error: {exc}", file=sys.stderr)
+        return 2
+    if int(os.environ.get("RANK", "0")) == 0:
+        acc = metrics.get("eval_accuracy")
+        shown = f", held-out pairwise accuracy {acc:.3f} on {metrics['eval_pairs']} pairs" if acc is not None else ""
+        print(f"scalar reward model saved to {cfg.output_dir} ({metrics['train_pairs']} training pairs{shown})")
+    end_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Scalar (Bradley-Terry) reward model: loss definition and direction, encoding, training CLI, PPO scorer."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from reward_model.scalar import (
+    CONFIG_FILENAME,
+    ScalarRewardScorer,
+    encode_pair_text,
+    load_pairs,
+    main,
+    pairwise_accuracy,
+    pairwise_loss,
+    split_pairs,
+)
+from text2grad.core.data import DataError
+
+# Hand-written pairs in the layout of `text2grad prepare-data`'s preference_pairs.jsonl.
+PAIRS = [
+    {"prompt": "Summarize: Alex moved to Berlin for a job.", "chosen": "Alex moved to Berlin for work.",
+     "rejected": "Alex moved to Oslo for a holiday."},
+    {"prompt": "Write add(a, b).", "chosen": "def add(a, b):\n    return a + b", "rejected": "def add(a, b):\n    return a - b"},
+    {"prompt": "Summarize: Sam wants a dog but the landlord says no.", "chosen": "Sam wants a dog; the landlord refuses.",
+     "rejected": "Sam wants a cat."},
+    {"prompt": "How do I find a bike in Lisbon?", "chosen": "Check local listings and compare prices.",
+     "rejected": "Bikes are vehicles."},
+]
+
+
+def test_pairwise_loss_is_minus_log_sigmoid_of_the_margin():
+    chosen, rejected = torch.tensor([2.0, 0.0]), torch.tensor([1.0, 0.0])
+    expected = (-math.log(1 / (1 + math.exp(-1.0))) - math.log(0.5)) / 2
+    assert float(pairwise_loss(chosen, rejected)) == pytest.approx(expected, rel=1e-6)
+    # a larger chosen-over-rejected margin always costs less
+    assert float(pairwise_loss(torch.tensor([3.0]), torch.tensor([0.0]))) < float(pairwise_loss(torch.tensor([0.0]), torch.tensor([3.0])))
+
+
+def test_encoding_keeps_the_response_and_cuts_the_prompt_from_the_left(rm_tokenizer):
+    tok = rm_tokenizer
+    full = encode_pair_text(tok, "Summarize: Alex moved.", "Alex moved to Berlin.", prompt_template="{prompt}\n\n", max_length=512)
+    body = tok("Alex moved to Berlin.", add_special_tokens=False)["input_ids"]
+    assert full[-1] == tok.eos_token_id and full[-1 - len(body) : -1] == body
+    short = encode_pair_text(tok, "Summarize: Alex moved. " * 20, "Alex moved to Berlin.", prompt_template="{prompt}\n\n",
+                             max_length=len(body) + 6)
+    assert len(short) == len(body) + 6 and short[-1 - len(body) : -1] == body
+
+
+def test_pairs_are_checked_and_split(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    assert load_pairs(str(path), "train", {}) == PAIRS
+    train, held = split_pairs(PAIRS, 0.25, seed=0)
+    assert len(held) == 1 and len(train) == 3 and held[0] not in train
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "p", "chosen": "c"}) + "\n")
+    with pytest.raises(DataError, match="rejected"):
+        load_pairs(str(bad), "train", {})
+
+
+@pytest.fixture(scope="module")
+def scalar_run(rm_world):
+    torch.set_num_threads(1)
+    (rm_world / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    out = rm_world / "scalar"
+    args = ["--model_name_or_path", str(rm_world / "base"), "--train_file", str(rm_world / "pairs.jsonl"),
+            "--eval_file", str(rm_world / "pairs.jsonl"), "--output_dir", str(out), "--max_steps", "15",
+            "--learning_rate", "5e-3", "--per_device_train_batch_size", "4", "--lora_r", "8", "--lora_alpha", "16",
+            "--lora_dropout", "0.0", "--max_length", "96", "--save_steps", "1000", "--logging_steps", "5",
+            "--disable_tqdm", "true", "--dtype", "fp32", "--seed", "0"]
+    assert main(args) == 0
+    return out
+
+
+def test_training_puts_chosen_above_rejected_on_the_training_pairs(rm_world, rm_tokenizer, scalar_run):
+    from transformers import AutoModelForSequenceClassification
+
+    from reward_model.scalar import ScalarRMConfig
+
+    cfg = ScalarRMConfig(model_name_or_path=str(rm_world / "base"), max_length=96)
+    torch.manual_seed(0)
+    untrained = AutoModelForSequenceClassification.from_pretrained(str(rm_world / "base"), num_labels=1)
+    untrained.config.pad_token_id = rm_tokenizer.pad_token_id
+    before = pairwise_accuracy(ScalarRewardScorer(model=untrained, tokenizer=rm_tokenizer, config=cfg, device="cpu"), PAIRS)
+    scorer = ScalarRewardScorer(str(scalar_run), device="cpu")  # the saved adapter + head, loaded like PPO does
+    after = pairwise_accuracy(scorer, PAIRS)
+    assert after["accuracy"] == 1.0 and after["mean_margin"] > max(before["mean_margin"], 0.0) + 0.5, (before, after)
+    # the loss the trainer minimised is lower after training
+    chosen = torch.tensor(scorer([p["prompt"] for p in PAIRS], [p["chosen"] for p in PAIRS]))
+    rejected = torch.tensor(scorer([p["prompt"] for p in PAIRS], [p["rejected"] for p in PAIRS]))
+    assert float(pairwise_loss(chosen, rejected)) < math.log(2)
+    report = json.loads((scalar_run / "eval_pairwise.json").read_text())
+    assert report["pairs"] == 4 and report["accuracy"] == 1.0
+    for name in ("adapter_config.json", "tokenizer.json", CONFIG_FILENAME):
+        assert (scalar_run / name).is_file(), name
+
+
+def test_cli_errors_exit_2_before_loading(tmp_path, capsys):
+    assert main(["--model_name_or_path", str(tmp_path)]) == 2
+    assert "error: set --train_file" in capsys.readouterr().err
+    missing = tmp_path / "nope.jsonl"
+    assert main(["--model_name_or_path", str(tmp_path), "--train_file", str(missing)]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_scorer_needs_a_trained_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match=CONFIG_FILENAME):
+        ScalarRewardScorer(str(tmp_path))
+    with pytest.raises(ValueError, match="path"):
+        ScalarRewardScorer()
+
+
+def test_ppo_config_names_the_scalar_reward_model():
+    from policy_optimization.config import SCALAR_SOURCES, PPOConfig
+    from text2grad.core.critics import load_object
+
+    assert load_object(SCALAR_SOURCES["scalar_rm"]) is ScalarRewardScorer
+    cfg = PPOConfig(reward_mode="scalar", scalar_source="scalar_rm", feedback_source="none")
+    assert cfg.scalar_source == "scalar_rm"
+    with pytest.raises(ValueError, match="feedback_source 'none'"):
+        PPOConfig(reward_mode="nl_gradient", feedback_source="none")
+    assert PPOConfig(scalar_source="spans").scalar_source == "quote_count"  # the earlier name still works
