@@ -135,7 +135,7 @@ def generate_completions(cfg: PrepareDataConfig, prompts: Mapping[str, str]) -> 
 
 def _run_all(programs: Sequence[tuple[str, str]], cfg: PrepareDataConfig) -> list[Any]:
     """Run each (response, tests) in the sandbox; the code is the response's first Python block."""
-    from text2grad.apps.evaluation.code import extract_code
+    from text2grad.core.critics import extract_code
     from text2grad.core import sandbox
 
     def one(item: tuple[str, str]) -> Any:
