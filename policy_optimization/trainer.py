@@ -21,13 +21,9 @@ gathered for generation).
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import json
 import logging
-import os
-import re
-import shutil
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +33,24 @@ import numpy as np
 import torch
 
 from policy_optimization.config import PPOConfig
+from policy_optimization.distributed import is_peft, make_accelerator, policy_for_generation, prepare_reference, wrap_lora
 from policy_optimization.models import PolicyAndValue, ValueModel, disable_dropout
-from text2grad.core.rewards import ScoreRewards, compute_score_rewards
+from policy_optimization.rollout import (
+    SUM_KEYS,
+    Rollout,
+    batch_stats,
+    chunks,
+    collect_feedback,
+    collect_scores,
+    derived_rates,
+    feedback_errors,
+    pack_rollout,
+    sample_records,
+)
+from text2grad.core import run_dir
 from text2grad.core.config import config_to_dict, save_config
-from text2grad.core.feedback import Feedback
 from text2grad.core.generation import Generation, generate
+from text2grad.core.rewards import ScoreRewards, compute_score_rewards
 from text2grad.core.ppo_math import (
     adaptive_kl_coef,
     entropy_from_logits,
@@ -55,16 +64,28 @@ from text2grad.core.ppo_math import (
     value_loss,
 )
 
-__all__ = ["NLGradientPPOTrainer", "NonFiniteError", "TrainerState", "find_latest_checkpoint"]
+__all__ = ["NLGradientPPOTrainer", "NonFiniteError", "FeedbackFailureError", "TrainerState", "find_latest_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+CONFIG_FILE = "ppo_config.yaml"
+# Files of a run in output_dir besides its checkpoints: a fresh run refuses (or with overwrite removes) them.
+RUN_FILES = (CONFIG_FILE, run_dir.METRICS_FILE, "samples.jsonl", run_dir.CHANGES_FILE)
+# Config keys a resumed run may change without --accept_config_changes: how long and how visibly it runs.
+RESUMABLE_KEYS = (
+    "resume", "overwrite_output_dir", "accept_config_changes", "output_dir", "num_iterations", "total_episodes",
+    "save_steps", "save_total_limit", "progress_bar", "report_to", "run_name", "log_samples", "log_level",
+    "max_feedback_error_rate",
+)
 
 
 class NonFiniteError(RuntimeError):
     """NaN or inf in rewards, values, advantages or the loss; ``checkpoint-<step>-nonfinite`` was saved before raising."""
+
+
+class FeedbackFailureError(RuntimeError):
+    """More than ``max_feedback_error_rate`` of an iteration's samples got no feedback; nothing was trained on it."""
 
 
 @dataclass
@@ -78,28 +99,9 @@ class TrainerState:
     data_pos: int = 0  # position in the epoch's permutation of the prompts
 
 
-@dataclass
-class Rollout:
-    """One batch of sampled responses as training tensors. P = prompt width, T = response width."""
-
-    input_ids: torch.Tensor  # (B, P + T): left-padded prompt + right-padded response
-    attention_mask: torch.Tensor  # (B, P + T)
-    position_ids: torch.Tensor  # (B, P + T)
-    response_ids: torch.Tensor  # (B, T)
-    generations: list[Generation]
-
-    @property
-    def response_length(self) -> int:
-        return self.response_ids.shape[1]
-
-
 def find_latest_checkpoint(output_dir: str | Path) -> Path | None:
     """The ``checkpoint-<step>`` directory with the highest step that holds a trainer state, or None."""
-    out = Path(output_dir)
-    if not out.is_dir():
-        return None
-    found = [(int(m.group(1)), p) for p in out.iterdir() if (m := _CHECKPOINT.match(p.name)) and (p / STATE_FILE).is_file()]
-    return max(found)[1] if found else None
+    return run_dir.find_latest_checkpoint(output_dir, STATE_FILE)
 
 
 class NLGradientPPOTrainer:
@@ -152,17 +154,15 @@ class NLGradientPPOTrainer:
         if missing:
             raise ValueError(f"train_dataset records {missing[:5]} have no string 'prompt' field")
 
-        self.accelerator = _make_accelerator(config)
+        self.accelerator = make_accelerator(config)
         acc = self.accelerator
         self.num_iterations = config.iterations(acc.num_processes)
         set_seed(config.seed)  # the same LoRA initialisation on every process
 
-        if config.use_lora and not _is_peft(policy):
-            policy = _wrap_lora(policy, config)
-        self.is_peft = _is_peft(policy)
+        if config.use_lora and not is_peft(policy):
+            policy = wrap_lora(policy, config)
+        self.is_peft = is_peft(policy)
         if ref_policy is None and not self.is_peft:
-            import copy
-
             logger.warning("no reference policy and no LoRA: keeping a frozen copy of the initial policy in memory")
             ref_policy = copy.deepcopy(policy)
         for model in (policy, value_model) + ((ref_policy,) if ref_policy is not None else ()):
@@ -200,7 +200,7 @@ class NLGradientPPOTrainer:
             ds["gradient_clipping"] = config.max_grad_norm
             self.zero_stage = int(ds_plugin.zero_stage or 0)
         self.model, self.optimizer, self.scheduler = acc.prepare(wrapper, optimizer, scheduler)
-        self.ref_model = _prepare_reference(ref_policy, acc, self.zero_stage) if ref_policy is not None else None
+        self.ref_model = prepare_reference(ref_policy, acc, self.zero_stage) if ref_policy is not None else None
 
         set_seed(config.seed + acc.process_index)  # different samples on each process
         self.state = TrainerState(kl_coef=config.kl_coef)
@@ -239,7 +239,7 @@ class NLGradientPPOTrainer:
             total=self.num_iterations, initial=self.state.step, desc="ppo", unit="it",
             disable=not (acc.is_main_process and self.config.progress_bar),
         )
-        with self._graceful_stop():
+        with run_dir.graceful_stop(self._request_stop):
             while self.state.step < self.num_iterations:
                 metrics = self.step()
                 bar.update(1)
@@ -273,19 +273,20 @@ class NLGradientPPOTrainer:
         t_generated = time.perf_counter()
 
         # 3. feedback (and the optional task score)
-        feedbacks, n_source_errors = self._feedback(feedback_prompts, responses)
-        scores, n_score_errors = self._scores(feedback_prompts, responses)
+        feedbacks, n_source_errors = collect_feedback(self.feedback_source, feedback_prompts, responses)
+        scores, n_score_errors = collect_scores(self.score_fn, cfg.reward_mode, feedback_prompts, responses)
+        self._check_feedback_errors(feedback_errors(feedbacks, responses), n_score_errors, len(responses))
         t_feedback = time.perf_counter()
 
         # 4. token-level score rewards on the exact sampled ids
-        rollout = self._pack(generations)
+        rollout = pack_rollout(generations, self.tokenizer.pad_token_id, acc.device)
         T = rollout.response_length
         score = compute_score_rewards(
             feedbacks, [g.response_ids for g in generations], self.tokenizer,
             mode=cfg.reward_mode, length=T, scores=scores, finished=[g.finished for g in generations],
             scheme=cfg.reward_scheme, span_normalize=cfg.span_normalize, boundary=cfg.boundary,
             overlap=cfg.overlap, occurrence=cfg.occurrence, scalar_coef=cfg.scalar_coef,
-            missing_eos_penalty=cfg.missing_eos_penalty,
+            missing_eos_penalty=cfg.missing_eos_penalty, weighting=cfg.reward_weighting,
         )
         mask = score.mask.to(acc.device)
         score_rewards = score.rewards.to(acc.device)
@@ -314,9 +315,9 @@ class NLGradientPPOTrainer:
         t_update = time.perf_counter()
 
         # 8. KL controller, bookkeeping, metrics
-        stats = self._batch_stats(score, rewards, kl, entropy, mask, generations, n_source_errors, n_score_errors)
+        stats = batch_stats(score, rewards, kl, entropy, mask, generations, n_source_errors, n_score_errors)
         stats["value/explained_variance"] = float(explained_variance(values, returns, mask))
-        stats = self._reduce_mean(stats, sums=_SUM_KEYS)
+        stats = self._reduce_mean(stats, sums=SUM_KEYS)
         global_batch = cfg.batch_size * acc.num_processes
         kl_used = self.state.kl_coef
         if cfg.adaptive_kl:
@@ -326,7 +327,7 @@ class NLGradientPPOTrainer:
         metrics = {
             "iteration": self.state.step,
             "episodes": self.state.episodes,
-            **_derived(stats),
+            **derived_rates(stats),
             **update_stats,
             "objective/kl_coef": kl_used,
             "lr": lr,
@@ -364,96 +365,24 @@ class NLGradientPPOTrainer:
             self._permutations = {epoch: np.random.default_rng([self.config.seed, epoch]).permutation(len(self.dataset))}
         return self._permutations[epoch]
 
+    @property
+    def _prompt_special_tokens(self) -> bool | None:
+        """The special tokens rule (text2grad.core.generation): prompts that went through the chat template
+        already hold BOS, so they are tokenized without special tokens; otherwise the rule decides per prompt."""
+        templated = self.config.use_chat_template and getattr(self.tokenizer, "chat_template", None)
+        return False if templated else None
+
     def _generate(self, prompts: list[str]) -> list[Generation]:
         cfg = self.config
         self.model.eval()
-        with self._policy_for_generation() as policy:
+        with policy_for_generation(self.model, self.accelerator, self.zero_stage) as policy:
             return generate(
                 policy, self.tokenizer, prompts,
                 max_new_tokens=cfg.response_length, batch_size=cfg.generation_batch_size or len(prompts),
                 do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                 max_prompt_length=cfg.max_prompt_length, stop_strings=cfg.stop_strings,
+                add_special_tokens=self._prompt_special_tokens,
             )
-
-    @contextlib.contextmanager
-    def _policy_for_generation(self):
-        """The unwrapped policy; under ZeRO-3 its partitioned weights are gathered for the duration."""
-        policy = self.accelerator.unwrap_model(self.model).policy
-        if self.zero_stage != 3:
-            yield policy
-            return
-        import deepspeed
-        from trl.models.utils import add_hooks, remove_hooks
-
-        with deepspeed.zero.GatheredParameters(list(policy.parameters())):
-            remove_hooks(self.model)
-            try:
-                yield policy
-            finally:
-                add_hooks(self.model)
-
-    def _feedback(self, prompts: list[str], responses: list[str]) -> tuple[list[Feedback], int]:
-        """Feedback for the non-empty responses. A source that raises costs a zero reward per sample, counted."""
-        out = [Feedback.failed("empty response") for _ in responses]
-        todo = [i for i, r in enumerate(responses) if r.strip()]
-        if not todo:
-            return out, 0
-        try:
-            got = self.feedback_source.feedback([prompts[i] for i in todo], [responses[i] for i in todo])
-        except Exception as exc:  # the protocol says sources never raise; a broken one must not end the run
-            logger.warning("feedback source raised %s: %s (zero reward for %d samples)", type(exc).__name__, exc, len(todo))
-            message = f"feedback source raised {type(exc).__name__}: {exc}"
-            for i in todo:
-                out[i] = Feedback.failed(message)
-            return out, len(todo)
-        got = list(got)
-        if len(got) != len(todo):
-            raise TypeError(f"the feedback source returned {len(got)} feedbacks for {len(todo)} responses; it must return one per pair")
-        for i, fb in zip(todo, got):
-            if isinstance(fb, Mapping):
-                fb = Feedback.from_dict(dict(fb))
-            if not isinstance(fb, Feedback):
-                raise TypeError(f"the feedback source returned a {type(fb).__name__}; expected text2grad.core.feedback.Feedback")
-            out[i] = fb
-        return out, 0
-
-    def _scores(self, prompts: list[str], responses: list[str]) -> tuple[list[float | None] | None, int]:
-        """Task scores from ``score_fn`` (None when the sequence score comes from the feedback)."""
-        if self.score_fn is None or self.config.reward_mode == "nl_gradient":
-            return None, 0
-        try:
-            raw = list(self.score_fn(prompts, responses))
-        except Exception as exc:
-            logger.warning("score function raised %s: %s (score 0 for the batch)", type(exc).__name__, exc)
-            return [None] * len(prompts), len(prompts)
-        if len(raw) != len(prompts):
-            raise TypeError(f"the score function returned {len(raw)} scores for {len(prompts)} responses")
-        scores: list[float | None] = []
-        for value in raw:
-            try:
-                scores.append(float(value))
-            except (TypeError, ValueError):
-                scores.append(None)
-        return scores, sum(s is None for s in scores)
-
-    def _pack(self, generations: list[Generation]) -> Rollout:
-        """Left-padded prompts + right-padded responses, with attention mask and position ids."""
-        pad = self.tokenizer.pad_token_id
-        B = len(generations)
-        P = max(len(g.prompt_ids) for g in generations)
-        T = max(1, max(len(g.response_ids) for g in generations))
-        input_ids = torch.full((B, P + T), pad, dtype=torch.long)
-        attention_mask = torch.zeros(B, P + T, dtype=torch.long)
-        for b, g in enumerate(generations):
-            p, r = len(g.prompt_ids), len(g.response_ids)
-            input_ids[b, P - p : P] = torch.tensor(g.prompt_ids, dtype=torch.long)
-            input_ids[b, P : P + r] = torch.tensor(g.response_ids, dtype=torch.long)
-            attention_mask[b, P - p : P + r] = 1
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        device = self.accelerator.device
-        return Rollout(
-            input_ids.to(device), attention_mask.to(device), position_ids.to(device), input_ids[:, P:].to(device), generations
-        )
 
     @torch.no_grad()
     def _rollout_forward(self, rollout: Rollout) -> tuple[torch.Tensor, ...]:
@@ -462,7 +391,7 @@ class NLGradientPPOTrainer:
         T = rollout.response_length
         outs: list[tuple[torch.Tensor, ...]] = []
         self.model.eval()
-        for rows in _chunks(len(rollout.generations), cfg.micro_batch_size):
+        for rows in chunks(len(rollout.generations), cfg.micro_batch_size):
             ids, attn, pos = rollout.input_ids[rows], rollout.attention_mask[rows], rollout.position_ids[rows]
             logits, values = self.model(ids, attn, pos, T)
             logits = logits.float() / cfg.temperature
@@ -555,22 +484,6 @@ class NLGradientPPOTrainer:
             "this model; fix it and rerun with --resume auto."
         )
 
-    def _batch_stats(self, score: ScoreRewards, rewards, kl, entropy, mask, generations, n_source_errors, n_score_errors):
-        seq_len = mask.sum(-1)
-        stats = {
-            "reward/score_mean": float(score.rewards.sum(-1).mean()),
-            "reward/total_mean": float(rewards.sum(-1).mean()),
-            "objective/kl": float(kl.sum(-1).mean()),
-            "policy/rollout_entropy": float(masked_mean(entropy, mask)),
-            "response/length_mean": float(seq_len.float().mean()),
-            "response/missing_eos_rate": float(np.mean([not g.finished for g in generations])),
-            "samples/source_error": float(n_source_errors),
-            "samples/score_error": float(n_score_errors),
-            "samples/batch": float(len(generations)),
-        }
-        stats.update(score.stats())
-        return stats
-
     def _reduce_mean(self, stats: dict[str, float], sums: frozenset[str] = frozenset()) -> dict[str, float]:
         """Average ``stats`` over processes (keys in ``sums`` are summed instead)."""
         acc = self.accelerator
@@ -581,34 +494,40 @@ class NLGradientPPOTrainer:
         t = acc.reduce(t, "sum")
         return {k: float(v) if k in sums else float(v) / acc.num_processes for k, v in zip(keys, t.tolist())}
 
+    def _check_feedback_errors(self, errors: list[str], n_score_errors: int, n_samples: int) -> None:
+        """Warn on every iteration with feedback errors; stop before the update when their share (over all
+        processes) exceeds ``max_feedback_error_rate``: training on zero rewards would only follow the KL term."""
+        counts = self._reduce_mean({"errors": float(len(errors) + n_score_errors), "samples": float(n_samples)},
+                                   sums=frozenset({"errors", "samples"}))
+        if counts["errors"] == 0:
+            return
+        rate, iteration = counts["errors"] / counts["samples"], self.state.step + 1
+        cause = errors[0] if errors else "the score function failed"
+        if self.accelerator.is_main_process:
+            logger.warning("iteration %d: %d of %d samples got no feedback (%.0f%%); first cause: %s",
+                           iteration, counts["errors"], counts["samples"], 100 * rate, cause)
+        if rate > self.config.max_feedback_error_rate:
+            latest = find_latest_checkpoint(self.output_dir)
+            raise FeedbackFailureError(
+                f"iteration {iteration}: feedback failed for {int(counts['errors'])} of {int(counts['samples'])} samples "
+                f"({rate:.0%}), above max_feedback_error_rate={self.config.max_feedback_error_rate}; first cause: {cause}. "
+                "Nothing of this iteration was trained on. Fix the feedback source (is its server reachable?), then "
+                f"rerun with --resume auto (continues from {latest or 'the start'}), or raise --max_feedback_error_rate."
+            )
+
     def _stop_requested_anywhere(self) -> bool:
         flag = torch.tensor([1.0 if self._stop_requested else 0.0], device=self.accelerator.device)
         return float(self.accelerator.reduce(flag, "sum")) > 0
 
     def _log(self, metrics, prompts, feedback_prompts, generations, feedbacks, score: ScoreRewards) -> None:
-        acc = self.accelerator
         if self._trackers:
-            acc.log({k: v for k, v in metrics.items() if isinstance(v, (int, float)) and v is not None}, step=self.state.step)
-        if not acc.is_main_process:
+            self.accelerator.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=self.state.step)
+        if not self.accelerator.is_main_process:
             return
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        with (self.output_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(metrics) + "\n")
-        if self.config.log_samples > 0:
-            with (self.output_dir / "samples.jsonl").open("a", encoding="utf-8") as fh:
-                for b in range(min(self.config.log_samples, len(generations))):
-                    g, info = generations[b], score.samples[b]
-                    n = len(g.response_ids)
-                    rewarded = [
-                        [self.tokenizer.decode([t]), round(float(score.rewards[b, i]), 4)]
-                        for i, t in enumerate(g.response_ids) if float(score.rewards[b, i]) != 0
-                    ]
-                    fh.write(json.dumps({
-                        "iteration": self.state.step, "prompt": prompts[b], "feedback_prompt": feedback_prompts[b],
-                        "response": g.text, "finished": g.finished, "n_tokens": n, "status": info.status,
-                        "feedback": {**feedbacks[b].to_dict(), "error": feedbacks[b].error},
-                        "score": info.score, "rewarded_tokens": rewarded,
-                    }, ensure_ascii=False) + "\n")
+        run_dir.append_jsonl(self.output_dir / run_dir.METRICS_FILE, metrics)
+        for record in sample_records(self.state.step, self.config.log_samples, self.tokenizer, prompts, feedback_prompts,
+                                     generations, feedbacks, score):
+            run_dir.append_jsonl(self.output_dir / "samples.jsonl", record)
 
     # ---------------------------------------------------------------------------------------------
     # Checkpoints and saving
@@ -624,9 +543,9 @@ class NLGradientPPOTrainer:
         acc.save_state(str(path))
         if acc.is_main_process:
             (path / STATE_FILE).write_text(json.dumps({**self.state.__dict__, "num_processes": acc.num_processes}, indent=2))
-            save_config(self.config, path / "ppo_config.yaml")
+            save_config(self.config, path / CONFIG_FILE)
             if rotate and self.config.save_total_limit:
-                self._rotate_checkpoints(self.config.save_total_limit)
+                run_dir.rotate_checkpoints(self.output_dir, self.config.save_total_limit)
         acc.wait_for_everyone()
         if name is None:
             self._saved_step = self.state.step
@@ -648,11 +567,6 @@ class NLGradientPPOTrainer:
             if key in saved:
                 setattr(self.state, key, type(getattr(self.state, key))(saved[key]))
         self._saved_step = self.state.step
-
-    def _rotate_checkpoints(self, keep: int) -> None:
-        found = sorted((int(m.group(1)), p) for p in self.output_dir.iterdir() if (m := _CHECKPOINT.match(p.name)))
-        for _, old in found[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
 
     def save_model(self, output_dir: str | Path) -> None:
         """Write ``policy/`` (LoRA adapter, or full model) with the tokenizer, and ``value_model/``.
@@ -683,151 +597,36 @@ class NLGradientPPOTrainer:
     # ---------------------------------------------------------------------------------------------
 
     def _start_run(self) -> None:
-        """Resume or start fresh (refusing to mix with an earlier run's files), and start trackers."""
+        """Resume (checking the saved config) or start fresh (refusing to mix with an earlier run), and start
+        trackers; the output-directory rules are `text2grad.core.run_dir`'s."""
         cfg, acc = self.config, self.accelerator
-        resume_from: Path | None = None
-        if cfg.resume and cfg.resume.lower() not in ("none", "false", "no"):
-            resume_from = find_latest_checkpoint(self.output_dir) if cfg.resume == "auto" else Path(cfg.resume)
-            if cfg.resume != "auto" and not (resume_from / STATE_FILE).is_file():
-                raise FileNotFoundError(f"--resume {cfg.resume}: no checkpoint there (expected {STATE_FILE})")
+        resume_from = run_dir.resolve_resume(cfg.resume, self.output_dir, STATE_FILE)
         if resume_from is not None:
+            saved_step = int(json.loads((resume_from / STATE_FILE).read_text()).get("step", 0))
+            run_dir.check_resume_config(
+                resume_from / CONFIG_FILE, cfg, accept=cfg.accept_config_changes, ignore=RESUMABLE_KEYS,
+                output_dir=self.output_dir, step=saved_step, write=acc.is_main_process,
+            )
             self.load_checkpoint(resume_from)
             if acc.is_main_process:
-                _truncate_jsonl(self.output_dir / "metrics.jsonl", "iteration", self.state.step)
-                _truncate_jsonl(self.output_dir / "samples.jsonl", "iteration", self.state.step)
+                run_dir.truncate_jsonl(self.output_dir / run_dir.METRICS_FILE, "iteration", self.state.step)
+                run_dir.truncate_jsonl(self.output_dir / "samples.jsonl", "iteration", self.state.step)
             logger.info("resumed from %s at iteration %d", resume_from, self.state.step)
         elif self.state.step == 0:
-            earlier = find_latest_checkpoint(self.output_dir)
-            if earlier is not None and not cfg.overwrite_output_dir:
-                raise FileExistsError(
-                    f"{self.output_dir} already holds a run ({earlier.name}); pass --resume auto to continue it or "
-                    "--overwrite_output_dir true to start over"
-                )
+            # --resume auto with no checkpoint yet is a fresh start: the earlier attempt's logs go.
+            auto = (cfg.resume or "").strip().lower() == "auto"
+            run_dir.check_output_dir(self.output_dir, overwrite=cfg.overwrite_output_dir or auto, resuming=False, run_files=RUN_FILES)
             if acc.is_main_process:
-                for name in ("metrics.jsonl", "samples.jsonl"):
-                    (self.output_dir / name).unlink(missing_ok=True)
+                run_dir.clear_earlier_run(self.output_dir, RUN_FILES)
         acc.wait_for_everyone()
         if acc.is_main_process:
-            save_config(cfg, self.output_dir / "ppo_config.yaml")
+            save_config(cfg, self.output_dir / CONFIG_FILE)
         if cfg.report_to != "none" and not self._trackers:
             flat = {k: v for k, v in config_to_dict(cfg).items() if isinstance(v, (int, float, str, bool))}
             acc.init_trackers(cfg.run_name or "text2grad-ppo", config=flat)
             self._trackers = True
 
-    @contextlib.contextmanager
-    def _graceful_stop(self):
-        """First Ctrl-C / SIGTERM: finish the iteration, checkpoint, return. Second Ctrl-C: stop now."""
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def handler(signum, frame):
-            if self._stop_requested and signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            self._stop_requested = True
-            logger.warning("signal %d: stopping after this iteration (Ctrl-C again to stop now)", signum)
-
-        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Helpers
-# ---------------------------------------------------------------------------------------------------
-
-_SUM_KEYS = frozenset(
-    {"samples/empty", "samples/feedback_error", "samples/no_matched_span", "samples/source_error", "samples/score_error",
-     "samples/batch", "spans/quotes", "spans/unmatched", "tokens/total", "tokens/nonzero_reward"}
-)
-
-
-def _derived(stats: dict[str, float]) -> dict[str, float | None]:
-    """Rates from the summed counts (None where undefined, e.g. the unmatched rate in scalar mode)."""
-    out: dict[str, float | None] = dict(stats)
-    out["tokens/nonzero_reward_share"] = stats["tokens/nonzero_reward"] / stats["tokens/total"] if stats["tokens/total"] else 0.0
-    out["spans/unmatched_rate"] = stats["spans/unmatched"] / stats["spans/quotes"] if stats["spans/quotes"] else None
-    return out
-
-
-def _chunks(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-def _truncate_jsonl(path: Path, key: str, last: int) -> None:
-    """Drop records whose ``key`` exceeds ``last`` (written after the checkpoint we resume from)."""
-    if not path.is_file():
-        return
-    kept = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip() and json.loads(line).get(key, 0) <= last]
-    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-
-
-def _is_peft(model) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
-
-
-def _wrap_lora(policy, config: PPOConfig):
-    from peft import LoraConfig, get_peft_model
-
-    targets = config.lora_target_modules
-    target_modules = "all-linear" if list(targets) == ["all-linear"] else list(targets)
-    lora = LoraConfig(
-        r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-        target_modules=target_modules, task_type="CAUSAL_LM", bias="none",
-    )
-    return get_peft_model(policy, lora)
-
-
-def _make_accelerator(config: PPOConfig):
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
-
-    if config.report_to != "none":
-        import importlib.util
-
-        needed = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}[config.report_to]
-        if not any(importlib.util.find_spec(name) for name in needed):
-            raise ValueError(
-                f"report_to={config.report_to!r} needs the {needed[0]} package: pip install {needed[0]} "
-                "(or pip install 'text2grad[tensorboard]' / 'text2grad[wandb]'); metrics.jsonl is always written"
-            )
-    handlers = []
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and not torch.cuda.is_available():
-        # accelerate picks no process-group backend for DeepSpeed without a GPU; gloo makes CPU runs work.
-        handlers.append(InitProcessGroupKwargs(backend="gloo"))
-    acc = Accelerator(
-        log_with=None if config.report_to == "none" else config.report_to,
-        project_dir=config.output_dir,
-        step_scheduler_with_optimizer=False,
-        kwargs_handlers=handlers,
-    )
-    acc.gradient_accumulation_steps = config.gradient_accumulation_steps
-    return acc
-
-
-def _prepare_reference(ref_policy, accelerator, zero_stage: int):
-    """A frozen reference model on the right device; under ZeRO-3 partitioned by an inference engine."""
-    ref_policy.eval()
-    for p in ref_policy.parameters():
-        p.requires_grad_(False)
-    if zero_stage == 3:
-        import copy
-
-        import deepspeed
-
-        ds = copy.deepcopy(accelerator.state.deepspeed_plugin.deepspeed_config)
-        ds.pop("optimizer", None)
-        ds.pop("scheduler", None)
-        engine, *_ = deepspeed.initialize(model=ref_policy, config=ds)
-        engine.eval()
-        return engine
-    return ref_policy.to(accelerator.device)
+    def _request_stop(self) -> bool:
+        """Ask the loop to stop after this iteration; returns whether a stop had already been asked for."""
+        already, self._stop_requested = self._stop_requested, True
+        return already

@@ -11,7 +11,7 @@ import torch
 from tests.policy_optimization.po_testlib import first_and_last_words
 
 from text2grad.core.critics import CallableFeedbackSource
-from policy_optimization.trainer import NonFiniteError, find_latest_checkpoint
+from policy_optimization.trainer import FeedbackFailureError, NonFiniteError, find_latest_checkpoint
 from text2grad.core.feedback import Feedback
 
 REQUIRED_METRICS = [
@@ -73,7 +73,7 @@ def test_failures_are_counted_and_training_goes_on(make_trainer):
             out[1] = Feedback(good_spans=("not in the response at all",))
             return out
 
-    trainer = make_trainer(Flaky())
+    trainer = make_trainer(Flaky(), max_feedback_error_rate=1.0)  # count every failure, never stop
     first = trainer.step()
     assert first["samples/source_error"] == 4 and first["samples/feedback_error"] == 4
     assert first["reward/score_mean"] == 0.0  # no reward at all from a source that raised
@@ -357,7 +357,8 @@ def test_report_to_without_the_package_fails_early_and_clearly(make_trainer, mon
 
 def test_generative_reward_model_as_the_feedback_source(make_trainer, bpe_tokenizer, tmp_path):
     """The real reward-model class behind the registry name; an untrained model writes no parseable JSON, so
-    every sample is a counted feedback error with zero reward and training goes on."""
+    every sample is a counted feedback error with zero reward: by default the iteration stops before the update,
+    with max_feedback_error_rate 1.0 training goes on."""
     from text2grad.core.critics import build_feedback_source
     from reward_model.inference import GenerativeRewardModel
     from text2grad.core.modeling import build_tiny_llama
@@ -368,6 +369,9 @@ def test_generative_reward_model_as_the_feedback_source(make_trainer, bpe_tokeni
     source = build_feedback_source("reward_model", {"path": str(rm_dir), "max_new_tokens": 6, "device": "cpu"})
     assert isinstance(source, GenerativeRewardModel)
     trainer = make_trainer(source, num_iterations=1)
+    with pytest.raises(FeedbackFailureError, match=r"4 of 4 samples \(100%\), above max_feedback_error_rate=0.2; first cause: "):
+        trainer.step()
+    trainer = make_trainer(source, num_iterations=1, max_feedback_error_rate=1.0)
     metrics = trainer.step()
     assert metrics["samples/feedback_error"] + metrics["samples/empty"] == 4
     assert metrics["reward/score_mean"] == 0.0 and metrics["tokens/nonzero_reward_share"] == 0.0

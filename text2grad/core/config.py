@@ -18,18 +18,28 @@ with its help text and default. Unknown YAML keys and badly typed values are err
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
+import importlib.metadata
+import inspect
 import json
+import logging
+import os
+import re
 import sys
 import types
 import typing
+import warnings
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, Iterator, Sequence, TypeVar
 
 import yaml
 
-__all__ = ["ConfigError", "parse_config", "load_config", "save_config", "config_to_dict"]
+__all__ = [
+    "ConfigError", "CliParser", "parse_config", "load_config", "save_config", "config_to_dict", "configure_logging",
+    "invoked_as", "range_problems",
+]
 
 C = TypeVar("C")
 
@@ -156,13 +166,74 @@ def save_config(cfg: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
+class CliParser(argparse.ArgumentParser):
+    """argparse with the house conventions: no abbreviated flags (``--conc`` is not ``--concurrency``) and
+    one error format, ``error: <message>`` after the usage line, exit code 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message}\n")
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _field_groups(cls: type) -> dict[str, str]:
+    """``{field name: section title}`` read from the ``# ---- title ----`` comments between a config
+    dataclass's fields (and its bases'), so ``--help`` lists the fields in the same sections as the source."""
+    groups: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            lines = inspect.getsource(klass).splitlines()
+        except (OSError, TypeError):
+            continue
+        title = None
+        for line in lines:
+            heading = _SECTION.match(line)
+            if heading:
+                title = heading.group(1).strip()
+                continue
+            named = _FIELD_LINE.match(line)
+            if named and title:
+                groups.setdefault(named.group(1), title)
+    return groups
+
+
+_SECTION = re.compile(r"^\s*#\s*-{3,}\s*([A-Za-z][^-]*?)\s*-*\s*$")
+_FIELD_LINE = re.compile(r"^\s{4}(\w+)\s*:")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("text2grad")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser(cls: type, description: str | None = None, prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The parser of a config dataclass: ``--config``, one ``--field`` per field (grouped as in the source, help
+    text and default shown), ``--log_level`` and ``--version``."""
+    parser = CliParser(
         prog=prog or _program_name(),
+        usage="%(prog)s [--config FILE] [--<option> VALUE ...]",
         description=description or (cls.__doc__ or "").strip().split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--config", default=None, help="YAML file whose keys override the defaults below.")
+    general = parser.add_argument_group("general")
+    general.add_argument("--config", default=None, help="YAML file whose keys override the defaults below.")
+    general.add_argument(
+        "--log_level", default="warning", choices=LOG_LEVELS,
+        help="Logging of this program and the libraries it uses; warning keeps progress bars clean.",
+    )
+    general.add_argument("--version", action="version", version=f"text2grad {_version()}")
+    groups = _field_groups(cls)
+    sections: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
@@ -173,18 +244,38 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
         if typing.get_origin(base) is typing.Literal:
             extra = f" Choices: {', '.join(map(str, typing.get_args(base)))}."
         names = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
-        parser.add_argument(
+        title = groups.get(f.name, "options")
+        if title not in sections:
+            sections[title] = parser.add_argument_group(title)
+        help_text = f.metadata.get("help", "") + extra + f" (default: {default!r})"
+        sections[title].add_argument(
             *names,
             dest=f.name,
             default=argparse.SUPPRESS,
             metavar=base.__name__.upper() if isinstance(base, type) else "VALUE",
-            help=f.metadata.get("help", "") + extra + f" (default: {default!r})",
+            help=help_text.replace("%", "%%"),  # argparse formats help with %: a literal % must be doubled
         )
     return parser
 
 
+_INVOKED_AS: list[str] = []
+
+
+@contextlib.contextmanager
+def invoked_as(prog: str) -> Iterator[None]:
+    """Name the program in usage lines while a dispatcher (``text2grad annotate``) runs a module's ``main``."""
+    _INVOKED_AS.append(prog)
+    try:
+        yield
+    finally:
+        _INVOKED_AS.pop()
+
+
 def _program_name() -> str:
-    """``python -m package.module`` when run as a module (argparse would show ``module.py``)."""
+    """The name a user typed: ``text2grad <command>`` under the dispatcher, ``python -m package.module`` when
+    run as a module (argparse would show ``module.py``)."""
+    if _INVOKED_AS:
+        return _INVOKED_AS[-1]
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name:
@@ -196,12 +287,85 @@ def _program_name() -> str:
 def parse_config(
     cls: type[C], argv: Sequence[str] | None = None, description: str | None = None, prog: str | None = None
 ) -> C:
-    """Parse ``--config file.yaml`` and ``--field value`` flags into ``cls``; exits with a message on error."""
+    """Parse ``--config file.yaml`` and ``--field value`` flags into ``cls``; exits 2 with ``error: ...`` on a bad
+    flag or value. ``--log_level`` sets up logging (`configure_logging`) before anything else runs."""
     parser = build_parser(cls, description, prog)
     args = vars(parser.parse_args(list(sys.argv[1:] if argv is None else argv)))
     path = args.pop("config", None)
+    configure_logging(args.pop("log_level", "warning"))
     try:
         return load_config(cls, path, args)
     except ConfigError as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
+
+
+# Third-party messages a user cannot act on, hidden unless --log_level info/debug.
+_QUIET_LOGGERS = ("accelerate", "transformers", "deepspeed", "DeepSpeed", "datasets", "torch", "peft", "trl", "httpx")
+_OUR_LOGGERS = ("text2grad", "annotation", "reward_model", "policy_optimization")
+_NOISE = (
+    r".*[Ss]etting ds_accelerator to .*",
+    r".*DeepSpeed.*accelerator.*",
+    r".*Removed shared tensor.*",
+    r".*[Ss]hared tensors? .*while saving.*",
+)
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(re.fullmatch(p, message, re.S) for p in _NOISE)
+
+
+def configure_logging(level: str = "warning") -> None:
+    """One logging set-up for every command. ``warning`` (default): this project's own INFO lines (what was
+    saved where) and everyone's warnings, but not the libraries' INFO chatter nor the DeepSpeed accelerator
+    and shared-tensor notices, which break progress bars; ``info``/``debug`` show everything."""
+    numeric = getattr(logging, level.upper())
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(numeric)
+    quiet = numeric >= logging.WARNING
+    for handler in root.handlers:
+        for f in [f for f in handler.filters if isinstance(f, _DropNoise)]:
+            handler.removeFilter(f)
+        if quiet:
+            handler.addFilter(_DropNoise())
+    for name in _OUR_LOGGERS:
+        logging.getLogger(name).setLevel(min(numeric, logging.INFO))
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR if quiet else numeric)
+        for f in [f for f in logging.getLogger(name).filters if isinstance(f, _DropNoise)]:
+            logging.getLogger(name).removeFilter(f)
+        if quiet:
+            logging.getLogger(name).addFilter(_DropNoise())
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error" if quiet else level)
+    if quiet:
+        warnings.filterwarnings("ignore", message=".*DeepSpeed.*accelerator.*")
+
+
+def range_problems(
+    cfg: Any,
+    *,
+    positive: Sequence[str] = (),
+    non_negative: Sequence[str] = (),
+    share: Sequence[str] = (),
+) -> list[str]:
+    """One message per numeric field of ``cfg`` out of its range (fields set to None are skipped): ``positive``
+    must be > 0 (learning rates, batch sizes, lengths), ``non_negative`` >= 0 (weight decay, warm-up, counts),
+    ``share`` in [0, 1]. A config's ``__post_init__`` raises with them, so a bad number stops the run before any
+    model loads, whether the config came from the command line, a YAML file or Python."""
+    problems = []
+    for names, ok, what in (
+        (positive, lambda v: v > 0, "> 0"),
+        (non_negative, lambda v: v >= 0, ">= 0"),
+        (share, lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ):
+        for name in names:
+            value = getattr(cfg, name)
+            if value is not None and not ok(value):
+                problems.append(f"{name} must be {what}, got {value}")
+    return problems

@@ -1,0 +1,104 @@
+"""How the PPO trainer's models meet `accelerate` and DeepSpeed: the accelerator, the LoRA wrap, the frozen
+reference model (partitioned by an inference engine under ZeRO-3) and the policy gathered for generation.
+
+Kept apart from `policy_optimization.trainer` so the PPO step there reads top to bottom without the
+device plumbing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import os
+from typing import Iterator
+
+import torch
+
+from policy_optimization.config import PPOConfig
+
+__all__ = ["is_peft", "wrap_lora", "make_accelerator", "prepare_reference", "policy_for_generation"]
+
+
+def is_peft(model) -> bool:
+    """Whether ``model`` is a peft ``PeftModel`` (False when peft is not installed)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def wrap_lora(policy, config: PPOConfig):
+    """``policy`` with a fresh LoRA adapter of the config's rank, alpha, dropout and target modules."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = config.lora_target_modules
+    target_modules = "all-linear" if list(targets) == ["all-linear"] else list(targets)
+    lora = LoraConfig(
+        r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+        target_modules=target_modules, task_type="CAUSAL_LM", bias="none",
+    )
+    return get_peft_model(policy, lora)
+
+
+def make_accelerator(config: PPOConfig):
+    """An `accelerate.Accelerator` for the config (trackers, gloo for DeepSpeed on CPU)."""
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    if config.report_to != "none":
+        needed = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}[config.report_to]
+        if not any(importlib.util.find_spec(name) for name in needed):
+            raise ValueError(
+                f"report_to={config.report_to!r} needs the {needed[0]} package: pip install {needed[0]} "
+                "(or pip install 'text2grad[tensorboard]' / 'text2grad[wandb]'); metrics.jsonl is always written"
+            )
+    handlers = []
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and not torch.cuda.is_available():
+        # accelerate picks no process-group backend for DeepSpeed without a GPU; gloo makes CPU runs work.
+        handlers.append(InitProcessGroupKwargs(backend="gloo"))
+    acc = Accelerator(
+        log_with=None if config.report_to == "none" else config.report_to,
+        project_dir=config.output_dir,
+        step_scheduler_with_optimizer=False,
+        kwargs_handlers=handlers,
+    )
+    acc.gradient_accumulation_steps = config.gradient_accumulation_steps
+    return acc
+
+
+def prepare_reference(ref_policy, accelerator, zero_stage: int):
+    """A frozen reference model on the right device; under ZeRO-3 partitioned by an inference engine."""
+    ref_policy.eval()
+    for p in ref_policy.parameters():
+        p.requires_grad_(False)
+    if zero_stage == 3:
+        import deepspeed
+
+        ds = copy.deepcopy(accelerator.state.deepspeed_plugin.deepspeed_config)
+        ds.pop("optimizer", None)
+        ds.pop("scheduler", None)
+        engine, *_ = deepspeed.initialize(model=ref_policy, config=ds)
+        engine.eval()
+        return engine
+    return ref_policy.to(accelerator.device)
+
+
+@contextlib.contextmanager
+def policy_for_generation(model, accelerator, zero_stage: int) -> Iterator[torch.nn.Module]:
+    """The unwrapped policy of the prepared `PolicyAndValue`; under ZeRO-3 its partitioned weights are
+    gathered for the duration (and the ZeRO hooks removed, so generation does not re-gather per layer)."""
+    policy = accelerator.unwrap_model(model).policy
+    if zero_stage != 3:
+        yield policy
+        return
+    import deepspeed
+    from trl.models.utils import add_hooks, remove_hooks
+
+    with deepspeed.zero.GatheredParameters(list(policy.parameters())):
+        remove_hooks(model)
+        try:
+            yield policy
+        finally:
+            add_hooks(model)
