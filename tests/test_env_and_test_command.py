@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU_URL = "https://download.pytorch.org/whl/cpu"
 CUDA_URL = "https://download.pytorch.org/whl/cu128"
 # What a user may have exported for their own setup; the decision tests set these explicitly instead.
-_SETUP_VARS = ("TORCH_SPEC", "TORCH_INDEX_URL", "TEXT2GRAD_EXTRAS", "VENV", "TEXT2GRAD_ENV_DRY_RUN")
+_SETUP_VARS = ("TORCH_SPEC", "TORCH_INDEX_URL", "TEXT2GRAD_EXTRAS", "VENV", "TEXT2GRAD_ENV_DRY_RUN", "TEXT2GRAD_UNLOCKED")
 
 
 def _bash(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -116,10 +116,15 @@ def _torch_line(output: str) -> str:
     return lines[0].removeprefix("[env.sh] dry run: torch: ")
 
 
-def _write_stamps(venv: Path, spec: str, index_url: str, extras: str = "test,offline-eval,real-assets") -> None:
-    """The stamps env.sh writes after installing with ``spec``/``index_url``."""
+def _lock_id() -> str:
+    return "lock:" + hashlib.sha256((ROOT / "constraints.txt").read_bytes()).hexdigest()[:16]
+
+
+def _write_stamps(venv: Path, spec: str, index_url: str, extras: str = "test,offline-eval,real-assets",
+                  lock_id: str | None = None) -> None:
+    """The stamps env.sh writes after installing with ``spec``/``index_url`` (with the lock unless told)."""
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
-    (venv / ".text2grad-installed").write_text(f"{digest} {spec} {extras} {index_url}\n")
+    (venv / ".text2grad-installed").write_text(f"{digest} {spec} {extras} {lock_id or _lock_id()} {index_url}\n")
     (venv / ".text2grad-torch").write_text(f"{spec} {index_url or '(default index)'}\n")
 
 
@@ -166,3 +171,43 @@ def test_missing_torch_or_venv_means_install_and_a_dry_run_creates_nothing(tmp_p
     output = _dry_run(absent)
     assert "would install" in output and _torch_line(output).startswith("install:")
     assert not absent.exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# The lock (constraints.txt)
+# --------------------------------------------------------------------------------------------------
+
+
+def _lock_pins() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[name.lower().replace("_", "-")] = version
+    return pins
+
+
+def test_env_sh_installs_with_the_lock_by_default_and_unlocked_on_request(tmp_path):
+    venv = _stub_venv(tmp_path)
+    _write_stamps(venv, "torch==2.13.0", "")
+    locked = _dry_run(venv)
+    assert f"{venv} is up to date" in locked  # installed with the current lock
+    assert "would install" in _dry_run(venv, TEXT2GRAD_UNLOCKED="1")  # unlocked is another install
+    fresh = _dry_run(tmp_path / "fresh")
+    assert f"would install text2grad[test,offline-eval,real-assets] into {tmp_path / 'fresh'} ({_lock_id()})" in fresh
+    assert "(unlocked)" in _dry_run(tmp_path / "fresh", TEXT2GRAD_UNLOCKED="1")
+    # every pip install in env.sh passes the lock (constraints install nothing by themselves)
+    installs = [ln.strip() for ln in (ROOT / "env.sh").read_text().splitlines() if ln.strip().startswith("_pip install")]
+    assert installs and all('"${_lock_args[@]}"' in ln for ln in installs if "--upgrade pip" not in ln), installs
+
+
+def test_the_lock_pins_exact_versions_and_agrees_with_the_no_deps_packages():
+    pins = _lock_pins()
+    assert "torch" not in pins and "text2grad" not in pins  # torch: TORCH_SPEC; the project: editable
+    for name in ("transformers", "tokenizers", "numpy", "accelerate", "safetensors", "rouge-score", "sacrebleu"):
+        assert name in pins, name
+    # the --no-deps packages env.sh installs are locked at the same versions env.sh names
+    line = next(ln for ln in (ROOT / "env.sh").read_text().splitlines() if ln.startswith("REAL_ASSET_PACKAGES="))
+    for spec in line.split("=", 1)[1].strip('"').split():
+        name, version = spec.split("==")
+        assert pins.get(name.lower()) == version, spec
