@@ -14,7 +14,9 @@ template when it has one (``prompt_format="auto"``), else with `PLAIN_TEMPLATE`:
     ### Critique
 
 Target z = `text2grad.core.feedback.format_feedback(feedback)` followed by the EOS token: a one-line critique,
-a newline, and one line of span JSON ``{"good_spans": [...], "poor_spans": [...]}``. Training puts the
+a newline, and one line of span JSON ``{"good_spans": [...], "poor_spans": [...]}``. With
+``target_format="nocot"`` (the paper's no-CoT ablation) z is the span JSON alone: the model gives span
+judgements with no critique before them (use `NOCOT_INSTRUCTION`, which asks for exactly that). Training puts the
 loss on z only (labels are -100 on every input token and on padding); inference feeds the same input ids
 and parses what the model writes with `parse_target` (the last line first, then
 `text2grad.core.feedback.parse_feedback`).
@@ -49,6 +51,8 @@ __all__ = [
     "fit_rm_input",
     "encode_input",
     "target_text",
+    "TargetFormat",
+    "NOCOT_INSTRUCTION",
     "parse_target",
     "encode_example",
     "record_feedback",
@@ -56,6 +60,7 @@ __all__ = [
 ]
 
 PromptFormat = Literal["auto", "chat", "plain"]
+TargetFormat = Literal["cot", "nocot"]
 
 IGNORE_INDEX = -100  # label value that PyTorch's cross-entropy (and every HF causal LM) skips
 
@@ -64,6 +69,12 @@ DEFAULT_INSTRUCTION = (
     "is wrong or missing. Write the critique as one paragraph, then on the last line a JSON object "
     '{"good_spans": [...], "poor_spans": [...]} listing short phrases copied exactly from the response '
     "that are good or poor. Use [] when there are none."
+)
+
+NOCOT_INSTRUCTION = (
+    "You are a careful reviewer. Judge the response to the prompt below without explaining: answer only with a "
+    'JSON object {"good_spans": [...], "poor_spans": [...]} listing short phrases copied exactly from the '
+    "response that are good or poor. Use [] when there are none."
 )
 
 PLAIN_TEMPLATE = "{instruction}\n\n### Prompt\n{prompt}\n\n### Response\n{response}\n\n### Critique\n"
@@ -173,8 +184,15 @@ def encode_input(
     return _ids(tokenizer, rm_input)
 
 
-def target_text(feedback: Feedback) -> str:
-    """The text the reward model learns to write for ``feedback`` (without the EOS token)."""
+def target_text(feedback: Feedback, target_format: TargetFormat = "cot") -> str:
+    """The text the reward model learns to write for ``feedback`` (without the EOS token).
+
+    "cot": the critique, then the span JSON on the last line. "nocot": the span JSON only (no critique).
+    """
+    if target_format not in ("cot", "nocot"):
+        raise ValueError(f"target_format must be 'cot' or 'nocot', got {target_format!r}")
+    if target_format == "nocot":
+        return format_feedback(dataclasses.replace(feedback, critique=""))
     return format_feedback(feedback)
 
 
@@ -217,6 +235,7 @@ def encode_example(
     max_length: int,
     instruction: str = DEFAULT_INSTRUCTION,
     prompt_format: PromptFormat = "auto",
+    target_format: TargetFormat = "cot",
 ) -> EncodedExample | None:
     """Tokenize (x, y, z) for teacher forcing: input ids then target ids + EOS, loss on the target only.
 
@@ -224,7 +243,8 @@ def encode_example(
     """
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no EOS token; the reward model needs one to learn where z ends")
-    target = list(tokenizer(target_text(feedback), add_special_tokens=False)["input_ids"]) + [tokenizer.eos_token_id]
+    target = list(tokenizer(target_text(feedback, target_format), add_special_tokens=False)["input_ids"])
+    target.append(tokenizer.eos_token_id)
     input_ids = encode_input(
         tokenizer,
         prompt,

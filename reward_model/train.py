@@ -31,7 +31,9 @@ import torch
 
 from reward_model.serialization import (
     DEFAULT_INSTRUCTION,
+    NOCOT_INSTRUCTION,
     PromptFormat,
+    TargetFormat,
     collate,
     encode_example,
     record_feedback,
@@ -97,6 +99,11 @@ class RewardModelConfig:
         default="auto",
         metadata={"help": "auto: the tokenizer's chat template if it has one, else the plain template; chat; plain."},
     )
+    target_format: TargetFormat = field(
+        default="cot",
+        metadata={"help": "cot: the model writes the critique, then the span JSON (Text2Grad); nocot: the span JSON "
+                  "only, no critique (the paper's no-CoT ablation; the instruction defaults to NOCOT_INSTRUCTION)."},
+    )
     max_length: int = field(
         default=1400,
         metadata={
@@ -153,6 +160,8 @@ class RewardModelConfig:
     disable_tqdm: bool = field(default=False, metadata={"help": "Hide the progress bar."})
 
     def __post_init__(self) -> None:
+        if self.target_format == "nocot" and self.instruction == DEFAULT_INSTRUCTION:
+            self.instruction = NOCOT_INSTRUCTION  # do not ask for a critique the model never learns to write
         if self.max_length < 8:
             raise ConfigError(f"max_length must be at least 8 tokens, got {self.max_length}")
         if not 0.0 <= self.warmup_ratio < 1.0:
@@ -185,7 +194,8 @@ def build_dataset(
     cfg: RewardModelConfig, tokenizer, source: str, split: str, limit: int | None = None
 ) -> tuple[_Examples, int]:
     """Load annotated records and tokenize them. Returns (dataset, number of records dropped for length)."""
-    records = load_records(source, split=split, field_map=cfg.field_map, required=REQUIRED_FIELDS, limit=limit)
+    required = REQUIRED_FIELDS if cfg.target_format == "cot" else tuple(f for f in REQUIRED_FIELDS if f != "critique")
+    records = load_records(source, split=split, field_map=cfg.field_map, required=required, limit=limit)
     examples, dropped = [], 0
     for rec in records:
         enc = encode_example(
@@ -196,6 +206,7 @@ def build_dataset(
             max_length=cfg.max_length,
             instruction=cfg.instruction,
             prompt_format=cfg.prompt_format,
+            target_format=cfg.target_format,
         )
         if enc is None:
             dropped += 1

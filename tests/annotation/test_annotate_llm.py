@@ -350,7 +350,7 @@ def test_nocot_flag_selects_the_direct_prompt(tmp_path, run_cli):
     assert rc == 0
     body = server.requests[0]
     user = body["messages"][-1]["content"]
-    assert "step by step" not in user and "spans first" in user and "Answer 0: water it sparingly." in user
+    assert "step by step" not in user and "no reasoning, explanation or critique" in user and "Answer 0: water it sparingly." in user
     assert body["model"] == "my-local-model" and body["temperature"] == 0.5
     (got,) = read_jsonl(tmp_path / "out.jsonl")
     assert got["source"] == "llm:my-local-model" and got["good_spans"] == ["water it sparingly"]
