@@ -29,6 +29,7 @@ from typing import Any, Literal, Sequence
 import torch
 import yaml
 
+from reward_model.decoding import grounded_span_processors
 from reward_model.serialization import DEFAULT_INSTRUCTION, PromptFormat, RMInput, fit_rm_input, parse_target
 from text2grad.core.feedback import Feedback
 from text2grad.core.rewards import RewardScheme, span_token_rewards
@@ -141,7 +142,7 @@ class GenerativeRewardModel:
             (the response is always kept whole).
         do_sample, temperature, top_p: greedy by default.
         stop_at_json: stop a row as soon as it has written a complete span-JSON object.
-        grounded_spans: grounded span decoding (`text2grad.core.generation.QuoteConstraint`, "hf" backend only):
+        grounded_spans: grounded span decoding (`reward_model.decoding.QuoteConstraint`, "hf" backend only):
             every quote in the span lists is forced to be an exact substring of the response, so no span is
             lost as unmatched. The critique is generated freely. Off by default, so the model is measured as
             trained; the quickstart turns it on (see benchmarks/README.md for its effect).
@@ -339,7 +340,9 @@ class GenerativeRewardModel:
                     top_p=self.top_p,
                     add_special_tokens=flag,
                     stop_fn=json_complete if self.stop_at_json else None,
-                    quote_sources=[responses[k] for k in group] if self.grounded_spans else None,
+                    logits_processors=(
+                        grounded_span_processors(self.tokenizer, [responses[k] for k in group]) if self.grounded_spans else None
+                    ),
                 )
                 for k, g in zip(group, gens):
                     results[k] = _Output(g.text, g.finished)

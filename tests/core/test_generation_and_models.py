@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from text2grad.core.generation import QuoteConstraint, generate, open_quote, span_list_state
+from text2grad.core.generation import generate
 from text2grad.core.modeling import build_tiny_llama, load_causal_lm, load_tokenizer, resolve_dtype
 
 
@@ -73,97 +73,30 @@ def test_missing_local_path_is_a_clear_error(tmp_path):
 # ---- grounded span decoding
 
 
-@pytest.mark.parametrize(
-    "text, expected",
-    [
-        ('Wrong city.\n{"good_spans": ["Alex"], "poor_spans": ["Os', "Os"),
-        ('Wrong city.\n{"good_spans": ["Alex"], "poor_spans": ["', ""),
-        ('Wrong city.\n{"good_spans": ["Alex", ', None),  # between items
-        ('Wrong city.\n{"good_spans": ["Alex"], "poor_spans": []', None),  # list closed
-        ('Wrong city.\n{"good_spans": ["Alex"], "poor', None),  # in a key, not a quote
-        ('The "critique" quotes "words" freely', None),  # no span list yet
-        ('{"Poor Spans": ["say \\"hi', 'say \\"hi'),  # escaped quote stays inside; other key spellings
-        ('{"goodSpans": ["a]b', "a]b"),  # camelCase too; a bracket inside a quote does not close the list
-        ('{"good_spans": ["a"], "note": ["b', None),  # a list under another key is not a span list
-    ],
-)
-def test_open_quote(text, expected):
-    assert open_quote(text) == expected
+class _OnlyToken:
+    """A logits processor that allows one token id and records the batches it was built for."""
+
+    def __init__(self, token_id: int, rows: range, width: int, log: list) -> None:
+        self.token_id = token_id
+        log.append((list(rows), width))
+
+    def __call__(self, input_ids, scores):
+        mask = torch.ones_like(scores, dtype=torch.bool)
+        mask[:, self.token_id] = False
+        return scores.masked_fill(mask, float("-inf"))
 
 
-def _token_texts(tokenizer) -> list[str]:
-    anchor = tokenizer("a", add_special_tokens=False)["input_ids"][-1:]
-    head = tokenizer.decode(anchor)
-    special = set(tokenizer.all_special_ids)
-    texts = []
-    for i in range(len(tokenizer)):
-        t = tokenizer.decode(anchor + [i], skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        texts.append("" if i in special or "\ufffd" in t or not t.startswith(head) else t[len(head) :])
-    return texts
-
-
-@pytest.mark.parametrize("quote", ["", "The", "a 200 p", "novel", "looking for a good editor.", "zzz"])
-def test_quote_constraint_allows_exactly_the_grounded_tokens(any_tokenizer, quote):
-    source = "The author wrote a 200 page unpublished novel and is looking for a good editor."
-    texts = _token_texts(any_tokenizer)
-    expected = set()
-    for i, t in enumerate(texts):
-        if not t:
-            continue
-        body, closes, rest = t.partition('"')
-        ws = " \t\n\r"
-        if closes and not (rest.strip(ws) in ("", ",") or rest.lstrip(ws).startswith("]")
-                           or (rest.lstrip(ws).startswith(",") and rest.lstrip(ws)[1:].strip(ws) == '"')):
-            continue
-        if (quote + body) in source and (not closes or (quote + body).strip()):
-            expected.add(i)
-    allowed = set(QuoteConstraint(any_tokenizer, 0, [source]).allowed_ids(0, quote))
-    assert allowed == expected  # brute force over the whole vocabulary
-    if quote == "zzz":
-        assert not allowed  # not in the source: the caller then leaves the row unconstrained
-    elif not source.endswith(quote):  # (at the very end only a '"' token could close it)
-        assert allowed, "a quote that occurs in the source always has a continuation"
-
-
-def test_quote_constraint_masks_only_rows_inside_a_quote(bpe_tokenizer):
-    prefix = bpe_tokenizer("Summary: a", add_special_tokens=False)["input_ids"]
-    inside = bpe_tokenizer('x\n{"good_spans": ["The', add_special_tokens=False)["input_ids"]
-    outside = bpe_tokenizer("x\nThe critique", add_special_tokens=False)["input_ids"]
-    width = len(prefix)
-    pad = bpe_tokenizer.pad_token_id
-    n = max(len(inside), len(outside))
-    rows = [prefix + inside + [pad] * 0, prefix + outside]
-    rows = [r + [pad] * (width + n - len(r)) for r in rows]
-    constraint = QuoteConstraint(bpe_tokenizer, width, ["The author wrote", "The author wrote"])
-    scores = torch.zeros(2, len(bpe_tokenizer))
-    out = constraint(torch.tensor(rows)[:, : width + len(inside)], scores.clone())
-    # row 0 ends inside a quote: only continuations of "The" found in the source stay finite
-    assert set(torch.isfinite(out[0]).nonzero().flatten().tolist()) == set(constraint.allowed_ids(0, "The"))
-    assert 0 < torch.isfinite(out[0]).sum() < len(bpe_tokenizer)
-
-
-def test_generate_rejects_misaligned_quote_sources(bpe_tokenizer, tiny_llama):
-    with pytest.raises(ValueError, match="one text per prompt"):
-        generate(tiny_llama, bpe_tokenizer, ["a", "b"], quote_sources=["only one"])
-
-
-def test_span_list_state_and_the_tokens_allowed_between_items(any_tokenizer):
-    assert span_list_state('ok\n{"good_spans": ["a", ') == ("next", "")
-    assert span_list_state('ok\n{"good_spans": [') == ("next", "")
-    assert span_list_state('ok\n{"good_spans": ["a" ') == ("item", "")
-    assert span_list_state('ok\n{"good_spans": ["a') == ("quote", "a")
-    assert span_list_state('ok\n{"good_spans": ["a"]') is None
-    constraint = QuoteConstraint(any_tokenizer, 0, ["whatever"])
-    texts = _token_texts(any_tokenizer)
-
-    def lead(t: str) -> str:  # JSON whitespace only: control characters are not allowed between items
-        return t.lstrip(" \t\n\r")
-
-    after = {i for i, t in enumerate(texts) if t and (lead(t) == "" or lead(t).startswith("]")
-                                                      or (lead(t)[0] == "," and lead(lead(t)[1:]) in ("", '"')))}
-    after_next = {i for i, t in enumerate(texts) if t and (lead(t) in ("", '"') or lead(t).startswith("]"))}
-    assert set(constraint.trie.after_item_ids) == after and after
-    assert set(constraint.trie.next_item_ids) == after_next and after_next
+def test_logits_processors_hook_is_built_per_batch(bpe_tokenizer, tiny_llama):
+    prompts = ["The author wrote", "My roommate keeps eating my food and", "def add(a, b):"]
+    token = bpe_tokenizer("a", add_special_tokens=False)["input_ids"][-1]
+    log: list = []
+    gens = generate(
+        tiny_llama, bpe_tokenizer, prompts, max_new_tokens=4, batch_size=2,
+        logits_processors=lambda rows, width: [_OnlyToken(token, rows, width, log)],
+    )
+    assert [g.response_ids for g in gens] == [[token] * 4] * 3
+    widths = [max(len(bpe_tokenizer(p)["input_ids"]) for p in prompts[:2]), len(bpe_tokenizer(prompts[2])["input_ids"])]
+    assert log == [([0, 1], widths[0]), ([2], widths[1])]  # rows and the padded prompt width, per batch
 
 
 def test_end_distributed_leaves_the_process_group(tmp_path):

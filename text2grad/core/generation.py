@@ -7,14 +7,12 @@ re-tokenization of the decoded text).
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
-__all__ = ["Generation", "generate", "apply_chat_template", "QuoteConstraint", "open_quote", "span_list_state"]
+__all__ = ["Generation", "generate", "apply_chat_template"]
 
 
 @dataclass
@@ -60,7 +58,7 @@ def generate(
     generator_seed: int | None = None,
     show_progress: bool = False,
     stop_fn: Callable[[str], bool] | None = None,
-    quote_sources: Sequence[str] | None = None,
+    logits_processors: Callable[[range, int], Sequence[Any]] | None = None,
 ) -> list[Generation]:
     """Generate one continuation per prompt, in order, in batches of ``batch_size``.
 
@@ -69,12 +67,12 @@ def generate(
     the stop string and the ids are cut to the tokens that produced it. ``stop_fn`` is the general form:
     a row stops as soon as ``stop_fn(decoded new text)`` is true (e.g. "a complete JSON object has been
     written"), and its ids are cut to the shortest prefix whose text satisfies it.
-    ``quote_sources`` (one text per prompt) turns on grounded span decoding (`QuoteConstraint`): while a
-    row is inside a quoted item of a ``"good_spans"``/``"poor_spans"`` list, only tokens that keep the quote
-    an exact substring of that row's source text can be generated.
+    ``logits_processors`` is the hook for constrained decoding: called once per batch as
+    ``logits_processors(rows, prompt_width)`` (``rows``: the indices into ``prompts`` of the batch's rows, in
+    order; ``prompt_width``: the padded prompt length, where the new tokens start), it returns the
+    transformers logits processors for that batch (the reward model's grounded span decoding,
+    `reward_model.decoding.grounded_span_processors`, is one).
     """
-    if quote_sources is not None and len(quote_sources) != len(prompts):
-        raise ValueError(f"quote_sources needs one text per prompt: got {len(quote_sources)} for {len(prompts)} prompts")
     if generator_seed is not None:
         torch.manual_seed(generator_seed)
     device = next(model.parameters()).device
@@ -117,11 +115,11 @@ def generate(
                 from transformers import StoppingCriteriaList
 
                 gen_kwargs.update(stopping_criteria=StoppingCriteriaList([_TextStop(tokenizer, width, stop_fn)]))
-            if quote_sources is not None:
+            if logits_processors is not None:
                 from transformers import LogitsProcessorList
 
-                sources = list(quote_sources[start : start + batch_size])
-                gen_kwargs.update(logits_processor=LogitsProcessorList([QuoteConstraint(tokenizer, width, sources)]))
+                rows = range(start, start + len(batch))
+                gen_kwargs.update(logits_processor=LogitsProcessorList(list(logits_processors(rows, width))))
             sequences = model.generate(**enc, **gen_kwargs)
             for row in range(len(batch)):
                 prompt_ids = enc["input_ids"][row][enc["attention_mask"][row].bool()].tolist()
@@ -190,184 +188,3 @@ def _finish(tokenizer, prompt_ids, new_ids, eos_ids, stop_strings, stop_fn=None)
         text = tokenizer.decode(response, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     return Generation(prompt_ids, response, text, finished)
 
-
-# --------------------------------------------------------------------------------------------------
-# Grounded span decoding
-# --------------------------------------------------------------------------------------------------
-
-# The opening of a span list as the reward model writes it: "good_spans": [  (any case, space or underscore)
-_SPAN_LIST_OPEN = re.compile(r'"(?:good|poor)[ _]?spans"\s*:\s*\[', re.IGNORECASE)
-
-
-def span_list_state(text: str) -> tuple[str, str] | None:
-    """Where ``text`` ends relative to the last open span list: ``("quote", q)``, ``("item", "")``,
-    ``("next", "")`` or None.
-
-    After the last ``"good_spans": [`` / ``"poor_spans": [`` opening (any case, space or underscore), if that
-    list is still open: inside a quoted item (an odd number of unescaped double quotes follow) the state is
-    ``("quote", q)`` with ``q`` the item's JSON-escaped text so far; right after an item it is ``("item", "")``
-    (a comma or the list's end must come next); after the opening bracket or a comma it is ``("next", "")``.
-    None when no span list is open.
-    """
-    match = None
-    for match in _SPAN_LIST_OPEN.finditer(text):
-        pass
-    if match is None:
-        return None
-    in_string, escaped, start, after_item = False, False, 0, False
-    for k in range(match.end(), len(text)):
-        ch = text[k]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string, after_item = False, True
-        elif ch == '"':
-            in_string, start = True, k + 1
-        elif ch == ",":
-            after_item = False
-        elif ch == "]":
-            return None
-    if in_string:
-        return ("quote", text[start:])
-    return ("item", "") if after_item else ("next", "")
-
-
-def open_quote(text: str) -> str | None:
-    """The JSON-escaped text of the span quote ``text`` ends inside, or None when it is not inside one.
-
-    ``open_quote('..."poor_spans": ["Fel')`` is ``'Fel'``; ``open_quote('..."poor_spans": ["Felix", ')`` is
-    None (between items). See `span_list_state`.
-    """
-    state = span_list_state(text)
-    return state[1] if state is not None and state[0] == "quote" else None
-
-
-# What may follow the closing quote inside the same token: the next item's opening or the list's end.
-# (JSON whitespace only: \s would also let control characters through, which JSON forbids outside strings)
-_AFTER_CLOSE = re.compile(r'[ \t\n\r]*(?:,[ \t\n\r]*"?)?|[ \t\n\r]*\].*', re.DOTALL)
-_NEXT_ITEM = re.compile(r'[ \t\n\r]*"?|[ \t\n\r]*\].*', re.DOTALL)
-
-
-class _TokenTrie:
-    """The vocabulary as a character trie of each token's text, for prefix walks over a source text."""
-
-    def __init__(self, token_texts: Sequence[str]):
-        self.texts = list(token_texts)
-        self.root: dict[str, Any] = {}
-        for tok_id, text in enumerate(self.texts):
-            if not text or "\ufffd" in text:  # empty, special or a byte fragment: never inside a quote
-                continue
-            node = self.root
-            for ch in text:
-                node = node.setdefault(ch, {})
-            node.setdefault("", []).append(tok_id)  # "" holds the ids of tokens ending at this node
-        self._closing: dict[int, list[int]] = {}
-        # Between items only list structure may be written: after an item a comma (and the next opening quote)
-        # or the list's end; after "[" or a comma an opening quote or the list's end.
-        self.after_item_ids = [i for i, t in enumerate(self.texts) if t and _AFTER_CLOSE.fullmatch(t)]
-        self.next_item_ids = [i for i, t in enumerate(self.texts) if t and _NEXT_ITEM.fullmatch(t)]
-
-    def closing_ids(self, node: dict[str, Any], depth: int) -> list[int]:
-        """Ids of tokens that continue from ``node`` (``depth`` characters deep) with a closing ``"``,
-        followed by nothing, ``,`` (and the next item's opening quote) or ``]`` (and anything)."""
-        key = id(node)
-        if key not in self._closing:
-            ids: list[int] = []
-            stack = [node['"']] if '"' in node else []
-            while stack:
-                cur = stack.pop()
-                for ch, child in cur.items():
-                    if ch == "":
-                        ids.extend(i for i in child if _AFTER_CLOSE.fullmatch(self.texts[i][depth + 1 :]))
-                    else:
-                        stack.append(child)
-            self._closing[key] = ids
-        return self._closing[key]
-
-
-_TRIES: dict[int, tuple[Any, _TokenTrie]] = {}
-
-
-def _token_trie(tokenizer) -> _TokenTrie:
-    """One trie per tokenizer, built on first use (about a second for a 150k vocabulary)."""
-    cached = _TRIES.get(id(tokenizer))
-    if cached is not None and cached[0] is tokenizer:
-        return cached[1]
-    # A token's text in context: decode(anchor + token) minus decode(anchor), so SentencePiece tokens keep
-    # their leading space (decoding a lone "▁Felix" drops it).
-    anchor = tokenizer("a", add_special_tokens=False)["input_ids"][-1:]
-    head = tokenizer.decode(anchor, clean_up_tokenization_spaces=False)
-    texts = tokenizer.batch_decode(
-        [anchor + [i] for i in range(len(tokenizer))], skip_special_tokens=True, clean_up_tokenization_spaces=False
-    )
-    special = set(tokenizer.all_special_ids)
-    trie = _TokenTrie(["" if i in special or not t.startswith(head) else t[len(head) :] for i, t in enumerate(texts)])
-    _TRIES[id(tokenizer)] = (tokenizer, trie)
-    return trie
-
-
-class QuoteConstraint:
-    """A logits processor for grounded span decoding: quotes in the span lists are substrings of a source.
-
-    Row ``b`` of the batch quotes from ``sources[b]`` (the response under review). Outside the span lists the
-    logits are untouched (the critique is free text). Between two items only separators, an opening quote or
-    the list's closing bracket are allowed, with the comma JSON needs between items. Inside one, with ``q`` the quote so far (JSON-escaped), a token is allowed if its
-    text ``t`` makes ``q + t`` a substring of the escaped source, or is ``u + '"' + rest`` with ``q + u`` a
-    substring that is not blank and ``rest`` empty, ``,`` (with the next item's opening quote) or ``]`` and anything
-    (the token closes the quote). If no token qualifies (``q`` itself is not in the
-    source, which cannot happen once the constraint has been on from the quote's first token) the row is
-    left unconstrained rather than forced into nonsense. Cost per constrained step: one trie walk over the
-    source from each place where ``q`` occurs. Limitation: a token that decodes to part of a UTF-8 character
-    (byte-level BPE on CJK text, emoji) is never allowed inside a quote, so such characters can only be quoted
-    where the vocabulary has whole-character tokens for them.
-    """
-
-    def __init__(self, tokenizer, prompt_width: int, sources: Sequence[str]):
-        self.tokenizer, self.width = tokenizer, prompt_width
-        self.sources = [json.dumps(s, ensure_ascii=False)[1:-1] for s in sources]
-        self.trie = _token_trie(tokenizer)
-
-    def allowed_ids(self, row: int, quote: str) -> list[int]:
-        source = self.sources[row]
-        if quote:
-            starts, k = [], source.find(quote)
-            while k >= 0:
-                starts.append(k + len(quote))
-                k = source.find(quote, k + 1)
-        else:
-            starts = list(range(len(source)))
-        allowed: set[int] = set()
-        for pos in starts:
-            node, depth = self.trie.root, 0
-            while True:
-                if (quote + source[pos : pos + depth]).strip():  # a quote must hold more than whitespace
-                    allowed.update(self.trie.closing_ids(node, depth))
-                if depth:
-                    allowed.update(node.get("", ()))
-                if pos + depth >= len(source) or source[pos + depth] not in node:
-                    break
-                node = node[source[pos + depth]]
-                depth += 1
-        return sorted(allowed)
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        texts = self.tokenizer.batch_decode(
-            input_ids[:, self.width :].tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
-        for row, text in enumerate(texts):
-            state = span_list_state(text)
-            if state is None:
-                continue
-            if state[0] == "quote":
-                allowed = self.allowed_ids(row, state[1])
-            else:
-                allowed = self.trie.after_item_ids if state[0] == "item" else self.trie.next_item_ids
-            if not allowed:
-                continue
-            mask = torch.ones(scores.shape[1], dtype=torch.bool, device=scores.device)
-            mask[torch.tensor(allowed, device=scores.device)] = False
-            scores[row] = scores[row].masked_fill(mask, float("-inf"))
-        return scores
