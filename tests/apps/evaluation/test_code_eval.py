@@ -1,8 +1,8 @@
-"""Code evaluation: pass@k, data loaders, program assembly, and end-to-end scoring in the sandbox."""
+"""Code evaluation: pass@k, HumanEval / MBPP / KodCode loaders, program assembly, end-to-end scoring in the sandbox,
+the CLI (EvalPlus formats: test_code_evalplus.py)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 from pathlib import Path
@@ -16,7 +16,6 @@ from text2grad.apps.evaluation.code import (
     CodeProblem,
     Sample,
     build_program,
-    extract_code,
     load_problems,
     load_samples,
     mean_pass_at_k,
@@ -74,14 +73,6 @@ def test_pass_at_k_rejects_bad_input():
 
 
 # --- program assembly ------------------------------------------------------------------------------------------
-
-
-def test_extract_code():
-    assert extract_code("Here:\n```python\ndef f():\n    return 1\n```\nDone") == "def f():\n    return 1\n"
-    assert extract_code("```\nx = 1\n```") == "x = 1\n"
-    assert extract_code("```js\nlet a\n```\n```py\nb = 2\n```") == "b = 2\n"
-    assert extract_code("```python\ndef g():\n    pass") == "def g():\n    pass"  # cut by the token limit
-    assert extract_code("def h():\n    return 2\n") == "def h():\n    return 2\n"
 
 
 def test_build_program_completion_and_whole_function():
@@ -144,7 +135,7 @@ def test_empty_and_unparseable_completions_are_failures(tmp_path):
     assert rows[0]["correct"] == 1 and "EmptyCompletion" in rows[0]["first_error"]
 
 
-# --- MBPP, evalplus, KodCode loaders ---------------------------------------------------------------------------
+# --- MBPP, KodCode loaders ---------------------------------------------------------------------------
 
 
 MBPP_RECORDS = [
@@ -174,60 +165,7 @@ def test_mbpp_original_and_sanitized_formats(tmp_path):
     assert scores["pass@1"] == 0.0 and results[0].tests_passed == 0
 
 
-def _plus_check_test(inputs, results):
-    return (
-        "import numpy as np\n\n\ndef assertion(out, exp, atol):\n    exact = out == exp\n"
-        "    if not exact and atol != 0:\n        np.testing.assert_allclose(out, exp, atol=atol)\n    else:\n        assert exact\n\n\n"
-        f"def check(candidate):\n    inputs = {inputs!r}\n    results = {results!r}\n"
-        "    for inp, exp in zip(inputs, results):\n        assertion(candidate(*inp), exp, 0)\n"
-    )
-
-
-def test_evalplus_humaneval_plus_formats_and_env_override(tmp_path, monkeypatch):
-    prompt = 'def halve(x: float) -> float:\n    """Half of x."""\n'
-    with_test = {"task_id": "HumanEval/900", "prompt": prompt, "entry_point": "halve", "canonical_solution": "    return x / 2\n",
-                 "test": _plus_check_test([[1.0], [3.0], [10**6 + 0.5]], [0.5, 1.5, 500000.25]),
-                 "base_input": [[1.0]], "plus_input": [[3.0]], "atol": 0}
-    old_style = {"task_id": "HumanEval/901", "prompt": prompt.replace("halve", "halve2"), "entry_point": "halve2",
-                 "canonical_solution": "    return x / 2\n", "base_input": [[1.0], [2.5]], "plus_input": [[1e9], [0.1]], "atol": 0}
-    path = tmp_path / "HumanEvalPlus.jsonl.gz"
-    with gzip.open(path, "wt") as fh:
-        for rec in (with_test, old_style):
-            fh.write(json.dumps(rec) + "\n")
-    monkeypatch.setenv("HUMANEVAL_OVERRIDE_PATH", str(path))
-    problems = load_problems("humaneval_plus")  # found through the environment variable
-    assert [p.task_id for p in problems] == ["HumanEval/900", "HumanEval/901"]
-    assert "test_check" in problems[0].tests and "test_inputs" in problems[1].tests
-    (scores, _), _ = _score(problems, {s.task_id: [s] for s in reference_samples(problems)})
-    assert scores["pass@1"] == 1.0
-    # right on the base inputs, wrong on a plus input: HumanEval+ must catch it
-    almost = {"HumanEval/900": [Sample("HumanEval/900", completion="    return x / 2 if x < 100 else x // 2\n")],
-              "HumanEval/901": [Sample("HumanEval/901", completion="    return x / 2 if x < 100 else x / 3\n")]}
-    (scores, rows), results = _score(problems, almost)
-    assert scores["pass@1"] == 0.0, rows
-    float_noise = {"HumanEval/901": [Sample("HumanEval/901", completion="    return x / 2 + 1e-9\n")]}
-    (scores, _), _ = _score(problems[1:], float_noise)  # within evalplus's default 1e-6 float tolerance
-    assert scores["pass@1"] == 1.0
-
-
-def test_evalplus_mbpp_plus_script_tests(tmp_path, monkeypatch):
-    script = ("inputs = [[[3, 4, 5, 6], [5, 7, 4, 10]], [[1, 2], [3]]]\nresults = [[4, 5], []]\n"
-              "for inp, exp in zip(inputs, results):\n    assert sorted(similar_elements(*inp)) == exp\n")
-    rec = {"task_id": "Mbpp/2", "prompt": '"""\nWrite a function to find the shared elements of two lists.\n"""\n',
-           "entry_point": "similar_elements", "canonical_solution": "def similar_elements(a, b):\n    return list(set(a) & set(b))\n",
-           "test": script, "atol": 0}
-    monkeypatch.setenv("MBPP_OVERRIDE_PATH", str(_write_jsonl(tmp_path / "MbppPlus.jsonl", [rec])))
-    problems = load_problems("mbpp_plus")
-    (scores, _), _ = _score(problems, {s.task_id: [s] for s in reference_samples(problems)})
-    assert scores["pass@1"] == 1.0
-    (scores, _), results = _score(problems, {"Mbpp/2": [Sample("Mbpp/2", solution="def similar_elements(a, b):\n    return a\n")]})
-    assert scores["pass@1"] == 0.0 and results[0].error_type == "AssertionError"
-
-
-def test_loader_errors_name_the_problem(tmp_path, monkeypatch):
-    monkeypatch.delenv("HUMANEVAL_OVERRIDE_PATH", raising=False)
-    with pytest.raises(DataError, match="HUMANEVAL_OVERRIDE_PATH"):
-        load_problems("humaneval_plus")
+def test_loader_errors_name_the_problem(tmp_path):
     with pytest.raises(DataError, match="lacks \\['question'"):
         load_problems("kodcode", str(_write_jsonl(tmp_path / "k.jsonl", [{"id": "a", "solution": "", "test": ""}])))
     with pytest.raises(DataError, match="not in"):
@@ -254,41 +192,73 @@ def test_samples_file_grouping_and_missing(tmp_path):
 # --- CLI end to end --------------------------------------------------------------------------------------------
 
 
+# KodCode-Light-RL-10K rows (its columns; written by hand): tests import the program as `solution`
+KODCODE_ROWS = [
+    {"version": "v1.0", "style": "instruct", "subset": "Leetcode", "question_id": "Leetcode_1_I",
+     "question": "Write a function `count_vowels(s)` that returns how many vowels (a, e, i, o, u) the string s holds.",
+     "solution": "def count_vowels(s):\n    return sum(ch in 'aeiou' for ch in s.lower())\n",
+     "test": "from solution import count_vowels\n\ndef test_basic():\n    assert count_vowels('hello') == 2\n\n"
+             "def test_upper():\n    assert count_vowels('AEx') == 2\n",
+     "test_info": [{"function_name": "count_vowels", "function_declaration": "def count_vowels(s):",
+                    "parameter_list": "(s)", "docstring": None}], "gpt_difficulty": "easy"},
+    {"version": "v1.0", "style": "instruct", "subset": "Apps", "question_id": "Apps_2_I",
+     "question": "Write `second_largest(xs)`: the second largest distinct number of a list, or None.",
+     "solution": "def second_largest(xs):\n    v = sorted(set(xs))\n    return v[-2] if len(v) > 1 else None\n",
+     "test": "from solution import second_largest\n\ndef test_values():\n    assert second_largest([3, 1, 3, 2]) == 2\n"
+             "    assert second_largest([5]) is None\n",
+     "test_info": [{"function_name": "second_largest", "function_declaration": "def second_largest(xs):",
+                    "parameter_list": "(xs)", "docstring": None}], "gpt_difficulty": "medium"},
+    {"version": "v1.0", "style": "instruct", "subset": "Filter", "question_id": "Filter_3_I",
+     "question": "Write `is_palindrome(s)` ignoring case and non-letters.",
+     "solution": "def is_palindrome(s):\n    t = [c.lower() for c in s if c.isalpha()]\n    return t == t[::-1]\n",
+     "test": "import pytest\nfrom solution import is_palindrome\n\n@pytest.mark.parametrize('s,ok', [('Aba', True), ('ab', False), ('A man, a plan', False)])\n"
+             "def test_cases(s, ok):\n    assert is_palindrome(s) is ok\n",
+     "test_info": [{"function_name": "is_palindrome", "function_declaration": "def is_palindrome(s):",
+                    "parameter_list": "(s)", "docstring": None}], "gpt_difficulty": "easy"},
+]
+
+
 @pytest.fixture(scope="module")
-def tiny_kodcode(tmp_path_factory):
+def kodcode_eval(tmp_path_factory):
+    return _write_jsonl(tmp_path_factory.mktemp("kodcode") / "eval.jsonl", KODCODE_ROWS)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
     from text2grad.apps.tiny import make_tiny_world
 
-    return make_tiny_world("kodcode", tmp_path_factory.mktemp("tiny_kodcode"), n_train=4, n_eval=6)
+    return make_tiny_world("kodcode", tmp_path_factory.mktemp("tiny_kodcode"), n_train=4, n_eval=2, prepare=False) / "model"
 
 
-def test_kodcode_references_via_cli(tiny_kodcode, tmp_path, capsys):
+def test_kodcode_references_via_cli(kodcode_eval, tmp_path, capsys):
     out = tmp_path / "ref"
-    rc = ce.main(["--benchmark", "kodcode", "--data", str(tiny_kodcode / "data" / "eval.jsonl"), "--score_references", "true",
+    rc = ce.main(["--benchmark", "kodcode", "--data", str(kodcode_eval), "--score_references", "true",
                   "--workers", "2", "--output_dir", str(out), "--show_progress", "false"])
     assert rc == 0
     report = json.loads((out / "kodcode.json").read_text())["results"]
-    assert report["pass@1"] == 1.0 and report["problems"] == 6 and report["verdicts"] == {"passed": 6}
+    assert report["pass@1"] == 1.0 and report["problems"] == 3 and report["verdicts"] == {"passed": 3}
     assert "| pass@1" in capsys.readouterr().out
-    assert (out / "kodcode_problems.md").read_text().count("| kodcode-") == 6
+    problems_md = (out / "kodcode_problems.md").read_text()
+    assert all(f"| {row['question_id']} " in problems_md for row in KODCODE_ROWS)  # ids are KodCode's question_id
 
 
-def test_tiny_model_end_to_end_scores_zero_without_crashing(tiny_kodcode, tmp_path):
+def test_tiny_model_end_to_end_scores_zero_without_crashing(kodcode_eval, tiny_model, tmp_path):
     out = tmp_path / "gen"
-    rc = ce.main(["--benchmark", "kodcode", "--data", str(tiny_kodcode / "data" / "eval.jsonl"), "--model", str(tiny_kodcode / "model"),
+    rc = ce.main(["--benchmark", "kodcode", "--data", str(kodcode_eval), "--model", str(tiny_model),
                   "--n", "2", "--k", "1,2", "--max_new_tokens", "24", "--batch_size", "4", "--workers", "2",
                   "--device", "cpu", "--output_dir", str(out), "--show_progress", "false", "--timeout_s", "10"])
     assert rc == 0
     report = json.loads((out / "kodcode.json").read_text())["results"]
-    assert report["samples"] == 12 and report["pass@1"] == 0.0 and report["pass@2"] == 0.0
+    assert report["samples"] == 6 and report["pass@1"] == 0.0 and report["pass@2"] == 0.0
     completions = [json.loads(line) for line in (out / "kodcode_completions.jsonl").read_text().splitlines()]
-    assert len(completions) == 12
+    assert len(completions) == 6
     samples = [json.loads(line) for line in (out / "kodcode_samples.jsonl").read_text().splitlines()]
     assert all(not s["passed"] and s["verdict"] in ("failed", "crashed", "timeout") for s in samples)
     ran = [s for s in samples if s["error_type"] != "EmptyCompletion"]  # garbage that reached the sandbox
-    assert ran and report["syntax_errors"] + report["empty_completions"] <= 12
+    assert ran and report["syntax_errors"] + report["empty_completions"] <= 6
     # the completions file round-trips through --samples_file
     again = tmp_path / "again"
-    assert ce.main(["--benchmark", "kodcode", "--data", str(tiny_kodcode / "data" / "eval.jsonl"),
+    assert ce.main(["--benchmark", "kodcode", "--data", str(kodcode_eval),
                     "--samples_file", str(out / "kodcode_completions.jsonl"), "--k", "1,2", "--workers", "2",
                     "--output_dir", str(again), "--show_progress", "false"]) == 0
     assert json.loads((again / "kodcode.json").read_text())["results"]["pass@1"] == 0.0
