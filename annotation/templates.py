@@ -2,7 +2,9 @@
 
 A template file has a ``system`` and a ``user`` string with ``{field}`` placeholders filled from the record
 (``{prompt}``, ``{response}``, and ``{feedback}`` for human grounding); literal braces are doubled, as in
-``str.format``. Built-in templates:
+``str.format``. An optional ``defaults`` mapping gives the text of a placeholder a record does not have (the
+KodCode prompts show ``{tests}`` and ``{execution_result}``, which prepare-data adds to every record; records
+from elsewhere get the default). Built-in templates:
 
 - ``<dataset>_cot.yaml``: reason step by step, then a critique, then spans justified by the critique
   (the paper's Section 3.3 protocol);
@@ -32,10 +34,14 @@ class PromptTemplate:
     user: str
     system: str = ""
     name: str = ""
+    defaults: tuple[tuple[str, str], ...] = ()
 
     def messages(self, record: Mapping[str, Any]) -> list[dict[str, str]]:
-        """The chat messages for one record; a placeholder the record lacks is a `DataError` naming it."""
+        """The chat messages for one record; a placeholder the record lacks (and that has no default) is a
+        `DataError` naming it."""
         where = str(record.get("id", ""))
+        if self.defaults:
+            record = {**dict(self.defaults), **{k: v for k, v in record.items() if v is not None}}
         out = []
         if self.system:
             out.append({"role": "system", "content": render_template(self.system, record, where)})
@@ -50,10 +56,14 @@ def _parse(text: str, name: str) -> PromptTemplate:
         raise ValueError(f"prompt template {name} is not valid YAML: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("user"), str):
         raise ValueError(f"prompt template {name} must be a YAML mapping with a 'user' string (and optionally 'system')")
-    unknown = set(data) - {"user", "system"}
+    unknown = set(data) - {"user", "system", "defaults"}
     if unknown:
-        raise ValueError(f"prompt template {name} has unknown key(s) {sorted(unknown)}; allowed: system, user")
-    return PromptTemplate(user=data["user"], system=str(data.get("system") or ""), name=name)
+        raise ValueError(f"prompt template {name} has unknown key(s) {sorted(unknown)}; allowed: system, user, defaults")
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict) or not all(isinstance(v, str) for v in defaults.values()):
+        raise ValueError(f"prompt template {name}: 'defaults' must map placeholder names to strings")
+    return PromptTemplate(user=data["user"], system=str(data.get("system") or ""), name=name,
+                          defaults=tuple(sorted((str(k), v) for k, v in defaults.items())))
 
 
 def load_template(path: str | Path) -> PromptTemplate:
