@@ -45,7 +45,7 @@ __all__ = [
     "real_tokenizer_path",
 ]
 
-FORMAT_VERSION = 2  # bump when a tokenizer conversion changes, so cached folders are rebuilt
+FORMAT_VERSION = 3  # bump when a tokenizer conversion changes, so cached folders are rebuilt
 SMOLLM2_FORMAT_VERSION = 1  # the same for the SmolLM2 model folder
 
 
@@ -304,9 +304,16 @@ def _sentencepiece_to_fast(path: Path, template: str | None):
     backend.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", vocab["<s>"])]
     )
+    # Saved as a plain fast tokenizer: reloading it as a LlamaTokenizer would rebuild the normalizer and
+    # pre-tokenizer from that class's settings and change the ids of text with leading or repeated spaces.
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", clean_up_tokenization_spaces=False
+    )
     if template:
-        tokenizer.chat_template = template
-    return tokenizer
+        fast.chat_template = template
+    return fast
 
 
 def _build_tokenizer(family: str):

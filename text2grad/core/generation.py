@@ -3,6 +3,14 @@
 Prompts are left-padded so every row's new tokens start at the same column, the KV cache is on, and
 the exact generated token ids are returned (rewards must land on the ids the model sampled, not on a
 re-tokenization of the decoded text).
+
+**Special tokens rule** (every phase follows it: PPO, evaluation, the reward model, the quickstart): text that a
+chat template rendered (`apply_chat_template`) already holds every special token the model expects, BOS
+included, so it is tokenized with ``add_special_tokens=False``; plain text is tokenized with
+``add_special_tokens=True`` (the tokenizer adds BOS if its model wants one). Tokenizing templated text with
+special tokens again gives Llama-3 ``<|begin_of_text|><|begin_of_text|>`` and Mistral ``<s><s>``.
+`generate`'s default (``add_special_tokens=None``) applies the rule per prompt through
+`prompt_add_special_tokens`; callers that know a prompt was templated pass ``False``.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-__all__ = ["Generation", "generate", "apply_chat_template"]
+__all__ = ["Generation", "generate", "apply_chat_template", "prompt_add_special_tokens"]
 
 
 @dataclass
@@ -40,6 +48,18 @@ def apply_chat_template(tokenizer, prompt: str, system: str | None = None) -> st
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def prompt_add_special_tokens(tokenizer, text: str) -> bool:
+    """The special-tokens rule for a prompt whose origin is unknown: False when ``text`` already starts with the
+    tokenizer's BOS token (rendered by a chat template or written by hand), True otherwise.
+
+    A template that writes no BOS (ChatML: Qwen, SmolLM2) renders text whose tokenizer adds none either, so the
+    answer is the same there; for a tokenizer that adds BOS under a template that leaves it out, pass
+    ``add_special_tokens=False`` explicitly.
+    """
+    bos = getattr(tokenizer, "bos_token", None)
+    return not (isinstance(bos, str) and bos and text.startswith(bos))
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -54,7 +74,7 @@ def generate(
     top_k: int = 0,
     max_prompt_length: int | None = None,
     stop_strings: Sequence[str] | None = None,
-    add_special_tokens: bool = True,
+    add_special_tokens: bool | None = None,
     generator_seed: int | None = None,
     show_progress: bool = False,
     stop_fn: Callable[[str], bool] | None = None,
@@ -63,6 +83,8 @@ def generate(
     """Generate one continuation per prompt, in order, in batches of ``batch_size``.
 
     ``max_prompt_length`` truncates prompts from the left (keeping their end, where the question is).
+    ``add_special_tokens``: True/False for every prompt, or None (default) for the module's special tokens rule
+    per prompt (`prompt_add_special_tokens`: no second BOS on text that already starts with one).
     ``stop_strings`` end a row once its decoded text contains one of them; the text is cut just after
     the stop string and the ids are cut to the tokens that produced it. ``stop_fn`` is the general form:
     a row stops as soon as ``stop_fn(decoded new text)`` is true (e.g. "a complete JSON object has been
@@ -88,14 +110,7 @@ def generate(
     try:
         for start in starts:
             batch = list(prompts[start : start + batch_size])
-            enc = tokenizer(
-                batch,
-                return_tensors="pt",
-                padding=True,
-                add_special_tokens=add_special_tokens,
-                truncation=max_prompt_length is not None,
-                max_length=max_prompt_length,
-            )
+            enc = _encode_prompts(tokenizer, batch, add_special_tokens, max_prompt_length)
             enc = {k: v.to(device) for k, v in enc.items()}
             gen_kwargs = dict(
                 max_new_tokens=max_new_tokens,
@@ -128,6 +143,16 @@ def generate(
     finally:
         tokenizer.padding_side, tokenizer.truncation_side = old_side, old_trunc
     return outputs
+
+
+def _encode_prompts(tokenizer, prompts: list[str], add_special_tokens: bool | None, max_prompt_length: int | None):
+    """Left-padded ``input_ids``/``attention_mask`` tensors; prompts with and without special tokens may mix."""
+    flags = [add_special_tokens if add_special_tokens is not None else prompt_add_special_tokens(tokenizer, p) for p in prompts]
+    kwargs = dict(truncation=max_prompt_length is not None, max_length=max_prompt_length)
+    if len(set(flags)) == 1:
+        return tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=flags[0], **kwargs)
+    rows = [tokenizer(p, add_special_tokens=f, **kwargs) for p, f in zip(prompts, flags)]
+    return tokenizer.pad([{"input_ids": r["input_ids"], "attention_mask": r["attention_mask"]} for r in rows], return_tensors="pt")
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
