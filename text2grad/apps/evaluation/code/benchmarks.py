@@ -90,8 +90,9 @@ def _assert_test_module(asserts: Sequence[str], setup: str = "") -> str:
     return "\n".join(body)
 
 
-def _read_any(path: str | Path) -> list[dict[str, Any]]:
-    """Records from .jsonl, .jsonl.gz, .json (a list, e.g. sanitized-mbpp.json), a saved dataset or a hub id."""
+def _read_any(path: str | Path, split: str) -> list[dict[str, Any]]:
+    """Records from .jsonl, .jsonl.gz, .json (a list, e.g. sanitized-mbpp.json), a saved dataset or a hub id
+    (``split`` of it)."""
     if str(path).endswith(".gz"):
         path = Path(path).expanduser()
         if not path.is_file():
@@ -105,7 +106,7 @@ def _read_any(path: str | Path) -> list[dict[str, Any]]:
                     except json.JSONDecodeError as exc:
                         raise DataError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
         return out
-    return load_records(str(path), split="test")
+    return load_records(str(path), split=split)
 
 
 def _bundled_humaneval() -> Path:
@@ -150,7 +151,7 @@ def load_problems(benchmark: str, data: str | None = None, limit: int | None = N
     if benchmark not in BENCHMARKS:
         raise ConfigError(f"unknown benchmark {benchmark!r}; choose one of {', '.join(BENCHMARKS)}")
     source = data if data is not None else _default_source(benchmark)
-    records = _read_any(source)
+    records = _read_any(source, "train" if benchmark == "kodcode" else "test")  # KodCode's hub copy has only train
     if benchmark in ("humaneval_plus", "mbpp_plus") and records and is_release_record(records[0]):
         problems = [_release_problem(benchmark, rec, task) for rec, task in load_release(benchmark, source)]
     else:
