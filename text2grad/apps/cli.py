@@ -11,6 +11,9 @@ import importlib.util
 import sys
 from typing import Sequence
 
+from text2grad.core.cli import EXIT_OK, EXIT_USAGE, guarded, print_error
+from text2grad.core.config import invoked_as, version
+
 # subcommand -> (module with main(argv), one-line description)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "quickstart": ("text2grad.apps.quickstart", "Run all three phases offline on a generated toy task (the embedded default)."),
@@ -45,24 +48,43 @@ def available() -> dict[str, tuple[str, str]]:
 def usage() -> str:
     commands = available()
     width = max(len(n) for n in commands) if commands else 0
-    lines = ["usage: text2grad <command> [options]   (text2grad <command> --help for its options)", "", "commands:"]
+    lines = [
+        "usage: text2grad <command> [options]   (text2grad <command> --help for its options)",
+        "       text2grad --version",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name.ljust(width)}  {help_text}" for name, (_, help_text) in commands.items()]
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
+def _dispatch(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help", "help"):
         print(usage())
-        return 0
+        return EXIT_OK
+    if argv and argv[0] == "--version":
+        print(f"text2grad {version()}")
+        return EXIT_OK
+    if not argv:
+        print(usage(), file=sys.stderr)
+        print_error("no command given; pick one of the commands above")
+        return EXIT_USAGE
     commands = available()
     name, rest = argv[0], argv[1:]
     if name not in commands:
-        print(f"text2grad: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
-        return 2
+        print(usage(), file=sys.stderr)
+        print_error(f"unknown command {name!r}; pick one of the commands above")
+        return EXIT_USAGE
     module = importlib.import_module(commands[name][0])
-    result = module.main(rest)
-    return int(result or 0)
+    with invoked_as(f"text2grad {name}"):
+        return int(module.main(rest) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``text2grad <command> ...``: run the command's ``main`` with the rest of the arguments, its usage lines
+    naming ``text2grad <command>``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return guarded(lambda: _dispatch(argv))
 
 
 if __name__ == "__main__":

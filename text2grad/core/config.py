@@ -209,7 +209,7 @@ _SECTION = re.compile(r"^\s*#\s*-{3,}\s*([A-Za-z][^-]*?)\s*-*\s*$")
 _FIELD_LINE = re.compile(r"^\s{4}(\w+)\s*:")
 
 
-def _version() -> str:
+def version() -> str:
     try:
         return importlib.metadata.version("text2grad")
     except importlib.metadata.PackageNotFoundError:
@@ -231,7 +231,7 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
         "--log_level", default="warning", choices=LOG_LEVELS,
         help="Logging of this program and the libraries it uses; warning keeps progress bars clean.",
     )
-    general.add_argument("--version", action="version", version=f"text2grad {_version()}")
+    general.add_argument("--version", action="version", version=f"text2grad {version()}")
     groups = _field_groups(cls)
     sections: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(cls):

@@ -1,0 +1,103 @@
+"""One ``main`` for every command line of the project (``text2grad <command>`` and each ``python -m ...``).
+
+Each entry point is ``def main(argv=None) -> int: return run_cli(TheConfig, run, argv)``, where ``run(cfg)`` does
+the work. `run_cli` owns what every command must do the same way:
+
+- parse ``--config file.yaml`` and ``--<field> value`` flags into the config dataclass
+  (`text2grad.core.config.parse_config`: no abbreviated flags, grouped ``--help``, ``--version``,
+  ``--log_level``), validating every value before ``run`` starts, so before any model loads;
+- user errors (bad values, missing or existing files, bad data) print ``error: <what and how to fix it>`` on
+  stderr and exit 2; a run whose work mostly failed (`RunFailed`) prints ``error: <cause>`` and exits 1;
+  Ctrl-C exits 130;
+- ``text2grad --help | head`` ends quietly instead of with a BrokenPipeError.
+
+Exit codes, everywhere: 0 done, 1 the work failed (the message names the cause), 2 usage or input error,
+3 stopped on NaN/inf (PPO), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from text2grad.core.config import ConfigError, parse_config
+from text2grad.core.data import DataError
+
+__all__ = [
+    "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_NONFINITE", "EXIT_OK", "EXIT_USAGE", "RunFailed", "USER_ERRORS",
+    "print_error", "quiet_broken_pipe", "run_cli",
+]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+_EXIT_BROKEN_PIPE = 141  # what a shell reports for a program killed by SIGPIPE
+
+# Exceptions that mean the user asked for something impossible (the message says what and how to fix it).
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError, DataError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+)
+
+
+class RunFailed(RuntimeError):
+    """The run did not do its work (e.g. every request failed): exit 1 with this message as the cause."""
+
+    exit_code = EXIT_FAILED
+
+
+def print_error(message: str) -> None:
+    """``error: <message>`` on stderr, the one error format of every command."""
+    print(f"error: {message}", file=sys.stderr)
+
+
+def quiet_broken_pipe() -> None:
+    """Flush stdout; if the reader has gone (``| head``), send the rest to /dev/null so Python's own flush at
+    exit does not print a BrokenPipeError traceback."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+    except ValueError:  # stdout already closed
+        pass
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (e.g. captured by a test)
+        pass
+
+
+def guarded(main: Callable[[], int]) -> int:
+    """Run ``main()`` with the shared error handling (user errors -> 2, `RunFailed` -> 1, Ctrl-C -> 130,
+    broken pipe -> quiet). For dispatchers that parse their own arguments; `run_cli` uses it too."""
+    try:
+        try:
+            return int(main() or 0)
+        except USER_ERRORS as exc:
+            print_error(str(exc))
+            return EXIT_USAGE
+        except RunFailed as exc:
+            print_error(str(exc))
+            return exc.exit_code
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        finally:
+            quiet_broken_pipe()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return _EXIT_BROKEN_PIPE
+
+
+def run_cli(
+    config_cls: type,
+    run: Callable[[Any], int | None],
+    argv: Sequence[str] | None = None,
+    *,
+    description: str | None = None,
+) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``) into ``config_cls`` and return ``run(cfg)``'s exit code (None
+    counts as 0), with the shared error handling of `guarded`. ``--help`` and argument errors exit from the
+    parser (SystemExit 0 and 2)."""
+    return guarded(lambda: run(parse_config(config_cls, argv, description=description)))
