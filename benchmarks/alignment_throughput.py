@@ -9,7 +9,8 @@ quotes, case, spacing) and some not present at all. Three paths are timed side b
 - text:       tokenizer offset mapping of the response text -> labels -> rewards (annotation data);
 - ids (fast): the policy's generated ids (+EOS) -> decode_with_offsets (re-encode check) -> labels -> rewards;
 - ids (slow): the same ids forced through the prefix-decoding fallback (non-canonical ids).
-Also reported: the padded batch construction (batch_token_rewards) for all 1,000.
+Also reported: the reward step the PPO trainer calls (`compute_score_rewards`, nl_gradient mode: alignment on
+the ids, rewards and the padded (B, T) batch) for all 1,000.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from text2grad.core.feedback import Feedback
 from text2grad.core.modeling import train_tokenizer
-from text2grad.core.rewards import batch_token_rewards, span_token_rewards
+from text2grad.core.rewards import compute_score_rewards, span_token_rewards
 from text2grad.core.spans import decode_with_offsets, feedback_token_labels, token_offsets
 
 WORDS = ("the author wants to move to berlin for a new job but worries that her partner will not follow her and "
@@ -102,9 +103,9 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         timings[name] = statistics.median(times)
         if name == "text":
-            rewards, unmatched = result
+            _, unmatched = result
     t0 = time.perf_counter()
-    batch = batch_token_rewards(rewards, max(len(i) for i in ids))
+    batch = compute_score_rewards(feedbacks, ids, tok, mode="nl_gradient").rewards
     t_batch = time.perf_counter() - t0
     n_quotes = sum(len(f.good_spans) + len(f.poor_spans) for f in feedbacks)
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, python {platform.python_version()}")
@@ -113,7 +114,7 @@ def main() -> None:
     for name, t in timings.items():
         print(f"{name:<12} {t:>8.3f} {n_tokens / t:>12,.0f} {args.n / t:>12,.0f}")
     print(f"ids fast path vs slow path: {timings['ids (slow)'] / timings['ids (fast)']:.1f}x faster")
-    print(f"batch_token_rewards for {tuple(batch.shape)}: {t_batch * 1000:.1f} ms")
+    print(f"compute_score_rewards (the trainer's reward step) for {tuple(batch.shape)}: {t_batch:.3f} s")
 
 
 if __name__ == "__main__":

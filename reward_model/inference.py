@@ -1,10 +1,10 @@
-"""Batched reward-model inference: (prompt, response) pairs -> parsed Feedback and token rewards.
+"""Batched reward-model inference: (prompt, response) pairs -> parsed Feedback.
 
-`GenerativeRewardModel` is the one entry point the policy phase and the evaluation use::
+`GenerativeRewardModel` is the one entry point the policy phase and the evaluation use; it is a critic
+(`text2grad.core.critics.FeedbackSource`, registry name ``reward_model``)::
 
     rm = GenerativeRewardModel.from_pretrained("outputs/slf5k/reward_model")     # adapter dir or merged model
-    feedback = rm.feedback(prompts, responses)                                   # FeedbackSource protocol
-    rewards = rm.token_rewards(prompts, None, policy_tokenizer, response_token_ids=sampled_ids)
+    feedback = rm.feedback(prompts, responses)                                   # one Feedback per pair
 
 - The input is built by `reward_model.serialization` with the instruction and prompt format stored in the
   model directory's ``text2grad_config.yaml``, so the model is asked exactly the way it was trained.
@@ -13,8 +13,9 @@
   a complete span-JSON object.
 - A generation that does not parse becomes ``Feedback.failed`` (no spans, zero reward) and is counted in
   `stats`; it never raises, so one bad critique never costs a PPO batch.
-- Token rewards go through the shared core: `decode_with_offsets` on the exact ids the policy sampled (or the
-  policy tokenizer's offsets of the text), `feedback_token_labels`, then `span_token_rewards`.
+- Token rewards are not made here: the PPO trainer turns any critic's feedback into rewards on the exact ids
+  the policy sampled with `text2grad.core.rewards.compute_score_rewards`.
+- ``grounded_spans`` constrains the quotes to exact substrings of the response (`reward_model.decoding`).
 - ``backend="vllm"`` serves the same interface from vLLM (imported only when asked for; GPU only).
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -32,17 +33,8 @@ import yaml
 from reward_model.decoding import grounded_span_processors
 from reward_model.serialization import DEFAULT_INSTRUCTION, PromptFormat, RMInput, fit_rm_input, parse_target
 from text2grad.core.feedback import Feedback
-from text2grad.core.rewards import RewardScheme, span_token_rewards
-from text2grad.core.spans import (
-    Boundary,
-    Occurrence,
-    Overlap,
-    decode_with_offsets,
-    feedback_token_labels,
-    token_offsets,
-)
 
-__all__ = ["GenerativeRewardModel", "RewardModelStats", "ScoredResponse", "json_complete", "cut_at_json", "CONFIG_FILENAME"]
+__all__ = ["GenerativeRewardModel", "RewardModelStats", "json_complete", "cut_at_json", "CONFIG_FILENAME"]
 
 logger = logging.getLogger("reward_model.inference")
 
@@ -86,8 +78,6 @@ class RewardModelStats:
     truncated: int = 0  # outputs that hit max_new_tokens before EOS / the end of the JSON
     repaired: int = 0  # outputs that parsed only after repair (e.g. truncated JSON closed)
     bad_inputs: int = 0  # pairs that could not be rendered (e.g. not strings)
-    unmatched_quotes: int = 0  # quoted spans not found in the response (token_rewards only)
-    quotes: int = 0  # quoted spans seen by token_rewards
 
     @property
     def malformed_rate(self) -> float:
@@ -95,22 +85,6 @@ class RewardModelStats:
 
     def as_dict(self) -> dict[str, float]:
         return {**asdict(self), "malformed_rate": self.malformed_rate}
-
-
-@dataclass
-class ScoredResponse:
-    """Feedback on one response and the token rewards it implies for the policy's tokens.
-
-    ``rewards`` has shape (T,) with T = number of policy tokens of the response (``token_ids``), so it lines
-    up with the policy's log-probabilities of exactly those ids.
-    """
-
-    feedback: Feedback
-    token_ids: list[int]
-    labels: list[int]
-    rewards: torch.Tensor
-    text: str
-    unmatched: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -378,67 +352,6 @@ class GenerativeRewardModel:
     def feedback(self, prompts: Sequence[str], responses: Sequence[str]) -> list[Feedback]:
         """`text2grad.core.critics.FeedbackSource` protocol: same as `generate_feedback`."""
         return self.generate_feedback(prompts, responses)
-
-    # ----------------------------------------------------------------------------------------------
-    # Token rewards
-    # ----------------------------------------------------------------------------------------------
-
-    def score(
-        self,
-        prompts: Sequence[str],
-        responses: Sequence[str] | None,
-        policy_tokenizer,
-        response_token_ids: Sequence[Sequence[int]] | None = None,
-        *,
-        scheme: RewardScheme = "uniform",
-        span_normalize: bool = False,
-        occurrence: Occurrence = "all",
-        overlap: Overlap = "poor",
-        boundary: Boundary = "any",
-    ) -> list[ScoredResponse]:
-        """Feedback plus token rewards aligned to the policy's tokens, for a batch of pairs.
-
-        With ``response_token_ids`` (the ids the policy sampled), the text is their decoding
-        (`decode_with_offsets`) and rewards have one entry per id, special tokens (EOS) included with 0;
-        ``responses`` may then be None and is ignored. Without ids, ``responses`` are tokenized with
-        ``policy_tokenizer`` (no special tokens). The other options are the core's span-to-token rules.
-        """
-        if response_token_ids is not None:
-            if len(response_token_ids) != len(prompts):
-                raise ValueError(f"got {len(prompts)} prompts but {len(response_token_ids)} response_token_ids")
-            decoded = [decode_with_offsets(policy_tokenizer, ids) for ids in response_token_ids]
-            ids_list = [[int(t) for t in ids] for ids in response_token_ids]
-        else:
-            if responses is None:
-                raise ValueError("pass responses or response_token_ids")
-            if len(responses) != len(prompts):
-                raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses")
-            decoded, ids_list = [], []
-            for text in responses:
-                ids, offsets = token_offsets(policy_tokenizer, text)
-                decoded.append((text, offsets))
-                ids_list.append(ids)
-        texts = [text for text, _ in decoded]
-        feedbacks = self.generate_feedback(prompts, texts)
-        scored = []
-        for fb, (text, offsets), ids in zip(feedbacks, decoded, ids_list):
-            result = feedback_token_labels(fb, text, offsets, occurrence=occurrence, overlap=overlap, boundary=boundary)
-            self.stats.quotes += result.alignment.n_quotes
-            self.stats.unmatched_quotes += result.alignment.n_unmatched
-            rewards = span_token_rewards(result.labels, scheme, span_normalize=span_normalize)
-            scored.append(ScoredResponse(fb, ids, result.labels, rewards, text, list(result.alignment.unmatched)))
-        return scored
-
-    def token_rewards(
-        self,
-        prompts: Sequence[str],
-        responses: Sequence[str] | None,
-        policy_tokenizer,
-        response_token_ids: Sequence[Sequence[int]] | None = None,
-        **options,
-    ) -> list[torch.Tensor]:
-        """Per-response reward tensors of shape (T_i,) aligned to the policy tokens (see `score`)."""
-        return [s.rewards for s in self.score(prompts, responses, policy_tokenizer, response_token_ids, **options)]
 
 
 class _VLLMEngine:

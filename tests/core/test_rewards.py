@@ -33,7 +33,7 @@ from text2grad.core.ppo_math import (
 
 )
 
-from text2grad.core.rewards import batch_token_rewards, span_token_rewards
+from text2grad.core.rewards import span_token_rewards
 
 
 def test_uniform_rewards_are_the_labels():
@@ -62,11 +62,6 @@ def test_length_alone_does_not_pay():
     short = span_token_rewards([1, 0, -1])
     long = span_token_rewards([1, 0, -1] + [0] * 50)
     assert short.sum() == long.sum() == 0
-
-
-def test_batch_token_rewards_pads_and_adds_scalar_at_last_real_token():
-    out = batch_token_rewards([torch.tensor([1.0, 0.0]), torch.tensor([]), torch.tensor([0.0, 0.0, -1.0])], 4, scalar=[0.5, 9.0, 2.0])
-    assert out.tolist() == [[1.0, 0.5, 0, 0], [0, 0, 0, 0], [0, 0, 1.0, 0]]
 
 
 def test_masked_stats():

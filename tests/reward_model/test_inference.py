@@ -1,4 +1,4 @@
-"""Batched inference: parsed feedback in order, token rewards aligned to a policy tokenizer, failures counted."""
+"""Batched inference: parsed feedback in order, turned into token rewards on a policy's ids, failures counted."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from text2grad.core.critics import FeedbackSource
 from text2grad.core.feedback import Feedback
 from text2grad.core.generation import generate
 from text2grad.core.modeling import build_tiny_llama
+from text2grad.core.rewards import compute_score_rewards
 from text2grad.core.spans import decode_with_offsets, feedback_token_labels, token_offsets
 
 PROMPTS = [r["prompt"] for r in RECORDS]
@@ -41,47 +42,34 @@ def test_memorized_model_reproduces_every_target_in_order(memorized):
     assert isinstance(memorized, FeedbackSource)
 
 
-def test_token_rewards_align_to_another_policy_tokenizer(memorized, unigram_tokenizer):
-    scored = memorized.score(PROMPTS, RESPONSES, unigram_tokenizer)
-    assert len(scored) == len(RECORDS)
-    for s, ref, text in zip(scored, REFERENCES, RESPONSES):
-        ids, offsets = token_offsets(unigram_tokenizer, text)
-        expected = feedback_token_labels(ref, text, offsets).labels
-        assert s.token_ids == ids and s.labels == expected
-        assert s.rewards.shape == (len(ids),) and s.rewards.tolist() == [float(x) for x in expected]
-        assert not s.unmatched
-    # the labels carry real signal: each record has at least one non-neutral token, signs as annotated
-    assert all(any(s.labels) for s in scored)
-    assert 1 in scored[2].labels and -1 not in scored[2].labels
-    assert -1 in scored[3].labels and 1 not in scored[3].labels
-    as_tensors = memorized.token_rewards(PROMPTS, RESPONSES, unigram_tokenizer)
-    for t, s in zip(as_tensors, scored):
-        torch.testing.assert_close(t, s.rewards)
-
-
-def test_token_rewards_on_exact_sampled_ids(memorized, bpe_tokenizer):
-    """With the ids the policy sampled (here with an EOS at the end), rewards line up with those ids."""
-    eos = bpe_tokenizer.eos_token_id
-    sampled = [bpe_tokenizer(text, add_special_tokens=False)["input_ids"] + [eos] for text in RESPONSES]
-    scored = memorized.score(PROMPTS, None, bpe_tokenizer, response_token_ids=sampled)
-    for s, ids, ref in zip(scored, sampled, REFERENCES):
-        text, offsets = decode_with_offsets(bpe_tokenizer, ids)
-        assert s.text == text and s.token_ids == ids and len(s.rewards) == len(ids)
-        assert s.labels == feedback_token_labels(ref, text, offsets).labels
-        assert s.labels[-1] == 0  # EOS gets no reward
-    decayed = memorized.token_rewards(PROMPTS, None, bpe_tokenizer, response_token_ids=sampled, scheme="linear_decay")
-    assert any((d.abs() < s.rewards.abs()).any() for d, s in zip(decayed, scored) if s.rewards.abs().sum() > 1)
+@pytest.mark.parametrize("policy_tokenizer", ["unigram_tokenizer", "bpe_tokenizer"])
+def test_feedback_becomes_token_rewards_on_the_policys_sampled_ids(memorized, policy_tokenizer, request):
+    """The reward model's feedback, through the trainer's reward step (`compute_score_rewards`), lands on the
+    exact ids another tokenizer's policy sampled (with an EOS at the end), signs as annotated."""
+    tok = request.getfixturevalue(policy_tokenizer)
+    sampled = [tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for text in RESPONSES]
+    decoded = [decode_with_offsets(tok, ids) for ids in sampled]
+    feedback = memorized.feedback(PROMPTS, [text for text, _ in decoded])
+    out = compute_score_rewards(feedback, sampled, tok, mode="nl_gradient")
+    for b, (sample, ids, ref, (text, offsets)) in enumerate(zip(out.samples, sampled, REFERENCES, decoded)):
+        aligned = feedback_token_labels(ref, text, offsets)  # the annotated feedback on the decoded ids
+        expected = aligned.labels
+        assert sample.status == "ok" and sample.n_unmatched == aligned.alignment.n_unmatched
+        assert sample.labels == expected and expected[-1] == 0  # EOS gets no reward
+        assert out.rewards[b, : len(ids)].tolist() == [float(x) for x in expected]
+    assert 1 in out.samples[2].labels and -1 not in out.samples[2].labels
+    assert -1 in out.samples[3].labels and 1 not in out.samples[3].labels
 
 
 def test_malformed_generations_give_zero_reward_and_are_counted(rm_world, rm_tokenizer):
     """An untrained model writes garbage: every pair gets an empty feedback, a zero reward, and no exception."""
     model = build_tiny_llama(rm_tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=3)
     rm = GenerativeRewardModel(model, rm_tokenizer, instruction=INSTRUCTION, max_new_tokens=8, batch_size=2)
-    scored = rm.score(PROMPTS, RESPONSES, rm_tokenizer)
-    assert len(scored) == 4
-    for s in scored:
-        assert not s.feedback.ok and s.feedback.raw is not None
-        assert s.rewards.shape == (len(s.token_ids),) and float(s.rewards.abs().sum()) == 0.0
+    feedback = rm.feedback(PROMPTS, RESPONSES)
+    assert len(feedback) == 4 and all(not fb.ok and fb.raw is not None for fb in feedback)
+    ids = [rm_tokenizer(text, add_special_tokens=False)["input_ids"] for text in RESPONSES]
+    out = compute_score_rewards(feedback, ids, rm_tokenizer, mode="nl_gradient")
+    assert [s.status for s in out.samples] == ["feedback_error"] * 4 and float(out.rewards.abs().sum()) == 0.0
     assert rm.stats.requests == 4 and rm.stats.malformed == 4 and rm.stats.truncated == 4
     assert rm.stats.malformed_rate == 1.0
     # a pair that cannot even be rendered is a counted failure too, not an exception

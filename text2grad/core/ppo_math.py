@@ -21,7 +21,6 @@ from typing import Literal
 import torch
 
 __all__ = [
-    "masked_sum",
     "masked_mean",
     "masked_var",
     "masked_whiten",
@@ -39,11 +38,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 # Masked statistics
 # --------------------------------------------------------------------------------------------------
-
-
-def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Sum of ``x`` where ``mask`` is 1: a scalar, or reduced along ``dim``. ``x`` and ``mask`` share a shape."""
-    return (x * mask).sum() if dim is None else (x * mask).sum(dim)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

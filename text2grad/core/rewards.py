@@ -64,7 +64,6 @@ from text2grad.core.token_importance import pos_importance_weights
 __all__ = [
     "RewardScheme",
     "span_token_rewards",
-    "batch_token_rewards",
     "SampleReward",
     "ScoreRewards",
     "span_sequence_score",
@@ -148,31 +147,6 @@ def span_token_rewards(
             raise ValueError(f"weighting returned {tuple(weights.shape)} weights for {len(labels)} tokens")
         rewards = rewards * weights
     return rewards
-
-
-def batch_token_rewards(
-    token_rewards: Sequence[torch.Tensor],
-    length: int,
-    scalar: torch.Tensor | Sequence[float] | None = None,
-) -> torch.Tensor:
-    """Pad per-response rewards to (B, length) and optionally add a scalar at each last real token.
-
-    Args:
-        token_rewards: B tensors of shape (T_b,), T_b <= length (T_b = 0 is an empty response).
-        length: padded length T.
-        scalar: (B,) sequence scores added at position T_b - 1 (the scalar-PPO baseline, or the outcome part
-            of a mixed reward). Empty responses get nothing.
-
-    Returns:
-        (B, T) float tensor, zero on padding.
-    """
-    out = torch.zeros(len(token_rewards), length, dtype=torch.float32)
-    for b, r in enumerate(token_rewards):
-        n = min(int(r.numel()), length)
-        out[b, :n] = r[:n]
-        if scalar is not None and n > 0:
-            out[b, n - 1] += float(scalar[b])
-    return out
 
 
 Status = Literal["ok", "empty", "feedback_error", "no_matched_span"]
