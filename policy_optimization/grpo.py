@@ -18,10 +18,26 @@ source is asked once per completion (the default reward function and the token a
     trainer = Text2GradGRPOTrainer(model, args=GRPOConfig(...), train_dataset=ds, processing_class=tok,
                                    feedback_source=build_feedback_source("reference", records=records))
     trainer.train()
+
+From the command line (`GRPORunConfig`; YAML in configs/<dataset>/grpo.yaml, flags override it)::
+
+    python -m policy_optimization.grpo --config configs/slf5k/grpo.yaml \
+        --feedback_source reward_model --feedback_source_kwargs '{"path": "runs/slf5k/reward_model"}'
+    text2grad train-grpo --config ...                       # the same
+    accelerate launch --config_file configs/accelerate/deepspeed_zero3.yaml -m policy_optimization.grpo --config ...
+    python -m policy_optimization.grpo --config ... --use_vllm true --vllm_mode colocate    # GPU: vLLM rollouts
+
+``use_vllm``/``vllm_mode``/``vllm_gpu_memory_utilization`` go to TRL's `GRPOConfig` unchanged (GPU only; not
+tested in CI). ``span_coef 0`` gives plain GRPO on the same sequence reward, the scalar-advantage baseline.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import torch
@@ -30,7 +46,9 @@ from trl import GRPOTrainer
 from text2grad.core.rewards import compute_score_rewards, span_sequence_score
 from text2grad.core.feedback import Feedback
 
-__all__ = ["Text2GradGRPOTrainer", "token_advantages"]
+__all__ = ["Text2GradGRPOTrainer", "token_advantages", "GRPORunConfig", "main"]
+
+logger = logging.getLogger("policy_optimization.grpo")
 
 
 def token_advantages(sequence_advantages: torch.Tensor, span_rewards: torch.Tensor, mask: torch.Tensor, span_coef: float) -> torch.Tensor:
@@ -103,3 +121,174 @@ class Text2GradGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["text2grad/nonzero_reward_share"].append(share)
         self._metrics[mode]["text2grad/feedback_error"].append(stats["samples/feedback_error"])
         return output
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------
+
+
+def _f(default: Any, help: str) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class GRPORunConfig:
+    """Text2Grad-GRPO: group-relative advantages plus span rewards per token (no value model)."""
+
+    model_name_or_path: str = _f("", "Policy base model: hub id or local directory.")
+    adapter: str | None = _f(None, "LoRA adapter to start from (e.g. the SFT output); merged into the base weights.")
+    tokenizer_name_or_path: str | None = _f(None, "Tokenizer (default: model_name_or_path).")
+    dtype: str = _f("auto", "Weights dtype: auto, bf16, fp16 or fp32.")
+    use_lora: bool = _f(True, "Train a LoRA adapter (peft) instead of all weights.")
+    lora_r: int = _f(16, "LoRA rank.")
+    lora_alpha: int = _f(32, "LoRA alpha.")
+    lora_dropout: float = _f(0.0, "LoRA dropout.")
+    lora_target_modules: list[str] = _f(["all-linear"], "Modules LoRA adapts; ['all-linear'] = every linear layer.")
+
+    dataset_path: str = _f("", "Prompts: a .jsonl/.json file, a saved datasets directory, or a hub id.")
+    dataset_split: str = _f("train", "Split for hub datasets.")
+    field_map: dict[str, str] = _f({}, "Rename record fields, {our_name: their_name}.")
+    prompt_template: str = _f("{prompt}", "Policy prompt with {field} placeholders (the feedback source sees it too).")
+    feedback_prompt_template: str | None = _f(None, "Unused by GRPO (the critic sees the policy prompt); kept for PPO YAML compatibility.")
+    use_chat_template: bool = _f(False, "Wrap prompts in the tokenizer's chat template.")
+    system_prompt: str | None = _f(None, "System message for the chat template.")
+    max_samples: int | None = _f(None, "Use only the first N records.")
+
+    feedback_source: str = _f("reward_model", "Critic name (text2grad.core.critics) or package.module:ClassName.")
+    feedback_source_kwargs: dict[str, Any] = _f({}, "Keyword arguments of the critic.")
+    scalar_source: str = _f(
+        "quote_count",
+        "Sequence reward of the group baseline: quote_count = (#good - #poor) / (#good + #poor) of the feedback; "
+        "scalar_rm = the Bradley-Terry reward model (reward_model.scalar, kwargs {\"path\": ...}); or "
+        "package.module:function(prompts, responses) -> list[float].",
+    )
+    scalar_source_kwargs: dict[str, Any] = _f({}, "Keyword arguments when scalar_source names a class.")
+    span_coef: float = _f(1.0, "Weight of the span rewards added to each token's group advantage (0 = plain GRPO).")
+    reward_scheme: Literal["uniform", "linear_decay"] = _f("uniform", "Reward shape inside a span.")
+    boundary: Literal["any", "majority", "all"] = _f("any", "Which tokens a span edge labels.")
+    overlap: Literal["poor", "good"] = _f("poor", "Label that wins where spans overlap.")
+    occurrence: Literal["all", "first"] = _f("all", "Label every occurrence of a repeated quote, or the first.")
+
+    num_generations: int = _f(4, "Completions per prompt (the group).")
+    max_completion_length: int = _f(128, "Maximum new tokens per completion.")
+    temperature: float = _f(1.0, "Sampling temperature.")
+    top_p: float = _f(1.0, "Nucleus sampling.")
+    per_device_train_batch_size: int = _f(8, "Completions per device per step (a multiple of num_generations).")
+    gradient_accumulation_steps: int = _f(1, "Micro-batches per optimizer step.")
+    learning_rate: float = _f(1e-6, "Learning rate.")
+    lr_scheduler_type: str = _f("linear", "transformers scheduler name.")
+    max_steps: int = _f(-1, "Optimizer steps (overrides num_train_epochs if > 0).")
+    num_train_epochs: float = _f(1.0, "Epochs over the prompts.")
+    beta: float = _f(0.0, "KL coefficient against the reference policy (TRL's default 0 keeps no reference model).")
+    epsilon: float = _f(0.2, "Clip range of the ratio.")
+    bf16: bool = _f(False, "bfloat16 mixed precision.")
+    use_vllm: bool = _f(False, "Generate with vLLM (GPU; pip install 'text2grad[vllm]'). TRL's GRPOConfig.use_vllm.")
+    vllm_mode: Literal["colocate", "server"] = _f("colocate", "colocate: vLLM in the training process; server: `trl vllm-serve`.")
+    vllm_gpu_memory_utilization: float = _f(0.3, "GPU memory share of a colocated vLLM engine.")
+    output_dir: str = _f("outputs/grpo", "Checkpoints and the final policy (adapter or weights + tokenizer).")
+    save_steps: int = _f(500, "Save a checkpoint every N steps.")
+    logging_steps: int = _f(1, "Log every N steps.")
+    seed: int = _f(42, "Random seed.")
+    report_to: str = _f("none", "none, tensorboard, wandb (comma-separated).")
+
+    def __post_init__(self) -> None:
+        if self.num_generations < 2:
+            raise ValueError(f"num_generations must be >= 2 (a group needs two samples), got {self.num_generations}")
+        if self.per_device_train_batch_size % self.num_generations:
+            raise ValueError(
+                f"per_device_train_batch_size ({self.per_device_train_batch_size}) must be a multiple of "
+                f"num_generations ({self.num_generations})"
+            )
+
+
+def _score_reward_func(score_fn) -> Any:
+    """A TRL reward function (prompts, completions, **kw) -> floats from ``score_fn(prompts, responses)``."""
+
+    def sequence_score(prompts, completions, **kwargs) -> list[float]:
+        texts = [p if isinstance(p, str) else str(p[-1]["content"]) for p in prompts]
+        outs = [c if isinstance(c, str) else str(c[-1]["content"]) for c in completions]
+        return [float(x) for x in score_fn(texts, outs)]
+
+    return sequence_score
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from policy_optimization.config import SCALAR_SOURCES
+    from policy_optimization.scores import build_score_fn
+    from policy_optimization.train import build_prompt_records
+    from text2grad.core.config import ConfigError, parse_config, save_config
+    from text2grad.core.critics import build_feedback_source
+    from text2grad.core.data import DataError
+    from text2grad.core.modeling import end_distributed, load_causal_lm, load_tokenizer
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = parse_config(GRPORunConfig, argv, description="Text2Grad-GRPO (group advantages + span rewards per token).")
+        if not cfg.model_name_or_path:
+            raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")
+        if not cfg.dataset_path:
+            raise ConfigError("set --dataset_path (a .jsonl/.json file, a saved dataset or a hub id)")
+        if cfg.scalar_source not in ("quote_count", "scalar_rm") and ":" not in cfg.scalar_source:
+            raise ConfigError(f"scalar_source must be quote_count, scalar_rm or package.module:function, got {cfg.scalar_source!r}")
+        tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="left")
+        items = build_prompt_records(cfg, tokenizer)
+        source = build_feedback_source(cfg.feedback_source, cfg.feedback_source_kwargs, records=items)
+        reward_funcs = None
+        if cfg.scalar_source != "quote_count":
+            spec = SCALAR_SOURCES.get(cfg.scalar_source) or cfg.scalar_source
+            reward_funcs = _score_reward_func(build_score_fn(spec, cfg.scalar_source_kwargs, records=items))
+        model = load_causal_lm(cfg.model_name_or_path, adapter=cfg.adapter, dtype=cfg.dtype, merge_adapter=True)
+    except (ConfigError, DataError, FileNotFoundError, ValueError, TypeError, ImportError) as exc:
+        print(f"train-grpo: error: {exc}", file=sys.stderr)
+        return 2
+    peft_config = None
+    if cfg.use_lora:
+        from peft import LoraConfig
+
+        targets = cfg.lora_target_modules
+        peft_config = LoraConfig(
+            task_type="CAUSAL_LM", r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+            target_modules=targets[0] if targets == ["all-linear"] else targets,
+        )
+    args = GRPOConfig(
+        output_dir=cfg.output_dir, use_cpu=not torch.cuda.is_available(), seed=cfg.seed,
+        per_device_train_batch_size=cfg.per_device_train_batch_size, num_generations=cfg.num_generations,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps, max_completion_length=cfg.max_completion_length,
+        temperature=cfg.temperature, top_p=cfg.top_p, learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler_type, max_steps=cfg.max_steps, num_train_epochs=cfg.num_train_epochs,
+        beta=cfg.beta, epsilon=cfg.epsilon, bf16=cfg.bf16, use_vllm=cfg.use_vllm, vllm_mode=cfg.vllm_mode,
+        vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, save_steps=cfg.save_steps,
+        logging_steps=cfg.logging_steps, report_to=[r for r in cfg.report_to.split(",") if r and r != "none"] or "none",
+    )
+    trainer = Text2GradGRPOTrainer(
+        model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list([{"prompt": it["prompt"]} for it in items]),
+        processing_class=tokenizer, peft_config=peft_config, feedback_source=source, span_coef=cfg.span_coef,
+        reward_scheme=cfg.reward_scheme, boundary=cfg.boundary, overlap=cfg.overlap, occurrence=cfg.occurrence,
+    )
+    try:
+        trainer.train()
+    finally:
+        close = getattr(source, "close", None)
+        if callable(close):
+            close()
+    trainer.save_model(cfg.output_dir)
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(cfg.output_dir)
+        save_config(cfg, Path(cfg.output_dir) / "grpo_config.yaml")
+        with (Path(cfg.output_dir) / "metrics.jsonl").open("w") as fh:
+            for row in trainer.state.log_history:
+                fh.write(json.dumps(row) + "\n")
+        logger.info("done: %d steps; policy saved to %s", trainer.state.global_step, cfg.output_dir)
+    end_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
