@@ -95,7 +95,13 @@ def _load_files(files: Sequence[Path]) -> Any:
     kinds = {_FORMATS[p.suffix] for p in files}
     if len(kinds) != 1:
         raise SchemaError(f"mixed data file formats {sorted(kinds)} in {[str(p) for p in files]}; keep one format per split")
-    return datasets.load_dataset(kinds.pop(), data_files=[str(p) for p in files], split="train")
+    shown = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # local files load in seconds; the bars would only bury the report
+    try:
+        return datasets.load_dataset(kinds.pop(), data_files=[str(p) for p in files], split="train")
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
 
 
 def load_split(dataset: str, source: str, split: str, main_split: str, limit: int | None = None) -> SplitData:

@@ -1,0 +1,302 @@
+"""`text2grad prepare-data` on hand-written rows in each dataset's real layout (tests/fixtures/<dataset>/), through
+the real entry point, in the layouts users have: hub-style JSONL / parquet files and save_to_disk copies."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from text2grad.apps.cli import main as cli_main
+from text2grad.core.data import iter_jsonl
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+OUTPUTS = ("annotation_input.jsonl", "sft.jsonl", "rl_prompts.jsonl", "eval.jsonl", "preference_pairs.jsonl")
+
+
+def prepare(tmp_path: Path, *args: str, out: str = "out") -> tuple[int, Path]:
+    rc = cli_main(["prepare-data", *args, "--output_dir", str(tmp_path / out)])
+    return rc, tmp_path / out
+
+
+def read(out: Path, name: str) -> list[dict]:
+    return list(iter_jsonl(out / name))
+
+
+def fixture_rows(dataset: str, split: str) -> list[dict]:
+    return list(iter_jsonl(FIXTURES / dataset / f"{split}.jsonl"))
+
+
+def as_parquet(dataset: str, dest: Path, splits: tuple[str, ...]) -> Path:
+    """The fixture rows in the hub's parquet layout: dest/data/<split>-00000-of-00001.parquet."""
+    from datasets import Dataset
+
+    (dest / "data").mkdir(parents=True)
+    for split in splits:
+        Dataset.from_list(fixture_rows(dataset, split)).to_parquet(str(dest / "data" / f"{split}-00000-of-00001.parquet"))
+    return dest
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SLF5K
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_slf5k_from_its_jsonl_files(tmp_path):
+    rc, out = prepare(tmp_path, "--dataset", "slf5k", "--input", str(FIXTURES / "slf5k"))
+    assert rc == 0
+    train = {r["id"]: r for r in fixture_rows("slf5k", "train")}
+    annotation = read(out, "annotation_input.jsonl")
+    assert [r["id"] for r in annotation] == list(train)
+    for rec in annotation:  # the post, the summary the human critiqued, and the human's feedback
+        native = train[rec["id"]]
+        assert rec["prompt"] == native["post"] and rec["response"] == native["generated_summary_for_feedback"]
+        assert rec["feedback"] == native["feedback"] and rec["feedback_class"] == native["feedback_class"]
+    sft = read(out, "sft.jsonl")
+    assert sft[0]["prompt"] == f"Title: {train['t3_1a2b3c']['title']}\n\n{train['t3_1a2b3c']['post']}\n\nTL;DR:"
+    assert sft[0]["completion"] == " " + train["t3_1a2b3c"]["ideal_human_summary"]
+    rl = read(out, "rl_prompts.jsonl")
+    assert [r["reference"] for r in rl] == [r["ideal_human_summary"] for r in train.values()]
+    pairs = {p["id"]: p for p in read(out, "preference_pairs.jsonl")}
+    # "Summary A" -> A is chosen; "Summary B" -> B is chosen (continuations of the prompt: a leading space)
+    assert pairs["t3_1a2b3c"]["chosen"] == " " + train["t3_1a2b3c"]["generated_summary_for_comparison_A"].strip()
+    assert pairs["t3_1a2b3c"]["rejected"] == " " + train["t3_1a2b3c"]["generated_summary_for_comparison_B"].strip()
+    assert pairs["t3_4d5e6f"]["chosen"] == " " + train["t3_4d5e6f"]["generated_summary_for_comparison_B"].strip()
+    assert pairs["t3_4d5e6f"]["rejected"] == " " + train["t3_4d5e6f"]["generated_summary_for_comparison_A"].strip()
+    evaluation = read(out, "eval.jsonl")  # the validation split, native columns kept for the eval config
+    assert [r["id"] for r in evaluation] == [r["id"] for r in fixture_rows("slf5k", "validation")]
+    assert all(r["reference"] == r["ideal_human_summary"] and "title" in r and "post" in r for r in evaluation)
+    report = json.loads((out / "prepare_report.json").read_text())
+    assert report["files"] == {"annotation_input.jsonl": 3, "sft.jsonl": 3, "rl_prompts.jsonl": 3, "eval.jsonl": 2,
+                               "preference_pairs.jsonl": 3}
+    assert report["preference"] == {"Summary A": 2, "Summary B": 1} and report["eval_split"] == "validation"
+
+
+def test_slf5k_from_save_to_disk_and_parquet_gives_the_same_files(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    rc, reference = prepare(tmp_path, "--dataset", "slf5k", "--input", str(FIXTURES / "slf5k"), out="jsonl")
+    assert rc == 0
+    saved = tmp_path / "saved"
+    DatasetDict({s: Dataset.from_list(fixture_rows("slf5k", s)) for s in ("train", "validation")}).save_to_disk(str(saved))
+    rc, from_disk = prepare(tmp_path, "--dataset", "slf5k", "--input", str(saved), out="disk")
+    assert rc == 0
+    rc, from_parquet = prepare(tmp_path, "--dataset", "slf5k", "--input", str(as_parquet("slf5k", tmp_path / "pq",
+                                                                                          ("train", "validation"))), out="pq")
+    assert rc == 0
+    for name in OUTPUTS:
+        assert read(from_disk, name) == read(reference, name) == read(from_parquet, name), name
+
+
+def test_slf5k_hub_id_reads_the_jsonl_data_files_not_the_loading_script(tmp_path, monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(path, *args, **kwargs):  # no network here: record the call, serve the fixture file
+        calls.append((path, kwargs.get("data_files")))
+        split = str(kwargs["data_files"]).rsplit("/", 1)[-1].removesuffix(".jsonl")
+        return datasets.Dataset.from_list(fixture_rows("slf5k", split))
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    rc, out = prepare(tmp_path, "--dataset", "slf5k", "--input", "JeremyAlain/SLF5K")
+    assert rc == 0
+    assert calls == [("json", "hf://datasets/JeremyAlain/SLF5K/train.jsonl"),
+                     ("json", "hf://datasets/JeremyAlain/SLF5K/validation.jsonl")]
+    assert len(read(out, "preference_pairs.jsonl")) == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# UltraFeedback
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_ultrafeedback_split_by_prompt_and_both_answers_annotated(tmp_path):
+    source = as_parquet("ultrafeedback", tmp_path / "uf", ("train_prefs", "test_prefs"))  # the hub's layout
+    rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--input", str(source), "--seed", "3")
+    assert rc == 0
+    rows = fixture_rows("ultrafeedback", "train_prefs")
+    sft, rl = read(out, "sft.jsonl"), read(out, "rl_prompts.jsonl")
+    pairs, annotation = read(out, "preference_pairs.jsonl"), read(out, "annotation_input.jsonl")
+    parts = {"sft": {r["prompt_id"] for r in sft}, "rm": {r["prompt_id"] for r in pairs}, "rl": {r["prompt_id"] for r in rl}}
+    assert not (parts["sft"] & parts["rm"] or parts["sft"] & parts["rl"] or parts["rm"] & parts["rl"])  # disjoint
+    assert parts["sft"] | parts["rm"] | parts["rl"] == {r["prompt_id"] for r in rows}
+    assert len(sft) + len(pairs) + len(rl) == len(rows)  # the repeated prompt_id stays with its part, nothing lost
+    # 6 distinct prompts at 30/50/20: 2 / 3 / 1 prompts
+    assert [len(parts[p]) for p in ("sft", "rm", "rl")] == [2, 3, 1]
+    # both answers of every reward-model pair, each with its own id; the text is the last assistant message
+    by_id = {r["id"]: r for r in annotation}
+    assert len(by_id) == len(annotation) == 2 * len(pairs)
+    native = {(r["prompt_id"], r["chosen"][-1]["content"]): r for r in rows}
+    for pair in pairs:
+        chosen, rejected = by_id[f"{pair['id']}:chosen"], by_id[f"{pair['id']}:rejected"]
+        assert (chosen["response"], rejected["response"]) == (pair["chosen"], pair["rejected"])
+        row = native[(pair["prompt_id"], pair["chosen"])]
+        assert pair["rejected"] == row["rejected"][-1]["content"] and chosen["score"] == row["score_chosen"]
+    evaluation = read(out, "eval.jsonl")
+    assert [r["prompt"] for r in evaluation] == [r["prompt"] for r in fixture_rows("ultrafeedback", "test_prefs")]
+    assert all(isinstance(r["chosen"], str) and isinstance(r["rejected"], str) for r in evaluation)
+    report = json.loads((out / "prepare_report.json").read_text())
+    assert report["parts"]["rm"] == {"pairs": len(pairs), "prompts": 3} and report["repeated_prompt_ids"] == 1
+
+
+def test_ultrafeedback_split_is_seeded(tmp_path):
+    def parts(seed: str, name: str) -> dict[str, set[str]]:
+        rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--input", str(FIXTURES / "ultrafeedback"),
+                          "--seed", seed, out=name)
+        assert rc == 0
+        return {f: {r["prompt_id"] for r in read(out, f)} for f in ("sft.jsonl", "preference_pairs.jsonl", "rl_prompts.jsonl")}
+
+    assert parts("0", "a") == parts("0", "b")
+    assert any(parts("0", "a") != parts(str(seed), f"s{seed}") for seed in range(1, 6))
+
+
+def test_repeated_prompt_id_gets_distinct_ids(tmp_path):
+    rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--input", str(FIXTURES / "ultrafeedback"),
+                      "--fractions", '{"sft": 0, "rm": 1, "rl": 0}')
+    assert rc == 0
+    ids = [r["id"] for r in read(out, "annotation_input.jsonl")]
+    assert len(ids) == len(set(ids)) == 14
+    assert sum(i.endswith("#2:chosen") for i in ids) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# KodCode
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_kodcode_completions_scored_by_the_unit_tests(tmp_path):
+    source = as_parquet("kodcode", tmp_path / "kc", ("train",))
+    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--input", str(source), "--completions",
+                      str(FIXTURES / "kodcode" / "completions.jsonl"), "--fractions", '{"rm": 1.0}')
+    assert rc == 0
+    records = {r["id"]: r for r in read(out, "annotation_input.jsonl")}
+    # 4 references + 5 completions, each run against its question's tests in the sandbox
+    assert len(records) == 9
+    assert all(records[f"{q}:reference"]["execution"]["passed"] for q in
+               ("Leetcode_1001_I", "Leetcode_1002_I", "Leetcode_1003_I", "Leetcode_1004_I"))
+    wrong_sum = records["Leetcode_1001_I:completion-0"]
+    assert wrong_sum["execution"]["verdict"] == "failed" and wrong_sum["execution"]["tests_failed"] == ["test_mixed"]
+    assert wrong_sum["execution"]["failure"]["error_type"] == "AssertionError"
+    assert "sum_of_evens([1, 2, 3, 4]) == 6" in wrong_sum["execution_result"]  # the failing assertion, for the critic
+    assert wrong_sum["tests"] == fixture_rows("kodcode", "train")[0]["test"]
+    assert records["Leetcode_1002_I:completion-0"]["execution"]["passed"]  # a different but correct program
+    misnamed = records["Leetcode_1002_I:completion-1"]  # right code, wrong function name: the tests cannot import it
+    assert not misnamed["execution"]["passed"]
+    assert records["Leetcode_1003_I:completion-0"]["execution"]["tests_failed"] == ["test_negative"]
+    assert records["Leetcode_1004_I:completion-0"]["execution"]["passed"]
+    # the policy prompt carries the required signature from test_info
+    assert "def sum_of_evens(nums):" in wrong_sum["prompt"] and wrong_sum["prompt"].startswith("Write a function")
+    report = json.loads((out / "prepare_report.json").read_text())
+    assert report["programs"] == {"reference": {"passing": 4, "failing": 0}, "completion": {"passing": 2, "failing": 3}}
+    assert (report["passing"], report["failing"]) == (6, 3)
+    pairs = read(out, "preference_pairs.jsonl")  # a passing and a failing program where a question has both
+    assert sorted(p["question_id"] for p in pairs) == ["Leetcode_1001_I", "Leetcode_1002_I", "Leetcode_1003_I"]
+    assert all(records[p["chosen_id"]]["execution"]["passed"] and not records[p["rejected_id"]]["execution"]["passed"]
+               for p in pairs)
+
+
+def test_kodcode_parts_are_disjoint_and_carry_what_the_phases_need(tmp_path):
+    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--input", str(FIXTURES / "kodcode" / "train.jsonl"),
+                      "--completions", str(FIXTURES / "kodcode" / "completions.jsonl"),
+                      "--fractions", '{"rm": 0.5, "rl": 0.25, "eval": 0.25}')
+    assert rc == 0
+    rm = {r["question_id"] for r in read(out, "annotation_input.jsonl")}
+    rl, evaluation = read(out, "rl_prompts.jsonl"), read(out, "eval.jsonl")
+    assert (len(rm), len(rl), len(evaluation)) == (2, 1, 1)
+    assert not (rm & {r["question_id"] for r in rl}) and not (rm & {r["question_id"] for r in evaluation})
+    assert {r["question_id"] for r in rl} != {r["question_id"] for r in evaluation}
+    assert rl[0]["test"].startswith("from solution import") and isinstance(rl[0]["test_info"], list)
+    assert rl[0]["test_info"][0]["function_declaration"] in rl[0]["prompt"]
+    assert evaluation[0]["question"] == evaluation[0]["prompt"] != evaluation[0]["question_text"]
+    sft = read(out, "sft.jsonl")
+    assert {r["question_id"] for r in sft} == rm and all(r["completion"].startswith("```python\n") for r in sft)
+    report = json.loads((out / "prepare_report.json").read_text())
+    assert report["completions_outside_rm_part"] == 3  # completions of RL/eval questions are not used
+
+
+@pytest.mark.slow
+def test_kodcode_completions_from_a_model(tmp_path):
+    from text2grad.core.modeling import build_tiny_llama, train_tokenizer
+
+    corpus = [json.dumps(r) for r in fixture_rows("kodcode", "train")] * 3
+    tokenizer = train_tokenizer(corpus, vocab_size=300)
+    build_tiny_llama(tokenizer, hidden_size=16, num_layers=1, num_heads=2).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--input", str(FIXTURES / "kodcode"), "--fractions",
+                      '{"rm": 1.0}', "--completions_model", str(tmp_path / "model"), "--completions_per_question", "2",
+                      "--max_new_tokens", "8", "--test_timeout_s", "5")
+    assert rc == 0
+    records = read(out, "annotation_input.jsonl")
+    completions = [r for r in records if r["kind"] == "completion"]
+    assert len(completions) == 8 and {r["id"].rsplit("-", 1)[1] for r in completions} == {"0", "1"}
+    assert all(r["execution"]["verdict"] in ("passed", "failed", "crashed", "timeout") for r in completions)
+    report = json.loads((out / "prepare_report.json").read_text())
+    assert report["programs"]["completion"]["passing"] + report["programs"]["completion"]["failing"] == 8
+    assert report["completions_from"] == f"model {tmp_path / 'model'}"
+
+
+def test_kodcode_needs_completions(tmp_path, capsys):
+    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--input", str(FIXTURES / "kodcode"))
+    assert rc == 2 and not out.exists()
+    assert "completions_model" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Schema errors: dataset, split, missing column and the columns that exist; exit 2; nothing written
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _copy_without(dataset: str, split: str, column: str, dest: Path) -> Path:
+    shutil.copytree(FIXTURES / dataset, dest)
+    rows = [{k: v for k, v in r.items() if k != column} for r in fixture_rows(dataset, split)]
+    (dest / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return dest
+
+
+@pytest.mark.parametrize("dataset, split, column, extra", [
+    ("slf5k", "train", "feedback", []),
+    ("slf5k", "validation", "ideal_human_summary", []),
+    ("ultrafeedback", "train_prefs", "rejected", []),
+    ("kodcode", "train", "test_info", ["--completions", str(FIXTURES / "kodcode" / "completions.jsonl")]),
+])
+def test_missing_column(tmp_path, capsys, dataset, split, column, extra):
+    source = _copy_without(dataset, split, column, tmp_path / "src")
+    rc, out = prepare(tmp_path, "--dataset", dataset, "--input", str(source), *extra)
+    err = capsys.readouterr().err
+    assert rc == 2 and not (out / "prepare_report.json").exists()
+    assert err.startswith("error: ") and f"{dataset} split '{split}'" in err and f"lacks column(s) ['{column}']" in err
+    existing = sorted(set(fixture_rows(dataset, split)[0]) - {column})
+    assert f"it has columns {existing}" in err
+
+
+def test_wrong_split_name(tmp_path, capsys):
+    source = tmp_path / "uf"
+    source.mkdir()
+    shutil.copy(FIXTURES / "ultrafeedback" / "train_prefs.jsonl", source / "train.jsonl")  # not a split of the dataset
+    shutil.copy(FIXTURES / "ultrafeedback" / "test_prefs.jsonl", source / "test_prefs.jsonl")
+    rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--input", str(source))
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert "ultrafeedback" in err and "no split 'train_prefs'" in err and "it has splits ['test_prefs', 'train']" in err
+
+
+def test_wrong_eval_split_and_flattened_conversations(tmp_path, capsys):
+    rc, _ = prepare(tmp_path, "--dataset", "slf5k", "--input", str(FIXTURES / "slf5k"), "--eval_split", "test")
+    err = capsys.readouterr().err
+    assert rc == 2 and "slf5k" in err and "no split 'test'" in err and "['train', 'validation']" in err
+    source = tmp_path / "flat"
+    source.mkdir()
+    for split in ("train_prefs", "test_prefs"):
+        rows = [{**r, "chosen": r["chosen"][-1]["content"]} for r in fixture_rows("ultrafeedback", split)]
+        (source / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rc, _ = prepare(tmp_path, "--dataset", "ultrafeedback", "--input", str(source))
+    err = capsys.readouterr().err
+    assert rc == 2 and "column 'chosen' holds str, expected a list of {role, content} messages" in err
+
+
+def test_missing_input_is_named(tmp_path, capsys):
+    rc, _ = prepare(tmp_path, "--dataset", "slf5k", "--input", str(tmp_path / "nowhere"))
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
