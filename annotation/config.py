@@ -6,10 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+from text2grad.core.critics import CRITICS as REGISTERED_CRITICS
+
 __all__ = ["AnnotationConfig", "DATASETS", "CRITICS", "DEFAULT_FIELD_MAPS", "REQUIRED_FIELDS"]
 
 DATASETS = ("slf5k", "ultrafeedback", "kodcode")
-CRITICS = ("llm", "code_tests", "human")
+# The critic registry's names (the same in PPO's feedback_source) plus 'human', which only annotation has: the
+# record's own human feedback, grounded in exact spans by the LLM.
+CRITICS = (*REGISTERED_CRITICS, "human")
 
 # Our field name -> the dataset's own field name. The per-dataset YAML in configs/ repeats these; they are
 # the defaults when only --dataset is given.
@@ -24,6 +28,7 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "llm": ("prompt", "response"),
     "human": ("prompt", "response", "feedback"),
     "code_tests": ("prompt", "response", "tests"),
+    "reference": ("prompt", "response", "reference"),
 }
 
 
@@ -70,17 +75,19 @@ class AnnotationConfig:
         metadata={"help": "Also retry records listed in the failures file (they are removed from it first)."},
     )
 
-    # --- feedback source --------------------------------------------------------------------------
+    # --- critic -----------------------------------------------------------------------------------
     critic: str = field(
         default="llm",
-        metadata={"help": "Source of feedback: 'llm' (an OpenAI-compatible model critiques the response), "
-                  "'human' (the record's human feedback is the critique; the LLM grounds it in exact spans), "
-                  "'code_tests' (run the response against the record's unit tests in the sandbox), or "
+        metadata={"help": "The critic that writes the feedback (same names as PPO's --feedback_source): 'llm' (an "
+                  "OpenAI-compatible model critiques the response), 'human' (the record's human feedback is the "
+                  "critique; the LLM grounds it in exact spans), 'code_tests' (run the response against the "
+                  "record's unit tests in the sandbox), 'reference' (agreement with the record's reference "
+                  "summary), 'reward_model' (a trained reward model; critic_kwargs {\"path\": ...}), or "
                   "'package.module:ClassName' for any FeedbackSource class, built with critic_kwargs."},
     )
     critic_kwargs: dict[str, Any] = field(
         default_factory=dict,
-        metadata={"help": "JSON object of keyword arguments for a custom critic class."},
+        metadata={"help": "JSON object of keyword arguments for the critic (for registry critics and custom classes)."},
     )
     cot: bool = field(
         default=True,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from tests.annotation.annotation_test_utils import read_jsonl, write_jsonl
 
+from annotation.cli import main
 from annotation.critics import ReferenceSummaryCritic
 from text2grad.core.spans import locate_spans
 
@@ -41,3 +43,21 @@ def test_reference_critic_unknown_prompt_and_bound_records():
     assert fb.good_spans == ("A cat sat",)
     with pytest.raises(ValueError, match="no 'ref' field"):
         critic.bind_records([{"prompt": "x", "other": 1}])
+
+
+def test_annotation_run_drives_a_registry_critic_by_name(tmp_path):
+    """`--critic reference`: the annotation run builds the critic through the same registry as PPO, bound to
+    the input records (each record's own reference), and writes validated spans."""
+    rows = [
+        {"id": "a", "prompt": "post a", "response": "Taylor moved to Kyoto and wants a new job.", "reference": REFERENCE},
+        {"id": "b", "prompt": "post b", "response": "A cat sat on the mat.", "ref_text": "A cat sat on a sofa."},
+    ]
+    write_jsonl(tmp_path / "in.jsonl", rows[:1])
+    rc = main(["--critic", "reference", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl")])
+    assert rc == 0
+    (rec,) = read_jsonl(tmp_path / "o.jsonl")
+    assert (rec["good_spans"], rec["poor_spans"], rec["source"]) == (["Taylor moved to", "and wants a new job"], ["Kyoto"], "ReferenceSummaryCritic")
+    # a record without the field the critic needs is a configuration error before anything runs
+    write_jsonl(tmp_path / "in2.jsonl", rows[1:])
+    rc = main(["--critic", "reference", "--input", str(tmp_path / "in2.jsonl"), "--output", str(tmp_path / "o2.jsonl")])
+    assert rc == 2 and not (tmp_path / "o2.jsonl").exists()
