@@ -56,6 +56,13 @@ class PPOConfig:
         "Backbone of the value model (a separate causal LM with a scalar head; must share the policy's tokenizer). "
         "Default: the policy's model. A smaller model of the same family saves memory.",
     )
+    value_model: Literal["auto", "shared_backbone", "separate"] = _f(
+        "auto",
+        "Value function design. shared_backbone: a scalar head on the policy's own last hidden state (one forward "
+        "pass, no second model; value gradients also train the policy's LoRA adapter). separate: a second backbone "
+        "with a head (value_model_name_or_path). auto: shared_backbone for LoRA runs without "
+        "value_model_name_or_path, else separate. Memory of both: benchmarks/README.md.",
+    )
     dtype: str = _f("auto", "Weights dtype: auto, bf16, fp16 or fp32 (or bfloat16, float16, float32).")
     use_lora: bool = _f(True, "Train a LoRA adapter on the policy (peft) instead of all weights.")
     lora_r: int = _f(16, "LoRA rank.")
@@ -239,8 +246,17 @@ class PPOConfig:
                 "feedback_source 'none' only works with reward_mode scalar and a scalar_source other than quote_count "
                 "(every other mode reads spans from the feedback)"
             )
+        if self.value_model == "shared_backbone" and self.value_model_name_or_path:
+            problems.append("value_model_name_or_path names a separate value model: set value_model to separate (or auto)")
         if problems:
             raise ValueError("invalid PPOConfig: " + "; ".join(problems))
+
+    @property
+    def value_design(self) -> str:
+        """``value_model`` with "auto" resolved: "shared_backbone" or "separate"."""
+        if self.value_model != "auto":
+            return self.value_model
+        return "shared_backbone" if self.use_lora and not self.value_model_name_or_path else "separate"
 
     # ---- derived sizes -----------------------------------------------------------------------------
     @property

@@ -1,10 +1,17 @@
-"""The value model and the module that trains policy and value together.
+"""The value function and the module that trains policy and value together.
 
-Value model (design choice): a **separate** transformer backbone with a scalar head, V(x, y_<t) read from
-the hidden state of the token before y_t. Separate (rather than a head on the policy) keeps the policy's
-LoRA-disabled forward an exact reference model, lets the value model be smaller than the policy, and
-keeps value gradients out of the policy. Its backbone is any causal LM checkpoint (the LM head is dropped);
-it must share the policy's tokenizer.
+Two designs, chosen by ``PPOConfig.value_model`` (V(x, y_<t) is read from the hidden state of the token before
+y_t in both):
+
+* ``shared_backbone`` (the default for LoRA runs; what TRL's old PPO and the paper's code did): a scalar
+  `ValueHead` on the policy's own last hidden state. One forward pass gives logits and values; the value loss
+  trains the head and, through the policy's LoRA adapter, the shared backbone. No second model in memory:
+  the cost is one ``hidden_size + 1`` head (see benchmarks/README.md, "Value function memory"). The reference
+  model stays exact (the LoRA-disabled forward never sees the head).
+* ``separate``: a `ValueModel`, a second transformer backbone with its own scalar head. It keeps value
+  gradients out of the policy and may be a smaller model of the same tokenizer, at the price of a second
+  trainable backbone (weights, gradients, optimizer states, activations). Its backbone is any causal LM
+  checkpoint (the LM head is dropped); it must share the policy's tokenizer.
 
 `PolicyAndValue` holds both so that one optimizer and one ``accelerator.prepare`` cover them (DeepSpeed
 wraps exactly one trainable module). Policy and value parameters are disjoint, so minimizing
@@ -19,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["ValueModel", "PolicyAndValue", "disable_dropout"]
+__all__ = ["ValueModel", "ValueHead", "PolicyAndValue", "disable_dropout"]
 
 HEAD_FILE = "value_head.safetensors"
 
@@ -81,13 +88,61 @@ class ValueModel(nn.Module):
         save_file(head_state, str(out / HEAD_FILE))
 
 
-class PolicyAndValue(nn.Module):
-    """Policy and value model in one module: returns response logits (B, T, V) and values (B, T)."""
+class ValueHead(nn.Module):
+    """A scalar head on the policy's own hidden states: (B, L, H) -> (B, L). Starts at zero, like `ValueModel`."""
 
-    def __init__(self, policy: nn.Module, value_model: ValueModel) -> None:
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
+
+    def save_pretrained(self, save_directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """``value_head.safetensors`` only (the backbone is the policy, saved next to it)."""
+        from safetensors.torch import save_file
+
+        out = Path(save_directory)
+        out.mkdir(parents=True, exist_ok=True)
+        state = state_dict if state_dict is not None else self.state_dict()
+        head_state = {k[len("head."):]: v.detach().cpu().contiguous() for k, v in state.items() if k.startswith("head.")}
+        save_file(head_state, str(out / HEAD_FILE))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> "ValueHead":
+        from safetensors.torch import load_file
+
+        weights = load_file(str(Path(directory) / HEAD_FILE))
+        head = cls(weights["weight"].shape[1])
+        head.head.load_state_dict(weights)
+        return head
+
+
+def _decoder(policy: nn.Module) -> nn.Module:
+    """The transformer body of a causal LM (inside a PEFT wrapper too): its output is the last hidden state."""
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    if decoder is None or decoder is base:
+        raise TypeError(f"{type(base).__name__} exposes no decoder (get_decoder()); use value_model: separate")
+    return decoder
+
+
+class PolicyAndValue(nn.Module):
+    """Policy and value function in one module: returns response logits (B, T, V) and values (B, T).
+
+    ``value_model`` is a `ValueModel` (separate backbone, its own forward pass) or a `ValueHead` (read from the
+    policy's last hidden state, caught with a forward hook on the policy's decoder during the policy's pass).
+    """
+
+    def __init__(self, policy: nn.Module, value_model: "ValueModel | ValueHead") -> None:
         super().__init__()
         self.policy = policy
         self.value_model = value_model
+        self.shares_backbone = isinstance(value_model, ValueHead)
+        if self.shares_backbone:
+            _decoder(policy)  # fail at construction, not in the first forward
 
     def forward(
         self,
@@ -102,12 +157,17 @@ class PolicyAndValue(nn.Module):
         response token t is read at the same position.
         """
         T = response_length
-        out = self.policy(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, logits_to_keep=T + 1
-        )
-        logits = out.logits[:, :-1]
-        values = self.value_model(input_ids, attention_mask, position_ids)[:, -T - 1 : -1]
-        return logits, values
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, logits_to_keep=T + 1)
+        if not self.shares_backbone:
+            logits = self.policy(**kwargs).logits[:, :-1]
+            return logits, self.value_model(input_ids, attention_mask, position_ids)[:, -T - 1 : -1]
+        caught: list[torch.Tensor] = []
+        hook = _decoder(self.policy).register_forward_hook(lambda module, args, output: caught.append(output[0]))
+        try:
+            logits = self.policy(**kwargs).logits[:, :-1]
+        finally:
+            hook.remove()
+        return logits, self.value_model(caught[-1][:, -T - 1 : -1])
 
 
 def disable_dropout(model: nn.Module) -> None:

@@ -55,7 +55,7 @@ def _is_main_process() -> bool:
 
 
 def load_models(cfg: PPOConfig, tokenizer):
-    """(policy, reference or None, value model, base path for the saved adapter)."""
+    """(policy, reference or None, value model (None for value_model: shared_backbone), base path for the saved adapter)."""
     from policy_optimization.models import ValueModel
     from text2grad.core.modeling import load_causal_lm
 
@@ -71,7 +71,9 @@ def load_models(cfg: PPOConfig, tokenizer):
             tmp.replace(merged)
         base_path = str(merged)
     ref = load_causal_lm(cfg.ref_model_name_or_path, dtype=cfg.dtype) if cfg.ref_model_name_or_path else None
-    if cfg.value_model_name_or_path:
+    if cfg.value_design == "shared_backbone":
+        value = None  # the trainer puts a value head on the policy's own backbone
+    elif cfg.value_model_name_or_path:
         value = ValueModel.from_pretrained(cfg.value_model_name_or_path, dtype=cfg.dtype)
     elif cfg.adapter:
         value = ValueModel.from_causal_lm(load_causal_lm(cfg.model_name_or_path, adapter=cfg.adapter, dtype=cfg.dtype, merge_adapter=True))

@@ -34,7 +34,7 @@ import torch
 
 from policy_optimization.config import PPOConfig
 from policy_optimization.distributed import is_peft, make_accelerator, policy_for_generation, prepare_reference, wrap_lora
-from policy_optimization.models import PolicyAndValue, ValueModel, disable_dropout
+from policy_optimization.models import PolicyAndValue, ValueHead, ValueModel, disable_dropout
 from policy_optimization.rollout import (
     SUM_KEYS,
     Rollout,
@@ -114,7 +114,9 @@ class NLGradientPPOTrainer:
             ``PeftModel``.
         ref_policy: a separate frozen reference model, or None: then the reference is the policy with its
             adapter disabled (LoRA) or a frozen copy of the initial policy (full fine-tuning).
-        value_model: a `ValueModel` (separate backbone + scalar head).
+        value_model: a `ValueModel` (separate backbone + scalar head), or None for ``value_model: shared_backbone``
+            (the trainer puts a `ValueHead` on the policy's last hidden state). With ``value_model: auto`` a given
+            ValueModel is trained (separate) and None means shared_backbone.
         feedback_source: anything with ``feedback(prompts, responses) -> list[Feedback]``.
         train_dataset: records with ``"prompt"`` (the policy prompt, template already applied) and optionally
             ``"feedback_prompt"`` (what the feedback source sees; default: ``"prompt"``).
@@ -129,7 +131,7 @@ class NLGradientPPOTrainer:
         tokenizer,
         policy: torch.nn.Module,
         ref_policy: torch.nn.Module | None,
-        value_model: ValueModel,
+        value_model: ValueModel | None,
         feedback_source,
         train_dataset: Sequence[Mapping[str, Any]],
         *,
@@ -165,11 +167,21 @@ class NLGradientPPOTrainer:
         if ref_policy is None and not self.is_peft:
             logger.warning("no reference policy and no LoRA: keeping a frozen copy of the initial policy in memory")
             ref_policy = copy.deepcopy(policy)
+        # auto with a ValueModel given: the caller built a separate value model, so it is trained
+        self.value_design = "separate" if config.value_model == "auto" and value_model is not None else config.value_design
+        if self.value_design == "shared_backbone":
+            if value_model is not None:
+                raise ValueError("value_model is shared_backbone (the default for LoRA runs): pass value_model=None, "
+                                 "or set value_model: separate to train the given ValueModel")
+            value_model = ValueHead(policy.config.hidden_size)
+        elif value_model is None:
+            raise ValueError("value_model: separate needs a ValueModel (or set value_model: shared_backbone)")
         for model in (policy, value_model) + ((ref_policy,) if ref_policy is not None else ()):
             disable_dropout(model)
         if config.gradient_checkpointing:
             policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            value_model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if isinstance(value_model, ValueModel):
+                value_model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if self.is_peft:
                 policy.enable_input_require_grads()
 
@@ -220,7 +232,7 @@ class NLGradientPPOTrainer:
         return self.accelerator.unwrap_model(self.model).policy
 
     @property
-    def value_model(self) -> ValueModel:
+    def value_model(self) -> ValueModel | ValueHead:
         return self.accelerator.unwrap_model(self.model).value_model
 
     def train(self) -> dict[str, float]:
