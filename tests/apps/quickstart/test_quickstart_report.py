@@ -1,5 +1,6 @@
-"""Report helpers: log-prob bookkeeping, rollout curves from samples.jsonl, the PNG, the results table, and
-the benchmark's iterations-to-target rule."""
+"""Report helpers: log-prob bookkeeping (by label and by position in a span), rollout curves from samples.jsonl,
+the PNGs, the results table, the recorded versions, the validation split, and the benchmark's
+iterations-to-target rule."""
 
 from __future__ import annotations
 
@@ -8,11 +9,21 @@ import math
 import sys
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
 
-from text2grad.apps.quickstart.pipeline import QuickstartConfig, resolve, results_table
-from text2grad.apps.quickstart.report import logprob_shift, plot_curves, rollout_curves, token_logprobs
+from text2grad.apps.quickstart.pipeline import stage_data
+from text2grad.apps.quickstart.quickstart_config import QuickstartConfig, resolve
+from text2grad.apps.quickstart.report import (
+    logprob_shift,
+    logprob_shift_by_position,
+    plot_confusion,
+    plot_curves,
+    rollout_curves,
+    token_logprobs,
+)
+from text2grad.apps.quickstart.results import installed_versions, read_lock, results_table
 from text2grad.apps.quickstart.task import FactCritic, TaskConfig, generate_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
@@ -88,3 +99,52 @@ def test_first_reaching_is_the_first_positive_iteration_at_or_above_target():
     assert first_reaching(pts, 0.4) == 10
     assert first_reaching(pts, 0.7) is None
     assert first_reaching(pts, 0.1) == 5  # iteration 0 (the SFT policy) never counts
+
+
+def test_logprob_shift_by_position_separates_the_first_token_of_a_span_from_its_continuation():
+    items = [
+        # labels: neutral, poor run of 3, neutral, good run of 2, poor run of 1 right after the good run
+        {"labels": [0, -1, -1, -1, 0, 1, 1, -1],
+         "logp": {"sft": [0.0] * 8, "t2g": [-0.1, -2.0, 0.5, 0.3, -0.1, 0.2, 0.0, -1.0]}},
+    ]
+    out = logprob_shift_by_position(items, "t2g")
+    assert out["poor_first"] == {"mean": pytest.approx(-1.5), "n": 2}  # -2.0 and -1.0 (a run starts after good)
+    assert out["poor_inside"] == {"mean": pytest.approx(0.4), "n": 2}
+    assert out["good_first"] == {"mean": pytest.approx(0.2), "n": 1}
+    assert out["good_inside"] == {"mean": pytest.approx(0.0), "n": 1}
+    assert out["neutral"] == {"mean": pytest.approx(-0.1), "n": 2}
+    # the by-label means are the n-weighted means of the positions
+    whole = logprob_shift(items, "t2g")
+    assert whole["poor"] == pytest.approx((2 * -1.5 + 2 * 0.4) / 4)
+
+
+def test_plot_confusion_writes_a_png(tmp_path):
+    png = plot_confusion(tmp_path / "c.png", [[5, 1, 2], [0, 3, 4], [1, 0, 20]], ["positive", "negative", "neutral"])
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5_000
+
+
+def test_installed_versions_compare_with_the_lock(tmp_path):
+    lock = tmp_path / "constraints.txt"
+    lock.write_text("# comment\nNumPy==0.0.1\npytest==%s\nsome_missing-pkg==1.0\n" % pytest.__version__)
+    assert read_lock(lock) == {"numpy": "0.0.1", "pytest": pytest.__version__, "some-missing-pkg": "1.0"}
+    v = installed_versions(lock)
+    assert v["differs_from_lock"] == {"numpy": [numpy.__version__, "0.0.1"]}  # pytest matches; the missing one is absent
+    assert v["packages"]["torch"] == torch.__version__ and v["lock_file"] == "constraints.txt"
+    assert "pytest" not in v["missing_from_lock"] and "torch" not in v["missing_from_lock"]
+    again = installed_versions(lock)
+    assert again["environment_sha256"] == v["environment_sha256"] and len(v["environment_sha256"]) == 16
+    assert installed_versions(tmp_path / "absent.txt")["lock_file"] is None
+
+
+def test_validation_split_is_disjoint_and_leaves_the_other_splits_unchanged(tmp_path):
+    cfg = resolve(QuickstartConfig(preset="ci", output_dir=str(tmp_path), n_val=5))
+    paths = stage_data(cfg, tmp_path)
+    splits = {k: [json.loads(l) for l in p.read_text().splitlines()] for k, p in paths.items()}
+    assert [len(splits[k]) for k in ("train", "rl", "eval", "val")] == [cfg.n_train, cfg.n_rl, cfg.n_eval, 5]
+    prompts = [r["prompt"] for k in splits for r in splits[k]]
+    assert len(set(prompts)) == len(prompts)
+    assert [r["id"] for r in splits["val"]] == [f"val-{i}" for i in range(5)]
+    plain = generate_task(TaskConfig(seed=cfg.seed, n_train=cfg.n_train, n_rl=cfg.n_rl, n_eval=cfg.n_eval))
+    assert plain == {k: splits[k] for k in ("train", "rl", "eval")}  # the validation posts changed nothing else
+    with pytest.raises(ValueError, match="n_val"):
+        resolve(QuickstartConfig(preset="ci", n_val=0))

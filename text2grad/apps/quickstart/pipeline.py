@@ -6,7 +6,7 @@
 
 Stages (each calls the phase's own CLI entry point, ``main(argv)``, exactly as the per-dataset scripts do):
 
-1. task data        `text2grad.apps.quickstart.task.write_task` -> data/{train,rl,eval}.jsonl
+1. task data        `text2grad.apps.quickstart.task.generate_task` -> data/{train,rl,eval,val}.jsonl
 2. policy           tokenizer + tiny Llama (`text2grad.core.modeling`), then ``policy_optimization.sft``; cached
 3. annotation       SFT-policy samples and noisy summaries, critiqued by ``annotation.cli --critic ...FactCritic``
 4. reward model     ``reward_model.train`` then ``reward_model.evaluate``
@@ -23,8 +23,8 @@ own CLI (``--sft_args``, ``--rm_args``, ``--ppo_args``; JSON lists).
 
 from __future__ import annotations
 
+import importlib
 import json
-import math
 import os
 import random
 import shutil
@@ -32,143 +32,29 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
-from text2grad.apps.quickstart.task import (
-    TaskConfig,
-    config_fingerprint,
-    corpus_texts,
-    fact_accuracy,
-    noisy_summary,
-    write_task,
+import torch
+
+from reward_model.serialization import PLAIN_TEMPLATE
+from text2grad.apps.quickstart.quickstart_config import PRESETS, QuickstartConfig, resolve
+from text2grad.apps.quickstart.report import write_report
+from text2grad.apps.quickstart.results import (
+    evaluate_policy,
+    generate_responses,
+    installed_versions,
+    print_results,
+    results_table,
 )
+from text2grad.apps.quickstart.task import TaskConfig, config_fingerprint, corpus_texts, generate_task, noisy_summary
+from text2grad.core.config import parse_config, save_config
+from text2grad.core.data import iter_jsonl, write_jsonl
+from text2grad.core.modeling import build_tiny_llama, train_tokenizer
 
-__all__ = ["QuickstartConfig", "PRESETS", "resolve", "run", "main"]
-
-Preset = Literal["ci", "default", "large"]
-
-
-def _f(default: Any, help: str) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class QuickstartConfig:
-    """The embedded default: a complete offline Text2Grad run on a generated toy task.
-
-    Fields left at None take their value from the preset (see PRESETS); set them to override one knob.
-    """
-
-    output_dir: str = _f("runs/quickstart", "Where data, models, metrics and the report go.")
-    preset: Preset = _f("default", "Size preset: ci (smoke test, ~1-3 min), default (~6.5 min on 2 idle cores), large.")
-    seed: int = _f(0, "Seed of the task generator, the tiny models and every phase.")
-    ppo_seed: int | None = _f(None, "Seed of policy optimization only (default: seed); the benchmark varies it.")
-    cache_dir: str | None = _f(
-        None, "Cache of trained policies and reward models, keyed by their config (default: $TEXT2GRAD_CACHE or "
-        "~/.cache/text2grad/quickstart). A second run with the same settings skips those phases."
-    )
-    no_cache: bool = _f(False, "Retrain the policy and reward model even if a cached one exists.")
-    modes: list[str] = _f(["nl_gradient", "scalar"], "Reward modes to train, side by side with the same settings.")
-
-    # ---- data
-    data_dir: str | None = _f(None, "Use train/rl/eval.jsonl from this directory (quickstart task format) instead of generating.")
-    n_train: int | None = _f(None, "Generated SFT/annotation posts.")
-    n_rl: int | None = _f(None, "Generated RL prompts.")
-    n_eval: int | None = _f(None, "Generated eval posts.")
-
-    # ---- policy
-    policy_model: str | None = _f(None, "Base policy (hub id or path) to fine-tune instead of the tiny Llama.")
-    sft_model: str | None = _f(None, "An already fine-tuned policy (hub id or path): skips tokenizer, model and SFT.")
-    vocab_size: int | None = _f(None, "Tokenizer vocabulary of the tiny policy.")
-    hidden_size: int | None = _f(None, "Hidden size of the tiny Llama.")
-    num_layers: int | None = _f(None, "Layers of the tiny Llama.")
-    sft_steps: int | None = _f(None, "SFT optimizer steps (the end of this run is the reward model's base).")
-    policy_sft_steps: int | None = _f(
-        None, "PPO starts from the SFT checkpoint at this step (default: half of sft_steps): a policy that still "
-        "gets facts wrong, leaving room for RL. The reward model starts from the end of the same SFT run, which "
-        "checks facts more reliably (reward models are usually at least as strong as the policy). Equal to "
-        "sft_steps: one model for both."
-    )
-    sft_learning_rate: float | None = _f(None, "SFT learning rate.")
-    sft_args: list[str] = _f([], "Extra flags for policy_optimization.sft (JSON list), e.g. '[\"--use_lora\", \"true\"]'.")
-
-    # ---- annotation and reward model
-    critic: str = _f("text2grad.apps.quickstart.task:FactCritic", "Annotation critic (annotation.cli --critic).")
-    critic_kwargs: dict[str, Any] | None = _f(None, "Critic kwargs (default: the FactCritic reads the train split).")
-    annotation_args: list[str] = _f([], "Extra flags for annotation.cli (JSON list), e.g. for --critic llm: "
-                                    "'[\"--model\", \"gpt-4o\", \"--dataset\", \"slf5k\"]'.")
-    n_annotations: int | None = _f(None, "Responses to annotate (half SFT-policy samples, half noisy summaries).")
-    rm_p_wrong: float = _f(0.4, "Per-fact error rate of the generated half of the reward model's training responses.")
-    rm_base_model: str | None = _f(None, "Base of the reward model (default: the SFT policy).")
-    reward_model: str | None = _f(None, "An already trained reward model: skips annotation and RM training.")
-    rm_steps: int | None = _f(None, "Reward-model optimizer steps.")
-    rm_learning_rate: float | None = _f(None, "Reward-model learning rate.")
-    rm_args: list[str] = _f([], "Extra flags for reward_model.train (JSON list).")
-    grounded_spans: bool = _f(
-        True, "Grounded span decoding for the reward model's feedback during PPO and in its evaluation: every "
-        "quote is forced to be a substring of the response (reward_model.inference, text2grad.core.generation)."
-    )
-
-    # ---- policy optimization
-    ppo_feedback: Literal["reward_model", "critic"] = _f(
-        "reward_model", "Feedback source of policy optimization: the trained reward model (the method), or the "
-        "annotation critic itself (an oracle ablation that separates reward-model quality from the RL algorithm)."
-    )
-    ppo_iterations: int | None = _f(None, "PPO iterations per mode.")
-    ppo_batch_size: int | None = _f(None, "Rollouts per PPO iteration.")
-    ppo_learning_rate: float | None = _f(None, "PPO learning rate (full fine-tuning of the tiny policy).")
-    kl_coef: float | None = _f(None, "KL penalty coefficient (fixed).")
-    eval_every: int | None = _f(None, "Evaluate the policy every N PPO iterations (PPO runs in chunks with --resume auto).")
-    ppo_args: list[str] = _f([], "Extra flags for policy_optimization.train (JSON list).")
-
-    # ---- evaluation and report
-    response_length: int = _f(40, "Max new tokens of a summary.")
-    n_report_samples: int = _f(8, "Eval responses shown token by token in the HTML report.")
-
-
-# Preset values for every None field above. ``default`` is sized for < 10 min on a 2-core CPU.
-PRESETS: dict[str, dict[str, Any]] = {
-    "ci": dict(
-        n_train=160, n_rl=32, n_eval=16, vocab_size=420, hidden_size=32, num_layers=2, sft_steps=12,
-        sft_learning_rate=3e-3, n_annotations=48, rm_steps=8, rm_learning_rate=2e-3, ppo_iterations=4,
-        ppo_batch_size=8, ppo_learning_rate=3e-4, kl_coef=0.05, eval_every=2,
-    ),
-    "default": dict(
-        n_train=2000, n_rl=256, n_eval=100, vocab_size=800, hidden_size=128, num_layers=2, sft_steps=1200,
-        sft_learning_rate=3e-3, n_annotations=3000, rm_steps=800, rm_learning_rate=2e-3, ppo_iterations=30,
-        ppo_batch_size=16, ppo_learning_rate=1e-4, kl_coef=0.1, eval_every=10,
-    ),
-    "large": dict(
-        n_train=4000, n_rl=1024, n_eval=300, vocab_size=1000, hidden_size=192, num_layers=4, sft_steps=2000,
-        sft_learning_rate=2e-3, n_annotations=3000, rm_steps=1500, rm_learning_rate=1e-3, ppo_iterations=150,
-        ppo_batch_size=32, ppo_learning_rate=1e-4, kl_coef=0.1, eval_every=25,
-    ),
-}
+__all__ = ["QuickstartConfig", "PRESETS", "resolve", "run", "main", "stage_ppo", "refresh_reward_model", "PPOResult"]
 
 STAGES = ("task data", "policy (tokenizer, tiny Llama, SFT)", "annotation", "reward model", "policy optimization",
           "evaluation", "report")
-
-
-def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
-    """Fill None fields from the preset; check the result."""
-    if cfg.preset not in PRESETS:
-        raise ValueError(f"preset must be one of {list(PRESETS)}, got {cfg.preset!r}")
-    values = {k: v for k, v in PRESETS[cfg.preset].items() if getattr(cfg, k) is None}
-    out = replace(cfg, **values)
-    if out.ppo_seed is None:
-        out = replace(out, ppo_seed=out.seed)
-    if out.policy_sft_steps is None:
-        out = replace(out, policy_sft_steps=max(1, out.sft_steps // 2))
-    bad = [m for m in out.modes if m not in ("nl_gradient", "scalar", "dense", "mixed")]
-    if bad or not out.modes:
-        raise ValueError(f"modes must be a non-empty list of nl_gradient, scalar, dense, mixed; got {out.modes}")
-    if out.ppo_iterations < 1 or out.eval_every < 1:
-        raise ValueError("ppo_iterations and eval_every must be >= 1")
-    if not 1 <= out.policy_sft_steps <= out.sft_steps:
-        raise ValueError(f"policy_sft_steps must be between 1 and sft_steps ({out.sft_steps}); got {out.policy_sft_steps}")
-    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -205,8 +91,6 @@ def _call(module: str, argv: list[str]) -> None:
 
     The command is printed and appended to ``<output_dir>/commands.sh``, so any phase can be rerun by hand.
     """
-    import importlib
-
     line = f"python -m {module} " + " ".join(_quote(a) for a in argv)
     print(f"$ {line}", flush=True)
     for log in _COMMAND_LOG:
@@ -245,8 +129,6 @@ def _cached(path: Path, cfg: QuickstartConfig, build: Callable[[Path], None], wh
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    from text2grad.core.data import iter_jsonl
-
     return list(iter_jsonl(path))
 
 
@@ -260,17 +142,28 @@ def _task_config(cfg: QuickstartConfig) -> TaskConfig:
 
 
 def stage_data(cfg: QuickstartConfig, out: Path) -> dict[str, Path]:
+    """train/rl/eval splits, and a validation split (val.jsonl) of ``n_val`` other posts for early stopping."""
     data = out / "data"
     if cfg.data_dir:
-        paths = {s: Path(cfg.data_dir) / f"{s}.jsonl" for s in ("train", "rl", "eval")}
-        missing = [str(p) for p in paths.values() if not p.is_file()]
+        paths = {s: Path(cfg.data_dir) / f"{s}.jsonl" for s in ("train", "rl", "eval", "val")}
+        needed = ("train", "rl", "eval", "val") if cfg.early_stopping else ("train", "rl", "eval")
+        missing = [str(paths[s]) for s in needed if not paths[s].is_file()]
         if missing:
-            raise FileNotFoundError(f"--data_dir lacks {missing}; it needs train.jsonl, rl.jsonl and eval.jsonl")
+            raise FileNotFoundError(f"--data_dir lacks {missing}; it needs train.jsonl, rl.jsonl and eval.jsonl "
+                                    f"(and val.jsonl with --early_stopping true)")
         return paths
-    paths = write_task(_task_config(cfg), data)
-    for split, path in paths.items():
-        print(f"{split:>5}: {sum(1 for _ in path.open())} posts -> {path}")
-    example = _read_jsonl(paths["train"])[0]
+    # The validation posts are generated after the eval posts from the same stream: the other splits stay as
+    # they were without it, and no post is in two splits.
+    with_val = replace(_task_config(cfg), n_eval=cfg.n_eval + cfg.n_val)
+    splits = generate_task(with_val)
+    splits["val"] = [dict(r, id=f"val-{i}") for i, r in enumerate(splits["eval"][cfg.n_eval:])]
+    splits["eval"] = splits["eval"][: cfg.n_eval]
+    paths = {}
+    for split, records in splits.items():
+        paths[split] = data / f"{split}.jsonl"
+        write_jsonl(paths[split], records)
+        print(f"{split:>5}: {len(records)} posts -> {paths[split]}")
+    example = splits["train"][0]
     print(f"\nexample post:\n{example['prompt']}\nSFT target (imperfect on purpose):{example['completion']}\n"
           f"reference:{example['reference']}")
     return paths
@@ -295,8 +188,6 @@ def stage_policy(cfg: QuickstartConfig, data: dict[str, Path]) -> tuple[Path, Pa
     early = cfg.policy_sft_steps < cfg.sft_steps
 
     def build(tmp: Path) -> None:
-        from text2grad.core.modeling import build_tiny_llama, train_tokenizer
-
         base = cfg.policy_model
         if base is None:
             records = _read_jsonl(data["train"])
@@ -342,27 +233,10 @@ def _drop_checkpoints(path: Path) -> None:
 
 def _reward_model_template_texts(records: list[dict[str, Any]]) -> list[str]:
     """The reward model's input template, so the tokenizer has tokens for its fixed words."""
-    from reward_model.serialization import PLAIN_TEMPLATE
-
     return [PLAIN_TEMPLATE.format(instruction=RM_INSTRUCTION, prompt=r["prompt"], response=r["completion"]) for r in records]
 
 
 RM_INSTRUCTION = "Check the summary against the post: which facts are right, wrong or missing?"
-
-
-def _generate_texts(model_path: Path, prompts: list[str], max_new_tokens: int, do_sample: bool, seed: int,
-                    batch_size: int = 64) -> list[str]:
-    import torch
-
-    from text2grad.core.generation import generate
-    from text2grad.core.modeling import load_causal_lm, load_tokenizer
-
-    tokenizer = load_tokenizer(str(model_path))
-    model = load_causal_lm(str(model_path)).eval()
-    torch.manual_seed(seed)
-    gens = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                    do_sample=do_sample, temperature=1.0, show_progress=True)
-    return [g.text for g in gens]
 
 
 def stage_reward_model(
@@ -388,7 +262,7 @@ def stage_reward_model(
         n_noisy = cfg.n_annotations - n_policy
         print(f"sampling {n_policy} summaries from the SFT policy (temperature 1) to annotate ...", flush=True)
         picked = train[:n_policy]
-        samples = _generate_texts(sft, [r["prompt"] for r in picked], cfg.response_length, True, cfg.seed)
+        samples = [g.text for g in generate_responses(sft, [r["prompt"] for r in picked], cfg.response_length, True, cfg.seed)]
         # The noisy half has many more wrong facts than the SFT data (and some repeated clauses): a reward model
         # trained mostly on near-correct summaries learns to quote the *post's* facts instead of checking the
         # response's (measured: 81 % unmatched quotes, poor-token recall 0.5 % with the SFT data's noise rates).
@@ -398,8 +272,6 @@ def stage_reward_model(
         ] + [{"id": f"noisy-{r['id']}", "prompt": r["prompt"], "response": noisy_summary(rng, r["facts"], hard, p_repeat=0.2)}
              for r in train[n_policy : n_policy + n_noisy]]
         rng.shuffle(to_annotate)
-        from text2grad.core.data import write_jsonl
-
         write_jsonl(tmp / "to_annotate.jsonl", to_annotate)
         kwargs = cfg.critic_kwargs if cfg.critic_kwargs is not None else {"data_path": str(data["train"])}
         _call("annotation.cli", [
@@ -452,13 +324,32 @@ def _rm_report(eval_dir: Path) -> dict[str, Any]:
     return {}
 
 
+@dataclass
+class PPOResult:
+    """One reward mode's run: the policy it ends with, its eval curve, and what early stopping chose."""
+
+    policy: Path
+    curve: list[dict[str, Any]]
+    scores: dict[str, float]  # eval scores of ``policy``
+    predictions: list[str]  # its greedy eval summaries
+    selected_iteration: int
+    validation: list[dict[str, float]] = field(default_factory=list)  # held-out critic score per eval point
+    reward_models: list[str] = field(default_factory=list)  # the reward model of each chunk (refreshes)
+
+
+EvalFn = Callable[[Path, list[dict[str, Any]]], tuple[dict[str, float], list[str]]]
+
+
 def stage_ppo(cfg: QuickstartConfig, data: dict[str, Path], sft: Path, rm: Path, out: Path, mode: str,
-              eval_fn: Callable[[Path], dict[str, float]]) -> tuple[Path, list[dict[str, Any]]]:
-    """Policy optimization in ``mode``, in chunks of ``eval_every`` iterations; eval after each chunk."""
+              eval_fn: EvalFn) -> PPOResult:
+    """Policy optimization in ``mode``, in chunks of ``eval_every`` iterations; eval after each chunk.
+
+    Defences against reward-model exploitation (off by default): ``early_stopping`` scores every eval point
+    on the validation split with the critic and keeps the best policy (the SFT policy included);
+    ``rm_refresh`` retrains the reward model on each chunk's rollouts, annotated by the critic."""
     run_dir = out / f"ppo-{mode}"
     base = [
         "--model_name_or_path", str(sft), "--dataset_path", str(data["rl"]), "--prompt_template", "{prompt}",
-        *_ppo_feedback_args(cfg, data, rm),
         "--reward_mode", mode, "--use_lora", "false", "--output_dir", str(run_dir),
         "--batch_size", str(cfg.ppo_batch_size), "--num_mini_batches", "2", "--num_ppo_epochs", "2",
         "--learning_rate", str(cfg.ppo_learning_rate), "--lr_scheduler_type", "constant",
@@ -467,21 +358,90 @@ def stage_ppo(cfg: QuickstartConfig, data: dict[str, Path], sft: Path, rm: Path,
         # a quote labels only its first occurrence: repeating a praised phrase must not pay
         "--occurrence", "first",
         "--seed", str(cfg.ppo_seed), "--log_samples", str(cfg.ppo_batch_size),  # every rollout, for the report
+        # a sample without feedback scores zero and is counted (the small presets' reward models often fail)
+        "--max_feedback_error_rate", "1.0",
     ]
-    curve = [{"iteration": 0, **eval_fn(sft)}]
+    val_records = _read_jsonl(data["val"]) if cfg.early_stopping else []
+    replay_file = rm.parent / "rm_train.jsonl"  # the reward model's own annotations (replayed by refreshes)
+    scores, preds = eval_fn(sft, [])
+    result = PPOResult(policy=sft, curve=[{"iteration": 0, **scores}], scores=scores, predictions=preds,
+                       selected_iteration=0)
+    best = -float("inf")
+    if cfg.early_stopping:
+        best = eval_fn(sft, val_records)[0]["fact_score"]
+        result.validation.append({"iteration": 0, "fact_score": best})
     done = 0
     while done < cfg.ppo_iterations:
-        done = min(cfg.ppo_iterations, done + cfg.eval_every)
-        resume = ["--resume", "auto"] if curve[-1]["iteration"] > 0 else ["--overwrite_output_dir", "true"]
-        _call("policy_optimization.train", base + ["--num_iterations", str(done), *resume, *cfg.ppo_args])
+        start, done = done, min(cfg.ppo_iterations, done + cfg.eval_every)
+        resume = ["--resume", "auto"] if start > 0 else ["--overwrite_output_dir", "true"]
+        if start > 0 and cfg.rm_refresh:  # the feedback source's path changes (logged in config_changes.jsonl)
+            resume += ["--accept_config_changes", "true"]
+        result.reward_models.append(str(rm))
+        _call("policy_optimization.train", base + [*_ppo_feedback_args(cfg, data, rm), "--num_iterations", str(done),
+                                                   *resume, *cfg.ppo_args])
         reached = max((r["iteration"] for r in _read_jsonl(run_dir / "metrics.jsonl")), default=0)
         if reached < done:  # the trainer stops gracefully on Ctrl-C/SIGTERM; so does the quickstart
             raise RuntimeError(f"policy optimization ({mode}) stopped at iteration {reached} of {done}; "
                                f"rerun the same command to start over")
-        curve.append({"iteration": done, **eval_fn(run_dir / "policy")})
-        print(f"[{mode}] iteration {done}: eval fact_score {curve[-1]['fact_score']:.3f}", flush=True)
-    (run_dir / "eval_curve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
-    return run_dir / "policy", curve
+        scores, preds = eval_fn(run_dir / "policy", [])
+        result.curve.append({"iteration": done, **scores})
+        print(f"[{mode}] iteration {done}: eval fact_score {scores['fact_score']:.3f}", flush=True)
+        if cfg.early_stopping:
+            val = eval_fn(run_dir / "policy", val_records)[0]["fact_score"]
+            result.validation.append({"iteration": done, "fact_score": val})
+            print(f"[{mode}] iteration {done}: validation fact_score {val:.3f} (best {max(best, val):.3f})", flush=True)
+            if val > best:
+                best = val
+                _replace_dir(run_dir / "policy", run_dir / "selected_policy")
+                result.policy, result.scores, result.predictions, result.selected_iteration = (
+                    run_dir / "selected_policy", scores, preds, done)
+        else:
+            result.policy, result.scores, result.predictions, result.selected_iteration = run_dir / "policy", scores, preds, done
+        if cfg.rm_refresh and done < cfg.ppo_iterations and cfg.ppo_feedback == "reward_model":
+            rm = refresh_reward_model(cfg, data, rm, replay_file, run_dir, start, done)
+    (run_dir / "eval_curve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in result.curve))
+    if cfg.early_stopping:
+        print(f"[{mode}] early stopping kept iteration {result.selected_iteration} (validation "
+              f"{[v['fact_score'] for v in result.validation]})", flush=True)
+    return result
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+
+
+def refresh_reward_model(cfg: QuickstartConfig, data: dict[str, Path], rm: Path, replay_file: Path, run_dir: Path,
+                         start: int, done: int) -> Path:
+    """Annotate the rollouts of iterations ``start+1..done`` with the critic and continue training ``rm`` on them,
+    mixed with as many of its original annotations (replay, so it does not forget them). Returns the new model."""
+    refresh = run_dir / f"rm-refresh-{done}"
+    refresh.mkdir(parents=True, exist_ok=True)
+    rows = [r for r in _read_jsonl(run_dir / "samples.jsonl") if start < r["iteration"] <= done]
+    write_jsonl(refresh / "to_annotate.jsonl", [
+        {"id": f"it{r['iteration']}-{i}", "prompt": r.get("feedback_prompt") or r["prompt"], "response": r["response"]}
+        for i, r in enumerate(rows)])
+    kwargs = cfg.critic_kwargs if cfg.critic_kwargs is not None else {"data_path": str(data["rl"])}
+    _call("annotation.cli", [
+        "--input", str(refresh / "to_annotate.jsonl"), "--output", str(refresh / "annotations.jsonl"),
+        "--critic", cfg.critic, "--critic_kwargs", json.dumps(kwargs),
+        "--field_map", json.dumps({"prompt": "prompt", "response": "response"}), *cfg.annotation_args,
+    ])
+    fresh = _read_jsonl(refresh / "annotations.jsonl")
+    replay = _read_jsonl(replay_file) if replay_file.is_file() else []
+    random.Random(cfg.ppo_seed * 1000 + done).shuffle(replay)
+    write_jsonl(refresh / "rm_train.jsonl", fresh + replay[: len(fresh)])
+    _call("reward_model.train", [
+        "--model_name_or_path", str(rm), "--train_file", str(refresh / "rm_train.jsonl"),
+        "--output_dir", str(refresh / "model"), "--use_lora", "false", "--instruction", RM_INSTRUCTION,
+        "--prompt_format", "plain", "--max_length", "384", "--max_steps", str(cfg.rm_refresh_steps),
+        "--learning_rate", str(cfg.rm_learning_rate), "--warmup_ratio", "0.0", "--per_device_train_batch_size", "16",
+        "--logging_steps", str(max(1, cfg.rm_refresh_steps // 4)), "--save_steps", str(10 ** 9),
+        "--seed", str(cfg.ppo_seed), *cfg.rm_args,
+    ])
+    _drop_checkpoints(refresh / "model")
+    return refresh / "model"
 
 
 def _ppo_feedback_args(cfg: QuickstartConfig, data: dict[str, Path], rm: Path) -> list[str]:
@@ -493,19 +453,6 @@ def _ppo_feedback_args(cfg: QuickstartConfig, data: dict[str, Path], rm: Path) -
             json.dumps({"path": str(rm), "max_new_tokens": 128, "batch_size": 64, "grounded_spans": cfg.grounded_spans})]
 
 
-def evaluate_policy(model_path: Path, records: list[dict[str, Any]], max_new_tokens: int) -> tuple[dict[str, float], list[str]]:
-    """Greedy summaries of the eval posts, scored by fact accuracy, ROUGE and BLEU against the references."""
-    from text2grad.apps.evaluation.summarization import bleu, rouge_scores
-
-    preds = _generate_texts(model_path, [r["prompt"] for r in records], max_new_tokens, False, 0)
-    refs = [r["reference"].strip() for r in records]
-    scores = dict(fact_accuracy(records, preds))
-    rouge = rouge_scores([p.strip() for p in preds], refs)
-    scores.update({k: float(v) for k, v in rouge.items()})
-    scores["bleu"] = float(bleu([p.strip() for p in preds], refs))
-    return scores, preds
-
-
 # --------------------------------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------------------------------
@@ -513,10 +460,6 @@ def evaluate_policy(model_path: Path, records: list[dict[str, Any]], max_new_tok
 
 def run(cfg: QuickstartConfig) -> dict[str, Any]:
     """Run every stage; returns the summary written to ``output_dir/results.json``."""
-    import torch
-
-    from text2grad.core.config import save_config
-
     cfg = resolve(cfg)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)
@@ -525,6 +468,7 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     (out / "commands.sh").write_text("#!/usr/bin/env bash\n# The phase commands this quickstart ran, in order.\n")
     _COMMAND_LOG[:] = [out / "commands.sh"]
     stages = _Stages(STAGES)
+    versions = installed_versions()
     print(f"Text2Grad quickstart (preset {cfg.preset}, seed {cfg.seed}) -> {out}", flush=True)
 
     stages.start("task data", "generated fact-summary posts with distractors")
@@ -538,26 +482,26 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     rm, rm_report = stage_reward_model(cfg, data, sft, rm_base, out, stages)
 
     stages.start("policy optimization", " vs ".join(cfg.modes))
-    evals: dict[str, dict[str, float]] = {}
-    preds: dict[str, list[str]] = {}
+    sft_eval: dict[str, tuple[dict[str, float], list[str]]] = {}
 
-    def eval_fn(path: Path) -> dict[str, float]:
-        # The SFT policy never changes (evaluated once); a PPO policy dir is rewritten after every chunk.
-        key = str(Path(path).resolve())
-        if key not in evals or key != str(Path(sft).resolve()):
-            evals[key], preds[key] = evaluate_policy(Path(path), eval_records, cfg.response_length)
-        return evals[key]
+    def eval_fn(path: Path, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[str]]:
+        """Scores and greedy summaries of ``records`` (default: the eval split); the SFT policy's are cached."""
+        split = "val" if records else "eval"
+        if Path(path) == sft and split in sft_eval:
+            return sft_eval[split]
+        got = evaluate_policy(Path(path), records or eval_records, cfg.response_length)
+        if Path(path) == sft:
+            sft_eval[split] = got
+        return got
 
-    policies: dict[str, Path] = {"sft": sft}
-    curves: dict[str, list[dict[str, Any]]] = {}
-    for mode in cfg.modes:
-        policies[mode], curves[mode] = stage_ppo(cfg, data, sft, rm, out, mode, eval_fn)
+    runs = {mode: stage_ppo(cfg, data, sft, rm, out, mode, eval_fn) for mode in cfg.modes}
+    policies: dict[str, Path] = {"sft": sft, **{m: r.policy for m, r in runs.items()}}
+    curves = {m: r.curve for m, r in runs.items()}
 
     stages.start("evaluation", "greedy summaries of the eval split (final policies, evaluated after their last chunk)")
-    results = {name: evals[str(Path(path).resolve())] for name, path in policies.items()}
-    predictions = {name: preds[str(Path(path).resolve())] for name, path in policies.items()}
+    results = {"sft": sft_eval["eval"][0], **{m: r.scores for m, r in runs.items()}}
+    predictions = {"sft": sft_eval["eval"][1], **{m: r.predictions for m, r in runs.items()}}
     print(results_table(results))
-    from text2grad.core.data import write_jsonl
 
     write_jsonl(out / "eval_predictions.jsonl", [
         {"id": r["id"], "reference": r["reference"], **{name: predictions[name][i] for name in predictions}}
@@ -565,18 +509,20 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     ])
 
     stages.start("report", "curves.png and index.html")
-    from text2grad.apps.quickstart.report import write_report
-
     report = write_report(
         out / "report", eval_records=eval_records, policies=policies, curves=curves,
         metrics_files={m: out / f"ppo-{m}" / "metrics.jsonl" for m in cfg.modes}, reward_model=rm,
         results=results, rm_report=rm_report, n_samples=cfg.n_report_samples, response_length=cfg.response_length,
-        seed=cfg.seed, grounded_spans=cfg.grounded_spans,
+        seed=cfg.seed, grounded_spans=cfg.grounded_spans, versions=versions,
+        commands=(out / "commands.sh").read_text().splitlines()[2:],
     )
     stages.finish()
     summary = {
         "config": asdict(cfg), "results": results, "curves": curves, "reward_model_eval": rm_report,
-        "logprob_shift": report["logprob_shift"], "stage_seconds": stages.times,
+        "logprob_shift": report["logprob_shift"], "logprob_shift_by_position": report["logprob_shift_by_position"],
+        "selection": {m: {"selected_iteration": r.selected_iteration, "validation": r.validation,
+                          "reward_models": r.reward_models} for m, r in runs.items()},
+        "versions": versions, "stage_seconds": stages.times,
         "total_seconds": time.perf_counter() - stages.start_all, "png": str(report["png"]), "html": str(report["html"]),
     }
     (out / "results.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -584,48 +530,7 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     return summary
 
 
-def results_table(results: dict[str, dict[str, float]]) -> str:
-    """Markdown table of the final evaluation, one row per policy."""
-    cols = ["fact_score", "fact_recall", "n_false", "perfect", "rouge1", "rouge2", "rougeL", "bleu"]
-    cols = [c for c in cols if all(c in r for r in results.values())]
-    names = {"sft": "SFT policy", "scalar": "scalar PPO", "nl_gradient": "Text2Grad (NL-gradient PPO)",
-             "dense": "dense PPO", "mixed": "mixed PPO"}
-    lines = ["| policy | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
-    for name, r in results.items():
-        lines.append(f"| {names.get(name, name)} | " + " | ".join(f"{r[c]:.3f}" for c in cols) + " |")
-    return "\n".join(lines)
-
-
-def print_results(summary: dict[str, Any]) -> None:
-    print(f"\n{'=' * 100}\nResults on {summary['config']['n_eval']} eval posts (greedy decoding)\n{'=' * 100}")
-    print(results_table(summary["results"]))
-    rm = summary.get("reward_model_eval") or {}
-    flat = _flatten(rm)
-    keys = [k for k in flat if any(s in k for s in ("json_valid", "unmatched", "token_f1", "token_precision", "token_recall"))]
-    if keys:
-        print("\nreward model (held-out annotations): " + ", ".join(f"{k} {flat[k]:.3f}" for k in keys[:8]))
-    shift = summary.get("logprob_shift") or {}
-    if shift:
-        print("mean change of token log-prob after Text2Grad, by the reward model's label: "
-              + ", ".join(f"{k} {v:+.3f}" for k, v in shift.items()))
-    print(f"\ntotal time {summary['total_seconds']:.0f} s; stages: "
-          + ", ".join(f"{k} {v:.0f}s" for k, v in summary["stage_seconds"].items()))
-    print(f"curves: {summary['png']}\nreport: {summary['html']}")
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, float]:
-    out: dict[str, float] = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}{k}." if not isinstance(v, (int, float)) else f"{prefix}{k}"))
-    elif isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d):
-        out[prefix.rstrip(".")] = float(d)
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    from text2grad.core.config import parse_config
-
     cfg = parse_config(QuickstartConfig, argv)
     try:
         run(cfg)

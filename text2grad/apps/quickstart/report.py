@@ -1,6 +1,6 @@
-"""The quickstart report: a PNG of training and eval curves, and a self-contained HTML page of token credit.
+"""The quickstart report: PNG figures and a self-contained HTML page a person reads (``report/index.html``).
 
-``curves.png`` (both reward modes on every panel):
+``curves.png`` (every reward mode on every panel):
 
 - the reward model's sequence score of the PPO rollouts, ``(#good - #poor) / (#good + #poor)`` quotes, which
   is comparable across modes (the raw PPO reward is a sum of token rewards in one mode and one number in the
@@ -10,9 +10,16 @@
 - the eval fact score (greedy, eval split) at every evaluation point, and ROUGE-L;
 - the sequence KL to the SFT policy.
 
-``index.html`` shows, for sample eval posts, the SFT policy's summary, the reward model's critique, the
-summary's tokens coloured by the reward model's token labels, and under each token how its log-probability
-changed from the SFT policy to each trained policy (the paper's interpretability claim made visible).
+``rm_confusion.png``: the reward model's token labels against the critic's on held-out annotations.
+
+``index.html``: the results table; the reward-model evaluation as tables and the confusion figure; the mean
+change of token log-probability by reward-model label, split by position in the span, with how to read it;
+the curves; sample eval posts with the SFT policy's summary coloured by the reward model's token labels and
+each token's log-probability change; the installed versions and the commands that produced the run.
+
+Token log-probabilities are computed on the exact token ids the SFT policy generated (not a re-encoding of
+its text), labelled the way PPO labels its rollouts (``occurrence="first"``: a repeated quote labels only its
+first occurrence).
 """
 
 from __future__ import annotations
@@ -22,26 +29,42 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["rollout_curves", "token_logprobs", "logprob_shift", "plot_curves", "write_report"]
+import matplotlib
+import numpy as np
+import yaml
+
+from reward_model.inference import GenerativeRewardModel
+from text2grad.apps.quickstart.results import generate_responses, results_table
+from text2grad.apps.quickstart.task import FactCritic, critique_summary, fact_scores
+from text2grad.core.data import iter_jsonl
+from text2grad.core.feedback import Feedback
+from text2grad.core.modeling import load_causal_lm, load_tokenizer
+from text2grad.core.ppo_math import logprobs_from_logits
+from text2grad.core.rewards import span_sequence_score
+from text2grad.core.spans import decode_with_offsets, feedback_token_labels
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
+import torch  # noqa: E402
+
+__all__ = ["rollout_curves", "token_logprobs", "logprob_shift", "logprob_shift_by_position", "plot_curves",
+           "plot_confusion", "write_report"]
+
+# How PPO labels its rollouts in the quickstart (pipeline.stage_ppo passes --occurrence first).
+LABEL_OCCURRENCE = "first"
 
 
-def rollout_curves(samples_path: Path, critic=None) -> list[dict[str, float]]:
+def rollout_curves(samples_path: Path, critic: FactCritic | None = None) -> list[dict[str, float]]:
     """Per PPO iteration: mean reward-model span score and mean true fact score of the logged rollouts.
 
     Reads ``samples.jsonl`` of ``policy_optimization.train`` (each line: iteration, feedback_prompt,
     response, feedback with good/poor spans and error). ``critic``: a `FactCritic` knowing the RL prompts, for
     the true fact score (NaN without it).
     """
-    from text2grad.core.rewards import span_sequence_score
-    from text2grad.core.data import iter_jsonl
-    from text2grad.core.feedback import Feedback
-    from text2grad.apps.quickstart.task import fact_scores
-
     if not samples_path.is_file():
         return []
-    rows = list(iter_jsonl(samples_path))
     by_iter: dict[int, list[tuple[float, float | None]]] = {}
-    for row in rows:
+    for row in iter_jsonl(samples_path):
         fb_dict = row.get("feedback") or {}
         fb = Feedback.from_dict(fb_dict)
         if fb_dict.get("error"):
@@ -62,9 +85,11 @@ def rollout_curves(samples_path: Path, critic=None) -> list[dict[str, float]]:
 
 
 def _metrics(path: Path) -> list[dict[str, Any]]:
-    from text2grad.core.data import iter_jsonl
-
     return list(iter_jsonl(path)) if path.is_file() else []
+
+
+_COLORS = {"nl_gradient": "#1b7837", "scalar": "#b2182b", "dense": "#2166ac", "mixed": "#762a83"}
+_LABELS = {"nl_gradient": "Text2Grad (NL-gradient)", "scalar": "scalar PPO", "dense": "dense", "mixed": "mixed"}
 
 
 def plot_curves(
@@ -74,17 +99,10 @@ def plot_curves(
     metrics: Mapping[str, Sequence[Mapping[str, Any]]],
 ) -> Path:
     """Four panels, one line per reward mode; see the module docstring."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"nl_gradient": "#1b7837", "scalar": "#b2182b", "dense": "#2166ac", "mixed": "#762a83"}
-    labels = {"nl_gradient": "Text2Grad (NL-gradient)", "scalar": "scalar PPO", "dense": "dense", "mixed": "mixed"}
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), dpi=110)
     ax_rm, ax_true, ax_eval, ax_kl = axes.flat
     for mode in curves:
-        c, lab = colors.get(mode), labels.get(mode, mode)
+        c, lab = _COLORS.get(mode), _LABELS.get(mode, mode)
         r = rollouts.get(mode) or []
         if r:
             xs = [p["iteration"] for p in r]
@@ -113,6 +131,28 @@ def plot_curves(
     return png
 
 
+def plot_confusion(png: Path, counts: Sequence[Sequence[int]], order: Sequence[str]) -> Path:
+    """The (3, 3) token confusion matrix (rows: critic's label, columns: reward model's), counts and row shares."""
+    m = np.asarray(counts, dtype=float)
+    shares = m / np.maximum(m.sum(axis=1, keepdims=True), 1)
+    fig, ax = plt.subplots(figsize=(5.2, 4.4), dpi=110)
+    ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
+    for i in range(m.shape[0]):
+        for j in range(m.shape[1]):
+            ax.text(j, i, f"{int(m[i, j])}\n{shares[i, j]:.0%}", ha="center", va="center", fontsize=10,
+                    color="white" if shares[i, j] > 0.6 else "black")
+    ax.set_xticks(range(len(order)), order)
+    ax.set_yticks(range(len(order)), order)
+    ax.set_xlabel("reward model's label")
+    ax.set_ylabel("critic's label (reference)")
+    ax.set_title("Token labels on held-out annotations\n(count and share of the row)")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png)
+    plt.close(fig)
+    return png
+
+
 def _smooth(values: Sequence[float], window: int = 3) -> list[float]:
     out = []
     for i in range(len(values)):
@@ -123,10 +163,6 @@ def _smooth(values: Sequence[float], window: int = 3) -> list[float]:
 
 def token_logprobs(model, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
     """log p(response_t | prompt, response_<t) under ``model`` for each response token, shape (T,)."""
-    import torch
-
-    from text2grad.core.ppo_math import logprobs_from_logits
-
     ids = torch.tensor([list(prompt_ids) + list(response_ids)])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[:, :-1]
@@ -134,39 +170,53 @@ def token_logprobs(model, prompt_ids: Sequence[int], response_ids: Sequence[int]
     return [float(x) for x in lp]
 
 
+def _label_key(label: int) -> str:
+    return "good" if label > 0 else "poor" if label < 0 else "neutral"
+
+
 def logprob_shift(items: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]:
     """Mean change of token log-prob (``policy`` minus SFT) over all tokens with each reward-model label."""
     sums = {"good": [0.0, 0], "poor": [0.0, 0], "neutral": [0.0, 0]}
     for it in items:
         for lab, before, after in zip(it["labels"], it["logp"]["sft"], it["logp"][policy]):
-            key = "good" if lab > 0 else "poor" if lab < 0 else "neutral"
-            sums[key][0] += after - before
-            sums[key][1] += 1
+            sums[_label_key(lab)][0] += after - before
+            sums[_label_key(lab)][1] += 1
     return {k: (s / n if n else float("nan")) for k, (s, n) in sums.items()}
 
 
-def _token_items(eval_records, sft_preds, policies, reward_model, n_all: int, grounded_spans: bool = True):
-    """For each eval post: the SFT summary's tokens, reward-model labels and log-probs under every policy."""
-    from reward_model.inference import GenerativeRewardModel
-    from text2grad.core.modeling import load_causal_lm, load_tokenizer
-    from text2grad.apps.quickstart.task import critique_summary
-    from text2grad.core.spans import decode_with_offsets, feedback_token_labels
+def logprob_shift_by_position(items: Sequence[Mapping[str, Any]], policy: str) -> dict[str, dict[str, float]]:
+    """The same change split by where a labelled token sits: ``first`` token of a labelled run (where the
+    policy chooses to start the quote) or ``inside`` it (continuations once the run has started); each entry
+    ``{"mean": ..., "n": ...}``. Unlabelled tokens are ``neutral``."""
+    sums: dict[str, list[float]] = {}
+    for it in items:
+        prev = 0
+        for lab, before, after in zip(it["labels"], it["logp"]["sft"], it["logp"][policy]):
+            key = "neutral" if lab == 0 else f"{_label_key(lab)}_{'inside' if lab == prev else 'first'}"
+            acc = sums.setdefault(key, [0.0, 0])
+            acc[0] += after - before
+            acc[1] += 1
+            prev = lab
+    order = ("good_first", "good_inside", "poor_first", "poor_inside", "neutral")
+    return {k: {"mean": sums[k][0] / sums[k][1], "n": int(sums[k][1])} for k in order if k in sums}
 
-    tokenizer = load_tokenizer(str(policies["sft"]))
+
+def _token_items(eval_records, sft_generations, policies, reward_model, grounded_spans: bool = True):
+    """For each eval post: the SFT summary's exact token ids, reward-model labels and log-probs under every policy."""
     rm = GenerativeRewardModel.from_pretrained(str(reward_model), max_new_tokens=128, batch_size=64,
                                                grounded_spans=grounded_spans)
-    records = list(eval_records)[:n_all]
-    responses = list(sft_preds)[:n_all]
-    feedbacks = rm.feedback([r["prompt"] for r in records], responses)
+    records = list(eval_records)
+    feedbacks = rm.feedback([r["prompt"] for r in records], [g.text for g in sft_generations])
+    tokenizer = load_tokenizer(str(policies["sft"]))
     items = []
-    for rec, resp, fb in zip(records, responses, feedbacks):
-        prompt_ids = tokenizer(rec["prompt"])["input_ids"]
-        resp_ids = tokenizer(resp, add_special_tokens=False)["input_ids"]
-        text, offsets = decode_with_offsets(tokenizer, resp_ids)
-        labels = feedback_token_labels(fb, text, offsets).labels if fb.ok else [0] * len(resp_ids)
+    for rec, gen, fb in zip(records, sft_generations, feedbacks):
+        ids = list(gen.response_ids)
+        text, offsets = decode_with_offsets(tokenizer, ids)
+        labels = (feedback_token_labels(fb, text, offsets, occurrence=LABEL_OCCURRENCE).labels if fb.ok
+                  else [0] * len(ids))
         items.append({
-            "record": rec, "response": resp, "ids": resp_ids, "prompt_ids": prompt_ids, "offsets": offsets,
-            "text": text, "labels": labels, "feedback": fb, "truth": critique_summary(rec["facts"], resp), "logp": {},
+            "record": rec, "response": gen.text, "ids": ids, "prompt_ids": list(gen.prompt_ids), "offsets": offsets,
+            "text": text, "labels": labels, "feedback": fb, "truth": critique_summary(rec["facts"], gen.text), "logp": {},
         })
     for name, path in policies.items():
         model = load_causal_lm(str(path)).eval()
@@ -192,16 +242,19 @@ def _token_html(it: Mapping[str, Any], policies: Sequence[str]) -> str:
             rows.append(f'<div class="bar" title="{html.escape(name)}: log p {it["logp"]["sft"][i]:.2f} &rarr; '
                         f'{it["logp"][name][i]:.2f}"><span style="width:{width:.0f}%;background:{color}"></span>'
                         f'<small>{d:+.2f}</small></div>')
-        cells.append(f'<div class="tok"><div class="t" style="background:{bg}">{html.escape(tok).replace(" ", "&nbsp;") or "&nbsp;"}'
-                     f'</div>{"".join(rows)}</div>')
+        shown = html.escape(tok).replace(" ", "&nbsp;") or "&#9251;"  # an empty interval: EOS
+        cells.append(f'<div class="tok"><div class="t" style="background:{bg}">{shown}</div>{"".join(rows)}</div>')
     return "".join(cells)
 
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;color:#222;line-height:1.4}
-h1{font-size:1.5em} h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:1em 0} td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
-td:first-child,th:first-child{text-align:left}
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;color:#222;line-height:1.45;padding:0 1em}
+h1{font-size:1.5em} h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+table{border-collapse:collapse;margin:1em 0} td,th{border:1px solid #ccc;padding:4px 10px;text-align:right}
+td:first-child,th:first-child{text-align:left} th{background:#f4f4f4}
+nav a{margin-right:1em}
+img{max-width:100%;border:1px solid #eee}
+.note{color:#444;font-size:.95em;max-width:60em}
 .post{background:#fafafa;border-left:3px solid #999;padding:.5em 1em;font-size:.92em}
 .tokens{display:flex;flex-wrap:wrap;gap:2px;margin:.6em 0}
 .tok{display:flex;flex-direction:column;align-items:stretch;min-width:2.2em}
@@ -211,7 +264,102 @@ td:first-child,th:first-child{text-align:left}
 .bar small{position:absolute;top:-1px;left:2px;font-size:10px;color:#000}
 .legend span{padding:2px 6px;margin-right:8px;border-radius:3px}
 .crit{font-size:.92em} .crit b{display:inline-block;min-width:12em}
+pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.85em}
 """
+
+_SECTIONS = (("results", "Results"), ("reward-model", "Reward model"), ("logprob", "Token log-probabilities"),
+             ("curves", "Curves"), ("samples", "Samples"), ("provenance", "Versions and commands"))
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    h = "".join(f"<th>{html.escape(str(c))}</th>" for c in head)
+    b = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{h}</tr>{b}</table>"
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return "n/a" if x != x else f"{x:.3f}"
+    return str(x)
+
+
+def _signed(x: float) -> str:
+    return "n/a" if x != x else f"{x:+.3f}"
+
+
+def _rm_section(rm_report: Mapping[str, Any], out_dir: Path) -> str:
+    """The reward model's held-out evaluation as tables and the confusion-matrix figure."""
+    if not rm_report:
+        return "<p>No reward-model evaluation (a given reward model was used).</p>"
+    spans = rm_report.get("spans") or {}
+    overview = [
+        ("held-out annotations", rm_report.get("n_examples")),
+        ("valid JSON", rm_report.get("json_validity_rate")),
+        ("quotes not found in the response", rm_report.get("unmatched_span_rate")),
+        ("token label accuracy", rm_report.get("token_label_accuracy")),
+        ("reference spans matched exactly by a quote", f"{spans['exact']} of {spans['n_reference']}"
+         if "exact" in spans and "n_reference" in spans else None),
+        ("reward-model quotes overlapping a reference span", f"{spans['predicted_overlapping']} of {spans['n_predicted']}"
+         if "predicted_overlapping" in spans and "n_predicted" in spans else None),
+    ]
+    parts = ["<p class='note'>The reward model wrote a critique and quoted good and poor spans for responses it "
+             "never saw in training; its quotes are compared token by token with the annotation critic's "
+             "(the reference).</p>", _table(["measure", "value"], [(k, v) for k, v in overview if v is not None])]
+    token = rm_report.get("token") or {}
+    if token:
+        parts.append(_table(["token class", "precision", "recall", "F1", "reference tokens", "predicted tokens"],
+                            [(c, v.get("precision"), v.get("recall"), v.get("f1"), v.get("support"), v.get("predicted"))
+                             for c, v in token.items()]))
+    conf = rm_report.get("token_confusion") or {}
+    if conf.get("counts"):
+        png = plot_confusion(out_dir / "rm_confusion.png", conf["counts"], conf.get("order") or ["positive", "negative", "neutral"])
+        parts.append(f"<p><img src='{png.name}' alt='reward-model token confusion matrix' width='520'></p>")
+    return "".join(parts)
+
+
+def _logprob_section(shift: Mapping[str, Mapping[str, float]], by_position: Mapping[str, Mapping[str, Mapping[str, float]]],
+                     n_tokens: Mapping[str, int]) -> str:
+    parts = ["<p class='note'>Over the SFT policy's greedy summaries of every eval post, the same token ids "
+             "(exactly as the SFT policy generated them) are scored by the SFT policy and by each trained policy, "
+             "and the reward model labels them the way PPO labels its rollouts. Text2Grad rewards each poor token "
+             "with -1 and each good one with +1, so it is expected to lower poor tokens and raise good ones.</p>",
+             _table(["policy", "good tokens", "poor tokens", "unlabelled tokens"],
+                    [(p, *(_signed(s[k]) for k in ("good", "poor", "neutral"))) for p, s in shift.items()]),
+             f"<p class='note'>Tokens: {n_tokens.get('good', 0)} good, {n_tokens.get('poor', 0)} poor, "
+             f"{n_tokens.get('neutral', 0)} unlabelled. Split by position in the labelled run:</p>"]
+    keys = ("good_first", "good_inside", "poor_first", "poor_inside", "neutral")
+    parts.append(_table(["policy", *(k.replace("_", " ") for k in keys)],
+                        [(p, *(f"{_signed(b[k]['mean'])} (n={b[k]['n']})" if k in b else "no tokens" for k in keys))
+                         for p, b in by_position.items()]))
+    parts.append(
+        "<p class='note'><b>How to read it.</b> The first token of a poor quote is where the policy decides to "
+        "write the wrong fact; once it has started (a name, then its role), the following tokens are nearly "
+        "forced by the context, and raising or lowering them changes little about what the policy writes. A "
+        "policy that learned from span rewards avoids wrong facts by lowering the <i>first</i> poor token (or the "
+        "unlabelled tokens that lead into it), so the 'poor first' column is the one that tests the method; the "
+        "'poor inside' tokens can even gain probability, because making the continuation of an already-started "
+        "phrase more fluent is credited by the value baseline. The same greedy summaries are the SFT policy's "
+        "most likely text, so every token starts near log p = 0 and can mostly only fall: compare the columns "
+        "with each other, not with zero. The investigation with measurements (GAE lambda, advantage whitening, "
+        "KL) is in benchmarks/README.md, section 'Why poor tokens can gain probability'.</p>")
+    return "".join(parts)
+
+
+def _provenance_section(versions: Mapping[str, Any] | None, commands: Sequence[str]) -> str:
+    parts = []
+    if versions:
+        rows = [("python", versions.get("python")), ("platform", versions.get("platform"))]
+        rows += [(k, v or "not installed") for k, v in (versions.get("packages") or {}).items()]
+        rows += [("environment hash (every installed package)", versions.get("environment_sha256")),
+                 ("lock file", f"{versions.get('lock_file')} ({versions.get('lock_sha256')})" if versions.get("lock_file") else "none"),
+                 ("installed versions that differ from the lock",
+                  ", ".join(f"{k} {a} (locked {b})" for k, (a, b) in versions.get("differs_from_lock", {}).items()) or "none")]
+        parts.append(_table(["", "version"], rows))
+        parts.append(f"<p>Quickstart command:</p><pre>{html.escape(versions.get('command') or '')}</pre>")
+    if commands:
+        parts.append("<p>Phase commands, in order (also in <code>../commands.sh</code>):</p><pre>"
+                     + html.escape("\n".join(c for c in commands if c.strip())) + "</pre>")
+    return "".join(parts)
 
 
 def write_report(
@@ -227,51 +375,48 @@ def write_report(
     n_samples: int,
     response_length: int,
     seed: int,
-    sft_predictions: Sequence[str] | None = None,
     grounded_spans: bool = True,
+    versions: Mapping[str, Any] | None = None,
+    commands: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Write curves.png and index.html under ``out_dir``; returns their paths and the log-prob shift summary."""
-    from text2grad.apps.quickstart.pipeline import _generate_texts, results_table
-
+    """Write curves.png, rm_confusion.png and index.html under ``out_dir``; returns their paths and the
+    log-prob shift summaries."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from text2grad.apps.quickstart.task import FactCritic
-
     critic = FactCritic(records=list(eval_records) + _rl_records(metrics_files))
     rollouts = {m: rollout_curves(Path(p).with_name("samples.jsonl"), critic) for m, p in metrics_files.items()}
     metrics = {m: _metrics(Path(p)) for m, p in metrics_files.items()}
     png = plot_curves(out_dir / "curves.png", curves, rollouts, metrics)
 
-    if sft_predictions is None:
-        sft_predictions = _generate_texts(Path(policies["sft"]), [r["prompt"] for r in eval_records], response_length, False, seed)
-    items = _token_items(eval_records, sft_predictions, policies, reward_model, len(eval_records), grounded_spans)
+    sft_generations = generate_responses(Path(policies["sft"]), [r["prompt"] for r in eval_records], response_length,
+                                         False, seed)
+    items = _token_items(eval_records, sft_generations, policies, reward_model, grounded_spans)
     trained = [p for p in policies if p != "sft"]
     shift = {p: logprob_shift(items, p) for p in trained}
-    main_shift = shift.get("nl_gradient") or (shift[trained[0]] if trained else {})
+    by_position = {p: logprob_shift_by_position(items, p) for p in trained}
+    n_tokens = {k: sum(_label_key(l) == k for it in items for l in it["labels"]) for k in ("good", "poor", "neutral")}
+    main = "nl_gradient" if "nl_gradient" in shift else (trained[0] if trained else None)
 
     # show flawed SFT summaries first: that is where token credit matters
     order = sorted(range(len(items)), key=lambda i: (not items[i]["truth"].poor_spans, i))[:n_samples]
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Text2Grad quickstart report</title>"
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Text2Grad quickstart report</title>"
              f"<style>{_CSS}</style></head><body>",
              "<h1>Text2Grad quickstart: what the reward model said, and what the policy learned</h1>",
-             "<h2>Results (eval split, greedy decoding)</h2>", _md_table_html(results_table(results))]
-    parts.append("<h2>Mean change of token log-probability after training, by reward-model label</h2>"
-                 "<p>Over the SFT policy's greedy summaries of every eval post: the same token ids scored by the SFT "
-                 "policy and by each trained policy. Text2Grad is expected to lower the tokens the reward model "
-                 "marked poor and raise those it marked good.</p><table><tr><th>policy</th><th>good tokens</th>"
-                 "<th>poor tokens</th><th>unlabelled tokens</th></tr>")
-    for p, s in shift.items():
-        parts.append(f"<tr><td>{html.escape(p)}</td>" + "".join(f"<td>{s[k]:+.3f}</td>" for k in ("good", "poor", "neutral")) + "</tr>")
-    parts.append("</table>")
-    if rm_report:
-        parts.append("<h2>Reward model on held-out annotations</h2><pre>" + html.escape(json.dumps(rm_report, indent=1)[:3000]) + "</pre>")
-    parts.append(f"<h2>Curves</h2><p>See <a href='curves.png'>curves.png</a> next to this file.</p>")
-    parts.append("<h2>Samples</h2><p class='legend'>Token colour = reward-model label: "
-                 "<span style='background:#a6dba0'>good (+1)</span><span style='background:#f4a582'>poor (-1)</span>"
-                 "<span style='background:#f0f0f0'>no label (0)</span>. Bars under each token: change of its "
-                 "log-probability from the SFT policy to "
-                 + ", ".join(f"<b>{html.escape(p)}</b> (row {i + 1})" for i, p in enumerate(trained))
-                 + " (<span style='color:#2166ac'>blue up</span>, <span style='color:#d6604d'>red down</span>; hover for values).</p>")
+             "<nav>" + "".join(f"<a href='#{a}'>{t}</a>" for a, t in _SECTIONS) + "</nav>",
+             "<h2 id='results'>Results (eval split, greedy decoding)</h2>", _md_table_html(results_table(results)),
+             "<p class='note'>fact_score = (correct - false facts) / 5 per summary; fact_recall = correct facts / 5; "
+             "n_false = false facts per summary; perfect = share of summaries with every fact right and none false.</p>",
+             "<h2 id='reward-model'>Reward model on held-out annotations</h2>", _rm_section(rm_report, out_dir),
+             "<h2 id='logprob'>Mean change of token log-probability after training, by reward-model label</h2>",
+             _logprob_section(shift, by_position, n_tokens),
+             "<h2 id='curves'>Curves</h2>",
+             f"<p><img src='{png.name}' alt='training and evaluation curves'></p>",
+             "<h2 id='samples'>Samples</h2><p class='legend'>Token colour = reward-model label: "
+             "<span style='background:#a6dba0'>good (+1)</span><span style='background:#f4a582'>poor (-1)</span>"
+             "<span style='background:#f0f0f0'>no label (0)</span>. Bars under each token: change of its "
+             "log-probability from the SFT policy to "
+             + ", ".join(f"<b>{html.escape(p)}</b> (row {i + 1})" for i, p in enumerate(trained))
+             + " (<span style='color:#2166ac'>blue up</span>, <span style='color:#d6604d'>red down</span>; hover for values).</p>"]
     for i in order:
         it = items[i]
         rec, fb, truth = it["record"], it["feedback"], it["truth"]
@@ -283,18 +428,18 @@ def write_report(
                      f" good={html.escape(json.dumps(list(fb.good_spans)))} poor={html.escape(json.dumps(list(fb.poor_spans)))}</div>"
                      f"<div><b>true critique (FactCritic)</b>{html.escape(truth.critique)}</div></div>")
         parts.append(f"<div class='tokens'>{_token_html(it, list(policies))}</div>")
+    parts.append("<h2 id='provenance'>Versions and commands that produced this report</h2>")
+    parts.append(_provenance_section(versions, commands))
     parts.append("</body></html>")
     page = out_dir / "index.html"
     page.write_text("\n".join(parts), encoding="utf-8")
-    return {"png": png, "html": page, "logprob_shift": main_shift, "logprob_shift_all": shift, "rollouts": rollouts}
+    return {"png": png, "html": page, "logprob_shift": shift.get(main, {}) if main else {},
+            "logprob_shift_all": shift, "logprob_shift_by_position": by_position.get(main, {}) if main else {},
+            "rollouts": rollouts}
 
 
 def _rl_records(metrics_files: Mapping[str, Path]) -> list[dict[str, Any]]:
     """The RL prompts (with facts) the PPO runs used, read from the data dir recorded in their config."""
-    import yaml
-
-    from text2grad.core.data import iter_jsonl
-
     for p in metrics_files.values():
         cfg_path = Path(p).with_name("ppo_config.yaml")
         if cfg_path.is_file():
@@ -307,6 +452,4 @@ def _rl_records(metrics_files: Mapping[str, Path]) -> list[dict[str, Any]]:
 def _md_table_html(md: str) -> str:
     lines = [l for l in md.splitlines() if l.strip() and not set(l.replace("|", "").strip()) <= set("-:")]
     rows = [[c.strip() for c in l.strip().strip("|").split("|")] for l in lines]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return _table(rows[0], rows[1:])

@@ -29,10 +29,11 @@ import hashlib
 import json
 import random
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from text2grad.core.config import config_field
 from text2grad.core.feedback import Feedback
 
 __all__ = [
@@ -126,14 +127,15 @@ PROMPT_SUFFIX = "\nTL;DR:"
 class TaskConfig:
     """Sizes and noise rates of the generated task."""
 
-    seed: int = field(default=0, metadata={"help": "Seed of the generator (splits, wording, noise)."})
-    n_train: int = field(default=1200, metadata={"help": "Posts in the SFT/annotation split."})
-    n_rl: int = field(default=256, metadata={"help": "Posts in the RL split (prompts for policy optimization)."})
-    n_eval: int = field(default=128, metadata={"help": "Posts in the eval split."})
-    p_omit: float = field(default=0.1, metadata={"help": "Per-slot chance the SFT summary omits the fact."})
-    p_wrong: float = field(default=0.15, metadata={"help": "Per-slot chance the SFT summary states it wrongly."})
-    p_distractor: float = field(
-        default=0.6, metadata={"help": "Share of wrong facts that copy the post's distractor (the rest are invented)."}
+    seed: int = config_field(0, "Seed of the generator (splits, wording, noise).")
+    n_train: int = config_field(1200, "Posts in the SFT/annotation split.")
+    n_rl: int = config_field(256, "Posts in the RL split (prompts for policy optimization).")
+    n_eval: int = config_field(128, "Posts in the eval split.")
+    p_omit: float = config_field(0.1, "Per-slot chance the SFT summary omits the fact.")
+    p_wrong: float = config_field(0.15, "Per-slot chance the SFT summary states it wrongly.")
+    p_distractor: float = config_field(
+        0.6,
+        "Share of wrong facts that copy the post's distractor (the rest are invented).",
     )
 
 

@@ -1,0 +1,139 @@
+"""The quickstart's configuration: `QuickstartConfig` (one field per knob, with help), size presets, `resolve`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from text2grad.core.config import config_field
+
+__all__ = ["QuickstartConfig", "PRESETS", "Preset", "resolve"]
+
+Preset = Literal["ci", "default", "large"]
+
+
+@dataclass
+class QuickstartConfig:
+    """The embedded default: a complete offline Text2Grad run on a generated toy task.
+
+    Fields left at None take their value from the preset (see PRESETS); set them to override one knob.
+    """
+
+    output_dir: str = config_field("runs/quickstart", "Where data, models, metrics and the report go.")
+    preset: Preset = config_field("default", "Size preset: ci (smoke test, ~1-3 min), default (~6.5 min on 2 idle cores), large.")
+    seed: int = config_field(0, "Seed of the task generator, the tiny models and every phase.")
+    ppo_seed: int | None = config_field(None, "Seed of policy optimization only (default: seed); the benchmark varies it.")
+    cache_dir: str | None = config_field(
+        None, "Cache of trained policies and reward models, keyed by their config (default: $TEXT2GRAD_CACHE or "
+        "~/.cache/text2grad/quickstart). A second run with the same settings skips those phases."
+    )
+    no_cache: bool = config_field(False, "Retrain the policy and reward model even if a cached one exists.")
+    modes: list[str] = config_field(["nl_gradient", "scalar"], "Reward modes to train, side by side with the same settings.")
+
+    # ---- data
+    data_dir: str | None = config_field(None, "Use train/rl/eval.jsonl from this directory (quickstart task format) instead of generating.")
+    n_train: int | None = config_field(None, "Generated SFT/annotation posts.")
+    n_rl: int | None = config_field(None, "Generated RL prompts.")
+    n_eval: int | None = config_field(None, "Generated eval posts.")
+
+    # ---- policy
+    policy_model: str | None = config_field(None, "Base policy (hub id or path) to fine-tune instead of the tiny Llama.")
+    sft_model: str | None = config_field(None, "An already fine-tuned policy (hub id or path): skips tokenizer, model and SFT.")
+    vocab_size: int | None = config_field(None, "Tokenizer vocabulary of the tiny policy.")
+    hidden_size: int | None = config_field(None, "Hidden size of the tiny Llama.")
+    num_layers: int | None = config_field(None, "Layers of the tiny Llama.")
+    sft_steps: int | None = config_field(None, "SFT optimizer steps (the end of this run is the reward model's base).")
+    policy_sft_steps: int | None = config_field(
+        None, "PPO starts from the SFT checkpoint at this step (default: half of sft_steps): a policy that still "
+        "gets facts wrong, leaving room for RL. The reward model starts from the end of the same SFT run, which "
+        "checks facts more reliably (reward models are usually at least as strong as the policy). Equal to "
+        "sft_steps: one model for both."
+    )
+    sft_learning_rate: float | None = config_field(None, "SFT learning rate.")
+    sft_args: list[str] = config_field([], "Extra flags for policy_optimization.sft (JSON list), e.g. '[\"--use_lora\", \"true\"]'.")
+
+    # ---- annotation and reward model
+    critic: str = config_field("text2grad.apps.quickstart.task:FactCritic", "Annotation critic (annotation.cli --critic).")
+    critic_kwargs: dict[str, Any] | None = config_field(None, "Critic kwargs (default: the FactCritic reads the train split).")
+    annotation_args: list[str] = config_field([], "Extra flags for annotation.cli (JSON list), e.g. for --critic llm: "
+                                    "'[\"--model\", \"gpt-4o\", \"--dataset\", \"slf5k\"]'.")
+    n_annotations: int | None = config_field(None, "Responses to annotate (half SFT-policy samples, half noisy summaries).")
+    rm_p_wrong: float = config_field(0.4, "Per-fact error rate of the generated half of the reward model's training responses.")
+    rm_base_model: str | None = config_field(None, "Base of the reward model (default: the SFT policy).")
+    reward_model: str | None = config_field(None, "An already trained reward model: skips annotation and RM training.")
+    rm_steps: int | None = config_field(None, "Reward-model optimizer steps.")
+    rm_learning_rate: float | None = config_field(None, "Reward-model learning rate.")
+    rm_args: list[str] = config_field([], "Extra flags for reward_model.train (JSON list).")
+    grounded_spans: bool = config_field(
+        True, "Grounded span decoding for the reward model's feedback during PPO and in its evaluation: every "
+        "quote is forced to be a substring of the response (reward_model.inference, text2grad.core.generation)."
+    )
+
+    # ---- policy optimization
+    ppo_feedback: Literal["reward_model", "critic"] = config_field(
+        "reward_model", "Feedback source of policy optimization: the trained reward model (the method), or the "
+        "annotation critic itself (an oracle ablation that separates reward-model quality from the RL algorithm)."
+    )
+    ppo_iterations: int | None = config_field(None, "PPO iterations per mode.")
+    ppo_batch_size: int | None = config_field(None, "Rollouts per PPO iteration.")
+    ppo_learning_rate: float | None = config_field(None, "PPO learning rate (full fine-tuning of the tiny policy).")
+    kl_coef: float | None = config_field(None, "KL penalty coefficient (fixed).")
+    eval_every: int | None = config_field(None, "Evaluate the policy every N PPO iterations (PPO runs in chunks with --resume auto).")
+    ppo_args: list[str] = config_field([], "Extra flags for policy_optimization.train (JSON list).")
+
+    # ---- defences against reward-model exploitation (off by default; measured in benchmarks/README.md)
+    early_stopping: bool = config_field(
+        False, "At every eval point, score the policy's greedy summaries of the validation split (n_val posts in "
+        "no other split) with the critic's fact score, and end each mode with its best point (the SFT policy, "
+        "iteration 0, included). The eval split is never used to choose."
+    )
+    n_val: int = config_field(48, "Generated validation posts (val.jsonl), used by early_stopping.")
+    rm_refresh: bool = config_field(
+        False, "After every chunk of eval_every PPO iterations, the critic annotates that chunk's rollouts and the "
+        "reward model is trained on them for rm_refresh_steps more steps (plus as many of its original "
+        "annotations, replayed), so it learns the mistakes the policy is drifting into. Each mode refreshes its own copy."
+    )
+    rm_refresh_steps: int = config_field(40, "Optimizer steps of each reward-model refresh (batch 16).")
+
+    # ---- evaluation and report
+    response_length: int = config_field(40, "Max new tokens of a summary.")
+    n_report_samples: int = config_field(8, "Eval responses shown token by token in the HTML report.")
+
+
+# Preset values for every None field above. ``default`` is sized for < 10 min on a 2-core CPU.
+PRESETS: dict[str, dict[str, Any]] = {
+    "ci": dict(
+        n_train=160, n_rl=32, n_eval=16, vocab_size=420, hidden_size=32, num_layers=2, sft_steps=12,
+        sft_learning_rate=3e-3, n_annotations=48, rm_steps=8, rm_learning_rate=2e-3, ppo_iterations=4,
+        ppo_batch_size=8, ppo_learning_rate=3e-4, kl_coef=0.05, eval_every=2,
+    ),
+    "default": dict(
+        n_train=2000, n_rl=256, n_eval=100, vocab_size=800, hidden_size=128, num_layers=2, sft_steps=1200,
+        sft_learning_rate=3e-3, n_annotations=3000, rm_steps=800, rm_learning_rate=2e-3, ppo_iterations=30,
+        ppo_batch_size=16, ppo_learning_rate=1e-4, kl_coef=0.1, eval_every=10,
+    ),
+    "large": dict(
+        n_train=4000, n_rl=1024, n_eval=300, vocab_size=1000, hidden_size=192, num_layers=4, sft_steps=2000,
+        sft_learning_rate=2e-3, n_annotations=3000, rm_steps=1500, rm_learning_rate=1e-3, ppo_iterations=150,
+        ppo_batch_size=32, ppo_learning_rate=1e-4, kl_coef=0.1, eval_every=25,
+    ),
+}
+
+def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
+    """Fill None fields from the preset; check the result."""
+    if cfg.preset not in PRESETS:
+        raise ValueError(f"preset must be one of {list(PRESETS)}, got {cfg.preset!r}")
+    values = {k: v for k, v in PRESETS[cfg.preset].items() if getattr(cfg, k) is None}
+    out = replace(cfg, **values)
+    if out.ppo_seed is None:
+        out = replace(out, ppo_seed=out.seed)
+    if out.policy_sft_steps is None:
+        out = replace(out, policy_sft_steps=max(1, out.sft_steps // 2))
+    bad = [m for m in out.modes if m not in ("nl_gradient", "scalar", "dense", "mixed")]
+    if bad or not out.modes:
+        raise ValueError(f"modes must be a non-empty list of nl_gradient, scalar, dense, mixed; got {out.modes}")
+    if out.ppo_iterations < 1 or out.eval_every < 1 or out.n_val < 1 or out.rm_refresh_steps < 1:
+        raise ValueError("ppo_iterations, eval_every, n_val and rm_refresh_steps must be >= 1")
+    if not 1 <= out.policy_sft_steps <= out.sft_steps:
+        raise ValueError(f"policy_sft_steps must be between 1 and sft_steps ({out.sft_steps}); got {out.policy_sft_steps}")
+    return out

@@ -1,0 +1,162 @@
+"""What a quickstart run measured, how it is printed, and which installed versions produced it.
+
+Shared by the pipeline (`text2grad.apps.quickstart.pipeline`) and the report (`text2grad.apps.quickstart.report`),
+so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import platform
+import re
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from text2grad.apps.evaluation.summarization import bleu, rouge_scores
+from text2grad.apps.quickstart.task import fact_accuracy
+from text2grad.core.generation import Generation, generate
+from text2grad.core.modeling import load_causal_lm, load_tokenizer
+
+__all__ = [
+    "KEY_PACKAGES",
+    "LOCK_FILE",
+    "generate_responses",
+    "evaluate_policy",
+    "installed_versions",
+    "read_lock",
+    "results_table",
+    "print_results",
+    "flatten",
+]
+
+# The lock (constraints) file env.sh installs with by default (see env.sh and README "Reproducible installs").
+LOCK_FILE = Path(__file__).resolve().parents[3] / "constraints.txt"
+# Packages whose versions change the quickstart's numbers (numerics, tokenization, data order, metrics).
+KEY_PACKAGES = ("torch", "transformers", "tokenizers", "accelerate", "numpy", "safetensors", "peft", "datasets",
+                "rouge-score", "sacrebleu", "deepspeed", "trl")
+
+
+def generate_responses(model_path: Path, prompts: list[str], max_new_tokens: int, do_sample: bool, seed: int,
+                       batch_size: int = 64) -> list[Generation]:
+    """Summaries of ``prompts`` by the policy at ``model_path``, with their exact token ids."""
+    import torch
+
+    tokenizer = load_tokenizer(str(model_path))
+    model = load_causal_lm(str(model_path)).eval()
+    torch.manual_seed(seed)
+    return generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                    do_sample=do_sample, temperature=1.0, show_progress=True)
+
+
+def evaluate_policy(model_path: Path, records: list[dict[str, Any]], max_new_tokens: int) -> tuple[dict[str, float], list[str]]:
+    """Greedy summaries of the eval posts, scored by fact accuracy, ROUGE and BLEU against the references."""
+    preds = [g.text for g in generate_responses(model_path, [r["prompt"] for r in records], max_new_tokens, False, 0)]
+    refs = [r["reference"].strip() for r in records]
+    scores = dict(fact_accuracy(records, preds))
+    rouge = rouge_scores([p.strip() for p in preds], refs)
+    scores.update({k: float(v) for k, v in rouge.items()})
+    scores["bleu"] = float(bleu([p.strip() for p in preds], refs))
+    return scores, preds
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_lock(path: Path = LOCK_FILE) -> dict[str, str]:
+    """``{normalized name: version}`` of the ``name==version`` lines of a constraints file ({} if absent)."""
+    if not path.is_file():
+        return {}
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            pins[_normalize(name.strip())] = version.strip()
+    return pins
+
+
+def installed_versions(lock: Path = LOCK_FILE) -> dict[str, Any]:
+    """The Python, platform and package versions of this process, and how they compare with the lock file.
+
+    ``environment_sha256`` hashes every installed ``name==version`` (sorted), so two results files with the
+    same value came from the same set of packages; ``differs_from_lock`` lists ``{name: [installed, locked]}``
+    for locked packages installed at another version (torch is pinned by env.sh's TORCH_SPEC, not the lock, so
+    its local build label such as ``+cpu`` is ignored) and ``missing_from_lock`` installed packages the lock
+    does not pin (the project itself excluded).
+    """
+    dists = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            dists[_normalize(name)] = dist.version
+    pins = read_lock(lock)
+    differs = {}
+    for name, locked in pins.items():
+        have = dists.get(name)
+        if have is not None and have != locked and have.split("+")[0] != locked:
+            differs[name] = [have, locked]
+    missing = sorted(n for n in dists if n not in pins and n not in ("text2grad", "torch"))
+    frozen = "\n".join(f"{n}=={v}" for n, v in sorted(dists.items()) if n != "text2grad")
+    return {
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "packages": {name: dists.get(_normalize(name)) for name in KEY_PACKAGES},
+        "environment_sha256": hashlib.sha256(frozen.encode()).hexdigest()[:16],
+        "lock_file": str(lock.name) if lock.is_file() else None,
+        "lock_sha256": hashlib.sha256(lock.read_bytes()).hexdigest()[:16] if lock.is_file() else None,
+        "differs_from_lock": differs,
+        "missing_from_lock": missing,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+    }
+
+
+_NAMES = {"sft": "SFT policy", "scalar": "scalar PPO", "nl_gradient": "Text2Grad (NL-gradient PPO)",
+          "dense": "dense PPO", "mixed": "mixed PPO"}
+
+
+def results_table(results: Mapping[str, Mapping[str, float]]) -> str:
+    """Markdown table of the final evaluation, one row per policy."""
+    cols = ["fact_score", "fact_recall", "n_false", "perfect", "rouge1", "rouge2", "rougeL", "bleu"]
+    cols = [c for c in cols if all(c in r for r in results.values())]
+    lines = ["| policy | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for name, r in results.items():
+        lines.append(f"| {_NAMES.get(name, name)} | " + " | ".join(f"{r[c]:.3f}" for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def print_results(summary: Mapping[str, Any]) -> None:
+    print(f"\n{'=' * 100}\nResults on {summary['config']['n_eval']} eval posts (greedy decoding)\n{'=' * 100}")
+    print(results_table(summary["results"]))
+    flat = flatten(summary.get("reward_model_eval") or {})
+    keys = [k for k in flat if any(s in k for s in ("json_valid", "unmatched", "token_f1", "token_precision", "token_recall"))]
+    if keys:
+        print("\nreward model (held-out annotations): " + ", ".join(f"{k} {flat[k]:.3f}" for k in keys[:8]))
+    shift = summary.get("logprob_shift") or {}
+    if shift:
+        print("mean change of token log-prob after Text2Grad, by the reward model's label: "
+              + ", ".join(f"{k} {v:+.3f}" for k, v in shift.items()))
+    versions = summary.get("versions") or {}
+    if versions:
+        pk = versions["packages"]
+        print(f"\ninstalled: python {versions['python']}, torch {pk.get('torch')}, transformers {pk.get('transformers')}, "
+              f"tokenizers {pk.get('tokenizers')}; environment {versions['environment_sha256']}; "
+              + (f"differs from {versions['lock_file']}: {versions['differs_from_lock']}" if versions["differs_from_lock"]
+                 else f"matches {versions['lock_file']}" if versions["lock_file"] else "no lock file"))
+    print(f"\ntotal time {summary['total_seconds']:.0f} s; stages: "
+          + ", ".join(f"{k} {v:.0f}s" for k, v in summary["stage_seconds"].items()))
+    print(f"curves: {summary['png']}\nreport: {summary['html']}")
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, float]:
+    """Finite numbers of a nested dict as ``{"a.b.c": value}``."""
+    out: dict[str, float] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flatten(v, f"{prefix}{k}." if not isinstance(v, (int, float)) else f"{prefix}{k}"))
+    elif isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d):
+        out[prefix.rstrip(".")] = float(d)
+    return out
