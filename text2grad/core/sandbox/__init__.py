@@ -91,6 +91,9 @@ What is not covered
 * Concurrent runs of one worker share its network namespace (no interfaces, but abstract Unix sockets are
   per network namespace, so two concurrent runs could talk to each other that way) and the interpreter's
   hash seed (the iteration order of a set of strings is the same from run to run; ``random`` reseeds).
+* The worker's memory is inherited by every program it forks. It holds nothing secret (the harness sends it
+  directories, limits, uids and run ids, never code, data or the caller's environment), but a program can find
+  the specs of earlier runs there.
 * Degraded platforms: see "When a layer is not available".
 """
 

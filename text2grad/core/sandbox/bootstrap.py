@@ -313,6 +313,7 @@ def _print_uncaught(exc: BaseException) -> None:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next  # our frames are not the program's
+    exc.__traceback__ = tb  # CPython's hook prints the exception's own traceback, not its argument
     try:
         sys.excepthook(type(exc), exc, tb)
     except BaseException:  # noqa: BLE001 - a broken hook: print it plainly
