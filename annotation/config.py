@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
+from text2grad.core.config import config_field
 from text2grad.core.critics import CRITICS as REGISTERED_CRITICS
 
 __all__ = ["AnnotationConfig", "DATASETS", "CRITICS", "DEFAULT_FIELD_MAPS", "REQUIRED_FIELDS"]
@@ -37,147 +38,150 @@ class AnnotationConfig:
     """Annotate (prompt, response) records with a critique and good/poor spans (Text2Grad phase 1)."""
 
     # --- data -------------------------------------------------------------------------------------
-    input: str = field(
-        default="",
-        metadata={"help": "Records to annotate: a .jsonl or .json file, a directory saved with "
-                  "datasets' save_to_disk, or a Hugging Face hub dataset id."},
+    input: str = config_field(
+        "",
+        "Records to annotate: a .jsonl or .json file, a directory saved with "
+        "datasets' save_to_disk, or a Hugging Face hub dataset id.",
     )
-    output: str = field(
-        default="",
-        metadata={"help": "Annotation records are appended here (JSONL, one line per record id). Rerunning the "
-                  "same command resumes: ids already in this file or in the failures file are skipped."},
+    output: str = config_field(
+        "",
+        "Annotation records are appended here (JSONL, one line per record id). Rerunning the "
+        "same command resumes: ids already in this file or in the failures file are skipped.",
     )
-    failures: Optional[str] = field(
-        default=None,
-        metadata={"help": "Records that could not be annotated, with the reason (JSONL). Default: "
-                  "<output>.failures.jsonl."},
+    failures: str | None = config_field(
+        None,
+        "Records that could not be annotated, with the reason (JSONL). Default: "
+        "<output>.failures.jsonl.",
     )
-    report: Optional[str] = field(
-        default=None,
-        metadata={"help": "Where the run's report (counts, tokens, cost) is written as JSON. Default: "
-                  "<output>.report.json."},
+    report: str | None = config_field(
+        None,
+        "Where the run's report (counts, tokens, cost) is written as JSON. Default: "
+        "<output>.report.json.",
     )
-    dataset: Literal["slf5k", "ultrafeedback", "kodcode"] = field(
-        default="ultrafeedback",
-        metadata={"help": "Which dataset's prompt template and default field mapping to use "
-                  "(ultrafeedback is the general question-answering template)."},
+    dataset: Literal["slf5k", "ultrafeedback", "kodcode"] = config_field(
+        "ultrafeedback",
+        "Which dataset's prompt template and default field mapping to use "
+        "(ultrafeedback is the general question-answering template).",
     )
-    split: str = field(default="train", metadata={"help": "Split to read from a hub dataset or a DatasetDict."})
-    field_map: dict[str, str] = field(
-        default_factory=dict,
-        metadata={"help": "JSON object mapping our field names (prompt, response; feedback for --critic human; "
-                  "tests for --critic code_tests) to the input's field names, e.g. "
-                  "'{\"prompt\": \"post\", \"response\": \"summary\"}'. Merged over the dataset's defaults."},
+    split: str = config_field("train", "Split to read from a hub dataset or a DatasetDict.")
+    field_map: dict[str, str] = config_field(
+        {},
+        "JSON object mapping our field names (prompt, response; feedback for --critic human; "
+        "tests for --critic code_tests) to the input's field names, e.g. "
+        "'{\"prompt\": \"post\", \"response\": \"summary\"}'. Merged over the dataset's defaults.",
     )
-    limit: Optional[int] = field(default=None, metadata={"help": "Annotate only the first N input records."})
-    retry_failures: bool = field(
-        default=False,
-        metadata={"help": "Also retry records listed in the failures file (they are removed from it first)."},
+    limit: int | None = config_field(None, "Annotate only the first N input records.")
+    retry_failures: bool = config_field(
+        False,
+        "Also retry records listed in the failures file (they are removed from it first).",
     )
 
     # --- critic -----------------------------------------------------------------------------------
-    critic: str = field(
-        default="llm",
-        metadata={"help": "The critic that writes the feedback (same names as PPO's --feedback_source): 'llm' (an "
-                  "OpenAI-compatible model critiques the response), 'human' (the record's human feedback is the "
-                  "critique; the LLM grounds it in exact spans), 'code_tests' (run the response against the "
-                  "record's unit tests in the sandbox), 'reference' (agreement with the record's reference "
-                  "summary), 'reward_model' (a trained reward model; critic_kwargs {\"path\": ...}), or "
-                  "'package.module:ClassName' for any FeedbackSource class, built with critic_kwargs."},
+    critic: str = config_field(
+        "llm",
+        "The critic that writes the feedback (same names as PPO's --feedback_source): 'llm' (an "
+        "OpenAI-compatible model critiques the response), 'human' (the record's human feedback is the "
+        "critique; the LLM grounds it in exact spans), 'code_tests' (run the response against the "
+        "record's unit tests in the sandbox), 'reference' (agreement with the record's reference "
+        "summary), 'reward_model' (a trained reward model; critic_kwargs {\"path\": ...}), or "
+        "'package.module:ClassName' for any FeedbackSource class, built with critic_kwargs.",
     )
-    critic_kwargs: dict[str, Any] = field(
-        default_factory=dict,
-        metadata={"help": "JSON object of keyword arguments for the critic (for registry critics and custom classes)."},
+    critic_kwargs: dict[str, Any] = config_field(
+        {},
+        "JSON object of keyword arguments for the critic (for registry critics and custom classes).",
     )
-    cot: bool = field(
-        default=True,
-        metadata={"help": "Chain-of-thought prompt (reason step by step, then critique, then spans justified by "
-                  "the critique). false: the no-CoT prompt asks for spans directly."},
+    cot: bool = config_field(
+        True,
+        "Chain-of-thought prompt (reason step by step, then critique, then spans justified by "
+        "the critique). false: the no-CoT prompt asks for spans directly.",
     )
-    prompt_template: Optional[str] = field(
-        default=None,
-        metadata={"help": "A YAML file with 'system' and 'user' templates ({prompt}, {response}, and {feedback} "
-                  "for --critic human) to use instead of the built-in one."},
+    prompt_template: str | None = config_field(
+        None,
+        "A YAML file with 'system' and 'user' templates ({prompt}, {response}, and {feedback} "
+        "for --critic human) to use instead of the built-in one.",
     )
 
     # --- model and API ----------------------------------------------------------------------------
-    model: str = field(default="gpt-4o", metadata={"help": "Model name (the deployment name on Azure)."})
-    base_url: Optional[str] = field(
-        default=None,
-        metadata={"help": "Any OpenAI-compatible server, e.g. http://localhost:8000/v1 for vLLM. Default: "
-                  "the OpenAI API (or $OPENAI_BASE_URL)."},
+    model: str = config_field("gpt-4o", "Model name (the deployment name on Azure).")
+    base_url: str | None = config_field(
+        None,
+        "Any OpenAI-compatible server, e.g. http://localhost:8000/v1 for vLLM. Default: "
+        "the OpenAI API (or $OPENAI_BASE_URL).",
     )
-    api_key_env: str = field(
-        default="OPENAI_API_KEY",
-        metadata={"help": "Name of the environment variable holding the API key (the key itself is never "
-                  "taken as a flag, logged or written). With a --base_url and no key set, a placeholder is "
-                  "sent (local servers usually need none)."},
+    api_key_env: str = config_field(
+        "OPENAI_API_KEY",
+        "Name of the environment variable holding the API key (the key itself is never "
+        "taken as a flag, logged or written). With a --base_url and no key set, a placeholder is "
+        "sent (local servers usually need none).",
     )
-    azure: bool = field(
-        default=False,
-        metadata={"help": "Use Azure OpenAI: endpoint from --azure_endpoint or $AZURE_OPENAI_ENDPOINT, API "
-                  "version from --azure_api_version or $OPENAI_API_VERSION, key from $AZURE_OPENAI_API_KEY "
-                  "(or the --api_key_env variable); --model is the deployment name."},
+    azure: bool = config_field(
+        False,
+        "Use Azure OpenAI: endpoint from --azure_endpoint or $AZURE_OPENAI_ENDPOINT, API "
+        "version from --azure_api_version or $OPENAI_API_VERSION, key from $AZURE_OPENAI_API_KEY "
+        "(or the --api_key_env variable); --model is the deployment name.",
     )
-    azure_endpoint: Optional[str] = field(default=None, metadata={"help": "Azure OpenAI endpoint URL."})
-    azure_api_version: Optional[str] = field(default=None, metadata={"help": "Azure OpenAI API version."})
-    temperature: float = field(default=0.0, metadata={"help": "Sampling temperature of the annotator."})
-    max_tokens: int = field(default=1024, metadata={"help": "Maximum tokens in one annotator answer."})
-    seed: Optional[int] = field(
-        default=0,
-        metadata={"help": "Sent to the API as 'seed' (best-effort determinism) and seeds the backoff jitter."},
+    azure_endpoint: str | None = config_field(None, "Azure OpenAI endpoint URL.")
+    azure_api_version: str | None = config_field(None, "Azure OpenAI API version.")
+    temperature: float = config_field(0.0, "Sampling temperature of the annotator.")
+    max_tokens: int = config_field(1024, "Maximum tokens in one annotator answer.")
+    seed: int | None = config_field(
+        0,
+        "Sent to the API as 'seed' (best-effort determinism) and seeds the backoff jitter.",
     )
 
     # --- throughput and robustness ----------------------------------------------------------------
-    concurrency: int = field(default=8, metadata={"help": "Records annotated at the same time."})
-    max_retries: int = field(
-        default=2,
-        metadata={"help": "Re-asks when an answer cannot be parsed as span JSON (the model is shown the error); "
-                  "after that the record goes to the failures file."},
+    concurrency: int = config_field(8, "Records annotated at the same time.")
+    max_retries: int = config_field(
+        2,
+        "Re-asks when an answer cannot be parsed as span JSON (the model is shown the error); "
+        "after that the record goes to the failures file.",
     )
-    max_api_retries: int = field(
-        default=6,
-        metadata={"help": "Retries of one request on 408/409/429/5xx, timeouts and dropped connections."},
+    max_api_retries: int = config_field(
+        6,
+        "Retries of one request on 408/409/429/5xx, timeouts and dropped connections.",
     )
-    backoff_base_s: float = field(
-        default=1.0,
-        metadata={"help": "First retry waits about this long; each further retry doubles it (with jitter). A "
-                  "Retry-After header from the server takes precedence."},
+    backoff_base_s: float = config_field(
+        1.0,
+        "First retry waits about this long; each further retry doubles it (with jitter). A "
+        "Retry-After header from the server takes precedence.",
     )
-    backoff_max_s: float = field(default=60.0, metadata={"help": "Cap on one exponential-backoff wait."})
-    retry_after_max_s: float = field(
-        default=600.0, metadata={"help": "Cap on one wait requested by a Retry-After header."}
+    backoff_max_s: float = config_field(60.0, "Cap on one exponential-backoff wait.")
+    retry_after_max_s: float = config_field(
+        600.0,
+        "Cap on one wait requested by a Retry-After header.",
     )
-    timeout_s: float = field(default=120.0, metadata={"help": "Timeout of one API request, in seconds."})
-    max_requests: Optional[int] = field(
-        default=None,
-        metadata={"help": "Stop cleanly after this many API requests (retries count). Unfinished records are "
-                  "left for the next run."},
+    timeout_s: float = config_field(120.0, "Timeout of one API request, in seconds.")
+    max_requests: int | None = config_field(
+        None,
+        "Stop cleanly after this many API requests (retries count). Unfinished records are "
+        "left for the next run.",
     )
-    max_cost_usd: Optional[float] = field(
-        default=None,
-        metadata={"help": "Stop cleanly before the estimated cost (tokens x prices below) would exceed this. "
-                  "Requests in flight are reserved at the average cost so far."},
+    max_cost_usd: float | None = config_field(
+        None,
+        "Stop cleanly before the estimated cost (tokens x prices below) would exceed this. "
+        "Requests in flight are reserved at the average cost so far.",
     )
-    price_per_1k_input: float = field(
-        default=0.0025, metadata={"help": "USD per 1,000 prompt tokens (default: gpt-4o's list price)."}
+    price_per_1k_input: float = config_field(
+        0.0025,
+        "USD per 1,000 prompt tokens (default: gpt-4o's list price).",
     )
-    price_per_1k_output: float = field(
-        default=0.01, metadata={"help": "USD per 1,000 completion tokens (default: gpt-4o's list price)."}
+    price_per_1k_output: float = config_field(
+        0.01,
+        "USD per 1,000 completion tokens (default: gpt-4o's list price).",
     )
 
-    fsync_interval_s: float = field(
-        default=1.0,
-        metadata={"help": "Each finished record is appended at once as one complete line (it survives kill -9); "
-                  "lines reach the disk itself (fsync, surviving a power cut) in batches at most this many "
-                  "seconds apart and at the end. 0: fsync after every record."},
+    fsync_interval_s: float = config_field(
+        1.0,
+        "Each finished record is appended at once as one complete line (it survives kill -9); "
+        "lines reach the disk itself (fsync, surviving a power cut) in batches at most this many "
+        "seconds apart and at the end. 0: fsync after every record.",
     )
 
     # --- code_tests critic ------------------------------------------------------------------------
-    test_timeout_s: float = field(default=10.0, metadata={"help": "code_tests: time limit of one test run."})
-    test_memory_mb: int = field(default=1024, metadata={"help": "code_tests: memory limit of one test run."})
+    test_timeout_s: float = config_field(10.0, "code_tests: time limit of one test run.")
+    test_memory_mb: int = config_field(1024, "code_tests: memory limit of one test run.")
 
-    progress: bool = field(default=True, metadata={"help": "Show a progress bar with rate and ETA (stderr)."})
+    progress: bool = config_field(True, "Show a progress bar with rate and ETA (stderr).")
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

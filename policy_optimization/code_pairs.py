@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from policy_optimization.sft import _f
+from text2grad.core.config import config_field
 from text2grad.core.critics import extract_code
 
 __all__ = ["CodePairsConfig", "build_pairs", "main"]
@@ -35,19 +35,19 @@ __all__ = ["CodePairsConfig", "build_pairs", "main"]
 class CodePairsConfig:
     """Chosen/rejected program pairs from unit tests run in the sandbox."""
 
-    input: str = _f("", "Records with a question, unit tests and candidate programs: .jsonl/.json, saved dataset or hub id.")
-    output: str = _f("", "Where the pairs go (JSONL with id, question, chosen, rejected and the verdicts).")
-    dataset_split: str = _f("train", "Split for hub datasets.")
-    field_map: dict[str, str] = _f({}, "Rename record fields, {our_name: their_name}.")
-    question_field: str = _f("question", "The field holding the problem statement.")
-    tests_field: str = _f("test", "The field holding the unit tests (pytest-style module or plain asserts).")
-    candidate_fields: list[str] = _f(["solution"], "Fields holding candidate programs (a string or a list each).")
-    max_pairs_per_question: int = _f(1, "At most this many pairs per question.")
-    timeout_s: float = _f(10.0, "Time limit of one candidate's test run in the sandbox.")
-    memory_mb: int = _f(1024, "Address-space limit of one test run.")
-    workers: int = _f(2, "Test runs in parallel (each is its own sandboxed process tree).")
-    max_samples: int | None = _f(None, "Use only the first N records.")
-    progress_bar: bool = _f(True, "Show a progress bar over the test runs.")
+    input: str = config_field("", "Records with a question, unit tests and candidate programs: .jsonl/.json, saved dataset or hub id.")
+    output: str = config_field("", "Where the pairs go (JSONL with id, question, chosen, rejected and the verdicts).")
+    dataset_split: str = config_field("train", "Split for hub datasets.")
+    field_map: dict[str, str] = config_field({}, "Rename record fields, {our_name: their_name}.")
+    question_field: str = config_field("question", "The field holding the problem statement.")
+    tests_field: str = config_field("test", "The field holding the unit tests (pytest-style module or plain asserts).")
+    candidate_fields: list[str] = config_field(["solution"], "Fields holding candidate programs (a string or a list each).")
+    max_pairs_per_question: int = config_field(1, "At most this many pairs per question.")
+    timeout_s: float = config_field(10.0, "Time limit of one candidate's test run in the sandbox.")
+    memory_mb: int = config_field(1024, "Address-space limit of one test run.")
+    workers: int = config_field(2, "Test runs in parallel (each is its own sandboxed process tree).")
+    max_samples: int | None = config_field(None, "Use only the first N records.")
+    progress_bar: bool = config_field(True, "Show a progress bar over the test runs.")
 
     def __post_init__(self) -> None:
         from text2grad.core.config import ConfigError

@@ -14,10 +14,10 @@ sees ``batch_size * N`` episodes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from text2grad.core.config import literal_choices
+from text2grad.core.config import config_field, literal_choices
 
 __all__ = ["PPOConfig", "REWARD_MODES", "SCALAR_SOURCES"]
 
@@ -28,76 +28,70 @@ SCALAR_SOURCES = {
 }
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
-
-
 @dataclass
 class PPOConfig:
     """NL-Gradient PPO: token-level rewards from natural-language feedback (Text2Grad, Sec. 3.5)."""
 
     # ---- models ------------------------------------------------------------------------------------
-    model_name_or_path: str = _f("", "Policy base model: hub id or local directory.")
-    adapter: str | None = _f(
+    model_name_or_path: str = config_field("", "Policy base model: hub id or local directory.")
+    adapter: str | None = config_field(
         None,
         "LoRA adapter to start from (e.g. the SFT output). It is merged into the base weights; with use_lora "
         "the merged model is saved once to <output_dir>/base_merged so the final PPO adapter has a loadable base.",
     )
-    tokenizer_name_or_path: str | None = _f(None, "Tokenizer (default: model_name_or_path, or the adapter dir).")
-    ref_model_name_or_path: str | None = _f(
+    tokenizer_name_or_path: str | None = config_field(None, "Tokenizer (default: model_name_or_path, or the adapter dir).")
+    ref_model_name_or_path: str | None = config_field(
         None,
         "Separate reference policy. Default: the policy with its LoRA adapter disabled (no second copy in memory); "
         "without LoRA, a frozen copy of the initial policy.",
     )
-    value_model_name_or_path: str | None = _f(
+    value_model_name_or_path: str | None = config_field(
         None,
         "Backbone of the value model (a separate causal LM with a scalar head; must share the policy's tokenizer). "
         "Default: the policy's model. A smaller model of the same family saves memory.",
     )
-    value_model: Literal["auto", "shared_backbone", "separate"] = _f(
+    value_model: Literal["auto", "shared_backbone", "separate"] = config_field(
         "auto",
         "Value function design. shared_backbone: a scalar head on the policy's own last hidden state (one forward "
         "pass, no second model; value gradients also train the policy's LoRA adapter). separate: a second backbone "
         "with a head (value_model_name_or_path). auto: shared_backbone for LoRA runs without "
         "value_model_name_or_path, else separate. Memory of both: benchmarks/README.md.",
     )
-    dtype: str = _f("auto", "Weights dtype: auto, bf16, fp16 or fp32 (or bfloat16, float16, float32).")
-    use_lora: bool = _f(True, "Train a LoRA adapter on the policy (peft) instead of all weights.")
-    lora_r: int = _f(16, "LoRA rank.")
-    lora_alpha: int = _f(32, "LoRA alpha.")
-    lora_dropout: float = _f(0.0, "LoRA dropout (dropout is disabled during PPO anyway, see README).")
-    lora_target_modules: list[str] = _f(["all-linear"], "Modules LoRA adapts; ['all-linear'] means every linear layer.")
-    gradient_checkpointing: bool = _f(False, "Gradient checkpointing for the policy and value backbones.")
+    dtype: str = config_field("auto", "Weights dtype: auto, bf16, fp16 or fp32 (or bfloat16, float16, float32).")
+    use_lora: bool = config_field(True, "Train a LoRA adapter on the policy (peft) instead of all weights.")
+    lora_r: int = config_field(16, "LoRA rank.")
+    lora_alpha: int = config_field(32, "LoRA alpha.")
+    lora_dropout: float = config_field(0.0, "LoRA dropout (dropout is disabled during PPO anyway, see README).")
+    lora_target_modules: list[str] = config_field(["all-linear"], "Modules LoRA adapts; ['all-linear'] means every linear layer.")
+    gradient_checkpointing: bool = config_field(False, "Gradient checkpointing for the policy and value backbones.")
 
     # ---- data --------------------------------------------------------------------------------------
-    dataset_path: str = _f("", "Prompts: a .jsonl/.json file, a saved datasets directory, or a hub id.")
-    dataset_split: str = _f("train", "Split for hub datasets.")
-    field_map: dict[str, str] = _f({}, "Rename record fields, {our_name: their_name}, before templates are filled.")
-    prompt_template: str = _f("{prompt}", "Policy prompt, with {field} placeholders filled from each record.")
-    feedback_prompt_template: str | None = _f(
+    dataset_path: str = config_field("", "Prompts: a .jsonl/.json file, a saved datasets directory, or a hub id.")
+    dataset_split: str = config_field("train", "Split for hub datasets.")
+    field_map: dict[str, str] = config_field({}, "Rename record fields, {our_name: their_name}, before templates are filled.")
+    prompt_template: str = config_field("{prompt}", "Policy prompt, with {field} placeholders filled from each record.")
+    feedback_prompt_template: str | None = config_field(
         None,
         "The prompt the feedback source sees (e.g. '{post}' when the reward model was trained on bare posts). "
         "Default: the policy prompt before any chat template.",
     )
-    use_chat_template: bool = _f(False, "Wrap policy prompts in the tokenizer's chat template.")
-    system_prompt: str | None = _f(None, "System message for the chat template.")
-    max_samples: int | None = _f(None, "Use only the first N records.")
-    max_prompt_length: int = _f(
+    use_chat_template: bool = config_field(False, "Wrap policy prompts in the tokenizer's chat template.")
+    system_prompt: str | None = config_field(None, "System message for the chat template.")
+    max_samples: int | None = config_field(None, "Use only the first N records.")
+    max_prompt_length: int = config_field(
         512,
         "Prompts longer than this many tokens (chat template included) are cut from the left, keeping the end "
         "where the question is. Every configs/<dataset>/ppo.yaml sets it from its data.",
     )
 
     # ---- feedback and rewards ----------------------------------------------------------------------
-    feedback_source: str = _f(
+    feedback_source: str = config_field(
         "reward_model",
         "reward_model | llm | code_tests | reference | package.module:ClassName (the critic registry, text2grad/core/critics.py); 'none' "
         "only with reward_mode scalar and a scalar_source other than quote_count (the scalar baseline needs no critic).",
     )
-    feedback_source_kwargs: dict[str, Any] = _f({}, "Keyword arguments for the feedback source's constructor.")
-    reward_mode: Literal["nl_gradient", "scalar", "dense", "score_spread", "mixed"] = _f(
+    feedback_source_kwargs: dict[str, Any] = config_field({}, "Keyword arguments for the feedback source's constructor.")
+    reward_mode: Literal["nl_gradient", "scalar", "dense", "score_spread", "mixed"] = config_field(
         "nl_gradient",
         "nl_gradient: span token rewards (the method); scalar: one sequence score at the last token (PPO baseline; "
         "with scalar_source scalar_rm it is the paper's PPO); dense: span token rewards from a critic/reward model "
@@ -105,17 +99,17 @@ class PPOConfig:
         "score_spread: span rewards plus the sequence score spread over every other token; mixed: span rewards "
         "plus scalar_coef * sequence score at the last token.",
     )
-    reward_scheme: Literal["uniform", "linear_decay"] = _f("uniform", "Reward shape inside a span.")
-    span_normalize: bool = _f(False, "Divide each span's token rewards by its length (every span worth +-1).")
-    reward_weighting: Literal["none", "pos_importance"] = _f(
+    reward_scheme: Literal["uniform", "linear_decay"] = config_field("uniform", "Reward shape inside a span.")
+    span_normalize: bool = config_field(False, "Divide each span's token rewards by its length (every span worth +-1).")
+    reward_weighting: Literal["none", "pos_importance"] = config_field(
         "none",
         "Within-span token weights: pos_importance = the paper's token-importance ablation (1.0 on nouns and verbs, "
         "0.2 on other tokens; TextBlob's offline Pattern tagger, extra 'pos').",
     )
-    boundary: Literal["any", "majority", "all"] = _f("any", "Which tokens a span edge labels (text2grad.core.spans).")
-    overlap: Literal["poor", "good"] = _f("poor", "Label that wins where a good and a poor span overlap.")
-    occurrence: Literal["all", "first"] = _f("all", "Label every occurrence of a repeated quote, or the first.")
-    scalar_source: str = _f(
+    boundary: Literal["any", "majority", "all"] = config_field("any", "Which tokens a span edge labels (text2grad.core.spans).")
+    overlap: Literal["poor", "good"] = config_field("poor", "Label that wins where a good and a poor span overlap.")
+    occurrence: Literal["all", "first"] = config_field("all", "Label every occurrence of a repeated quote, or the first.")
+    scalar_source: str = config_field(
         "quote_count",
         "Sequence score for scalar/score_spread/mixed modes: scalar_rm = a Bradley-Terry reward model trained on "
         "preference pairs (reward_model.scalar; pass scalar_source_kwargs {\"path\": ...}), the paper's PPO "
@@ -123,9 +117,9 @@ class PPOConfig:
         "[-1, 1], a derived score and NOT the paper's baseline; or 'package.module:function' called as "
         "fn(prompts, responses) -> list[float].",
     )
-    scalar_source_kwargs: dict[str, Any] = _f({}, "Keyword arguments when scalar_source names a class (scalar_rm: path, ...).")
-    scalar_coef: float = _f(1.0, "Weight of the sequence score.")
-    missing_eos_penalty: float | None = _f(
+    scalar_source_kwargs: dict[str, Any] = config_field({}, "Keyword arguments when scalar_source names a class (scalar_rm: path, ...).")
+    scalar_coef: float = config_field(1.0, "Weight of the sequence score.")
+    missing_eos_penalty: float | None = config_field(
         None,
         "Subtracted from the reward of the last token of a response that hit response_length without EOS, in "
         "every reward_mode: on top of delta_t there in nl_gradient (which has no sequence score), of c*s there "
@@ -133,63 +127,63 @@ class PPOConfig:
     )
 
     # ---- generation --------------------------------------------------------------------------------
-    response_length: int = _f(128, "Maximum new tokens per response.")
-    temperature: float = _f(0.7, "Sampling temperature (log-probs are computed at the same temperature).")
-    top_p: float = _f(1.0, "Nucleus sampling.")
-    top_k: int = _f(0, "Top-k sampling (0 = off).")
-    stop_strings: list[str] | None = _f(None, "Extra strings that end a response.")
-    generation_batch_size: int | None = _f(None, "Prompts per generate() call (default: the whole batch).")
+    response_length: int = config_field(128, "Maximum new tokens per response.")
+    temperature: float = config_field(0.7, "Sampling temperature (log-probs are computed at the same temperature).")
+    top_p: float = config_field(1.0, "Nucleus sampling.")
+    top_k: int = config_field(0, "Top-k sampling (0 = off).")
+    stop_strings: list[str] | None = config_field(None, "Extra strings that end a response.")
+    generation_batch_size: int | None = config_field(None, "Prompts per generate() call (default: the whole batch).")
 
     # ---- PPO ---------------------------------------------------------------------------------------
-    num_iterations: int | None = _f(None, "PPO iterations (rollout + update rounds).")
-    total_episodes: int | None = _f(None, "Alternative to num_iterations: episodes over all processes.")
-    batch_size: int = _f(12, "Rollouts per process per iteration.")
-    num_mini_batches: int = _f(1, "Minibatches (optimizer steps) per PPO epoch.")
-    gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch (forward/backward chunks).")
-    num_ppo_epochs: int = _f(4, "Passes over each batch of rollouts.")
-    learning_rate: float = _f(1e-6, "Policy learning rate.")
-    value_learning_rate: float | None = _f(None, "Value model learning rate (default: learning_rate).")
-    lr_scheduler_type: str = _f("linear", "transformers scheduler name: linear, cosine, constant, ...")
-    warmup_steps: int = _f(0, "Scheduler warm-up in optimizer steps.")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
-    max_grad_norm: float = _f(1.0, "Gradient clipping (0 = off).")
-    kl_coef: float = _f(0.2, "Initial KL penalty coefficient (beta of r_t^KL = -kl_coef * KL_t).")
-    kl_estimator: Literal["k1", "k3"] = _f("k1", "Per-token KL estimator (text2grad.core.ppo_math.kl_penalty).")
-    adaptive_kl: bool = _f(True, "Adapt kl_coef toward target_kl (Ziegler et al. controller).")
-    target_kl: float = _f(6.0, "Target sequence KL (nats, summed over response tokens) for adaptive control.")
-    kl_horizon: int = _f(10000, "Horizon of the adaptive KL controller, in episodes.")
-    cliprange: float = _f(0.2, "PPO policy ratio clip.")
-    cliprange_value: float = _f(0.2, "Value prediction clip.")
-    vf_coef: float = _f(0.1, "Value loss weight.")
-    entropy_coef: float = _f(0.0, "Entropy bonus weight (beta in the paper's L^PPO).")
-    gamma: float = _f(1.0, "Discount factor.")
-    lam: float = _f(0.95, "GAE lambda.")
-    whiten_rewards: bool = _f(False, "Scale total token rewards to unit variance per batch (mean kept).")
-    whiten_advantages: bool = _f(True, "Normalize advantages per batch.")
+    num_iterations: int | None = config_field(None, "PPO iterations (rollout + update rounds).")
+    total_episodes: int | None = config_field(None, "Alternative to num_iterations: episodes over all processes.")
+    batch_size: int = config_field(12, "Rollouts per process per iteration.")
+    num_mini_batches: int = config_field(1, "Minibatches (optimizer steps) per PPO epoch.")
+    gradient_accumulation_steps: int = config_field(1, "Micro-batches per minibatch (forward/backward chunks).")
+    num_ppo_epochs: int = config_field(4, "Passes over each batch of rollouts.")
+    learning_rate: float = config_field(1e-6, "Policy learning rate.")
+    value_learning_rate: float | None = config_field(None, "Value model learning rate (default: learning_rate).")
+    lr_scheduler_type: str = config_field("linear", "transformers scheduler name: linear, cosine, constant, ...")
+    warmup_steps: int = config_field(0, "Scheduler warm-up in optimizer steps.")
+    weight_decay: float = config_field(0.0, "AdamW weight decay.")
+    max_grad_norm: float = config_field(1.0, "Gradient clipping (0 = off).")
+    kl_coef: float = config_field(0.2, "Initial KL penalty coefficient (beta of r_t^KL = -kl_coef * KL_t).")
+    kl_estimator: Literal["k1", "k3"] = config_field("k1", "Per-token KL estimator (text2grad.core.ppo_math.kl_penalty).")
+    adaptive_kl: bool = config_field(True, "Adapt kl_coef toward target_kl (Ziegler et al. controller).")
+    target_kl: float = config_field(6.0, "Target sequence KL (nats, summed over response tokens) for adaptive control.")
+    kl_horizon: int = config_field(10000, "Horizon of the adaptive KL controller, in episodes.")
+    cliprange: float = config_field(0.2, "PPO policy ratio clip.")
+    cliprange_value: float = config_field(0.2, "Value prediction clip.")
+    vf_coef: float = config_field(0.1, "Value loss weight.")
+    entropy_coef: float = config_field(0.0, "Entropy bonus weight (beta in the paper's L^PPO).")
+    gamma: float = config_field(1.0, "Discount factor.")
+    lam: float = config_field(0.95, "GAE lambda.")
+    whiten_rewards: bool = config_field(False, "Scale total token rewards to unit variance per batch (mean kept).")
+    whiten_advantages: bool = config_field(True, "Normalize advantages per batch.")
 
     # ---- run ---------------------------------------------------------------------------------------
-    output_dir: str = _f("outputs/ppo", "Checkpoints, metrics.jsonl, samples.jsonl and the final policy/value model.")
-    overwrite_output_dir: bool = _f(False, "Start fresh even if output_dir holds checkpoints of an earlier run.")
-    resume: str | None = _f(None, "'auto' = continue from the latest checkpoint in output_dir if any; or a checkpoint dir.")
-    accept_config_changes: bool = _f(
+    output_dir: str = config_field("outputs/ppo", "Checkpoints, metrics.jsonl, samples.jsonl and the final policy/value model.")
+    overwrite_output_dir: bool = config_field(False, "Start fresh even if output_dir holds checkpoints of an earlier run.")
+    resume: str | None = config_field(None, "'auto' = continue from the latest checkpoint in output_dir if any; or a checkpoint dir.")
+    accept_config_changes: bool = config_field(
         False,
         "Resume even though the config differs from the checkpoint's (the differences are logged and appended to "
         "<output_dir>/config_changes.jsonl). Without it such a resume is refused.",
     )
-    max_feedback_error_rate: float = _f(
+    max_feedback_error_rate: float = config_field(
         0.2,
         "Stop (exit 1, before the update) when more than this share of an iteration's samples gets no feedback "
         "(source errors, unparseable feedback, failed scores); 1.0 never stops. Every iteration with errors logs a warning.",
     )
-    save_steps: int = _f(50, "Save a checkpoint every N iterations (0 = only at the end).")
-    save_total_limit: int | None = _f(
+    save_steps: int = config_field(50, "Save a checkpoint every N iterations (0 = only at the end).")
+    save_total_limit: int | None = config_field(
         2, "Keep at most this many checkpoints, >= 1 (oldest removed); null/none keeps every checkpoint."
     )
-    seed: int = _f(42, "Random seed (data order, LoRA init, sampling).")
-    report_to: Literal["none", "tensorboard", "wandb"] = _f("none", "Extra metric sink besides metrics.jsonl.")
-    run_name: str | None = _f(None, "Run name for TensorBoard/W&B.")
-    log_samples: int = _f(2, "Write this many (prompt, response, feedback, rewards) examples per iteration to samples.jsonl.")
-    progress_bar: bool = _f(True, "Show a tqdm progress bar over iterations.")
+    seed: int = config_field(42, "Random seed (data order, LoRA init, sampling).")
+    report_to: Literal["none", "tensorboard", "wandb"] = config_field("none", "Extra metric sink besides metrics.jsonl.")
+    run_name: str | None = config_field(None, "Run name for TensorBoard/W&B.")
+    log_samples: int = config_field(2, "Write this many (prompt, response, feedback, rewards) examples per iteration to samples.jsonl.")
+    progress_bar: bool = config_field(True, "Show a tqdm progress bar over iterations.")
 
     def __post_init__(self) -> None:
         # The CLI checks Literal fields while parsing; this also covers PPOConfig(...) built in Python, which

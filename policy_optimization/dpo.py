@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from policy_optimization.sft import HFRunConfig, _f, load_model_and_tokenizer, load_pairs, lora_config, save_final, training_kwargs
+from policy_optimization.sft import HFRunConfig, load_model_and_tokenizer, load_pairs, lora_config, save_final, training_kwargs
+from text2grad.core.config import config_field
 
 __all__ = ["DPORunConfig", "main"]
 
@@ -29,10 +30,10 @@ logger = logging.getLogger("policy_optimization.dpo")
 class DPORunConfig(HFRunConfig):
     """Direct preference optimization on chosen/rejected pairs (the paper's DPO baseline)."""
 
-    chosen_template: str = _f("{chosen}", "Preferred response, with {field} placeholders.")
-    rejected_template: str = _f("{rejected}", "Dispreferred response, with {field} placeholders.")
-    beta: float = _f(0.1, "DPO temperature beta (strength of the implicit KL constraint).")
-    loss_type: str = _f("sigmoid", "TRL DPO loss type (sigmoid = the original DPO loss).")
+    chosen_template: str = config_field("{chosen}", "Preferred response, with {field} placeholders.")
+    rejected_template: str = config_field("{rejected}", "Dispreferred response, with {field} placeholders.")
+    beta: float = config_field(0.1, "DPO temperature beta (strength of the implicit KL constraint).")
+    loss_type: str = config_field("sigmoid", "TRL DPO loss type (sigmoid = the original DPO loss).")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,13 +36,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import torch
 from trl import GRPOTrainer
 
+from text2grad.core.config import config_field
 from text2grad.core.rewards import compute_score_rewards, span_sequence_score
 from text2grad.core.feedback import Feedback
 
@@ -128,71 +129,65 @@ class Text2GradGRPOTrainer(GRPOTrainer):
 # --------------------------------------------------------------------------------------------------
 
 
-def _f(default: Any, help: str) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class GRPORunConfig:
     """Text2Grad-GRPO: group-relative advantages plus span rewards per token (no value model)."""
 
-    model_name_or_path: str = _f("", "Policy base model: hub id or local directory.")
-    adapter: str | None = _f(None, "LoRA adapter to start from (e.g. the SFT output); merged into the base weights.")
-    tokenizer_name_or_path: str | None = _f(None, "Tokenizer (default: model_name_or_path).")
-    dtype: str = _f("auto", "Weights dtype: auto, bf16, fp16 or fp32.")
-    use_lora: bool = _f(True, "Train a LoRA adapter (peft) instead of all weights.")
-    lora_r: int = _f(16, "LoRA rank.")
-    lora_alpha: int = _f(32, "LoRA alpha.")
-    lora_dropout: float = _f(0.0, "LoRA dropout.")
-    lora_target_modules: list[str] = _f(["all-linear"], "Modules LoRA adapts; ['all-linear'] = every linear layer.")
+    model_name_or_path: str = config_field("", "Policy base model: hub id or local directory.")
+    adapter: str | None = config_field(None, "LoRA adapter to start from (e.g. the SFT output); merged into the base weights.")
+    tokenizer_name_or_path: str | None = config_field(None, "Tokenizer (default: model_name_or_path).")
+    dtype: str = config_field("auto", "Weights dtype: auto, bf16, fp16 or fp32.")
+    use_lora: bool = config_field(True, "Train a LoRA adapter (peft) instead of all weights.")
+    lora_r: int = config_field(16, "LoRA rank.")
+    lora_alpha: int = config_field(32, "LoRA alpha.")
+    lora_dropout: float = config_field(0.0, "LoRA dropout.")
+    lora_target_modules: list[str] = config_field(["all-linear"], "Modules LoRA adapts; ['all-linear'] = every linear layer.")
 
-    dataset_path: str = _f("", "Prompts: a .jsonl/.json file, a saved datasets directory, or a hub id.")
-    dataset_split: str = _f("train", "Split for hub datasets.")
-    field_map: dict[str, str] = _f({}, "Rename record fields, {our_name: their_name}.")
-    prompt_template: str = _f("{prompt}", "Policy prompt with {field} placeholders (the feedback source sees it too).")
-    feedback_prompt_template: str | None = _f(None, "Unused by GRPO (the critic sees the policy prompt); kept for PPO YAML compatibility.")
-    use_chat_template: bool = _f(False, "Wrap prompts in the tokenizer's chat template.")
-    system_prompt: str | None = _f(None, "System message for the chat template.")
-    max_samples: int | None = _f(None, "Use only the first N records.")
+    dataset_path: str = config_field("", "Prompts: a .jsonl/.json file, a saved datasets directory, or a hub id.")
+    dataset_split: str = config_field("train", "Split for hub datasets.")
+    field_map: dict[str, str] = config_field({}, "Rename record fields, {our_name: their_name}.")
+    prompt_template: str = config_field("{prompt}", "Policy prompt with {field} placeholders (the feedback source sees it too).")
+    feedback_prompt_template: str | None = config_field(None, "Unused by GRPO (the critic sees the policy prompt); kept for PPO YAML compatibility.")
+    use_chat_template: bool = config_field(False, "Wrap prompts in the tokenizer's chat template.")
+    system_prompt: str | None = config_field(None, "System message for the chat template.")
+    max_samples: int | None = config_field(None, "Use only the first N records.")
 
-    feedback_source: str = _f("reward_model", "Critic name (text2grad.core.critics) or package.module:ClassName.")
-    feedback_source_kwargs: dict[str, Any] = _f({}, "Keyword arguments of the critic.")
-    scalar_source: str = _f(
+    feedback_source: str = config_field("reward_model", "Critic name (text2grad.core.critics) or package.module:ClassName.")
+    feedback_source_kwargs: dict[str, Any] = config_field({}, "Keyword arguments of the critic.")
+    scalar_source: str = config_field(
         "quote_count",
         "Sequence reward of the group baseline: quote_count = (#good - #poor) / (#good + #poor) of the feedback; "
         "scalar_rm = the Bradley-Terry reward model (reward_model.scalar, kwargs {\"path\": ...}); or "
         "package.module:function(prompts, responses) -> list[float].",
     )
-    scalar_source_kwargs: dict[str, Any] = _f({}, "Keyword arguments when scalar_source names a class.")
-    span_coef: float = _f(1.0, "Weight of the span rewards added to each token's group advantage (0 = plain GRPO).")
-    reward_scheme: Literal["uniform", "linear_decay"] = _f("uniform", "Reward shape inside a span.")
-    boundary: Literal["any", "majority", "all"] = _f("any", "Which tokens a span edge labels.")
-    overlap: Literal["poor", "good"] = _f("poor", "Label that wins where spans overlap.")
-    occurrence: Literal["all", "first"] = _f("all", "Label every occurrence of a repeated quote, or the first.")
+    scalar_source_kwargs: dict[str, Any] = config_field({}, "Keyword arguments when scalar_source names a class.")
+    span_coef: float = config_field(1.0, "Weight of the span rewards added to each token's group advantage (0 = plain GRPO).")
+    reward_scheme: Literal["uniform", "linear_decay"] = config_field("uniform", "Reward shape inside a span.")
+    boundary: Literal["any", "majority", "all"] = config_field("any", "Which tokens a span edge labels.")
+    overlap: Literal["poor", "good"] = config_field("poor", "Label that wins where spans overlap.")
+    occurrence: Literal["all", "first"] = config_field("all", "Label every occurrence of a repeated quote, or the first.")
 
-    num_generations: int = _f(4, "Completions per prompt (the group).")
-    max_completion_length: int = _f(128, "Maximum new tokens per completion.")
-    temperature: float = _f(1.0, "Sampling temperature.")
-    top_p: float = _f(1.0, "Nucleus sampling.")
-    per_device_train_batch_size: int = _f(8, "Completions per device per step (a multiple of num_generations).")
-    gradient_accumulation_steps: int = _f(1, "Micro-batches per optimizer step.")
-    learning_rate: float = _f(1e-6, "Learning rate.")
-    lr_scheduler_type: str = _f("linear", "transformers scheduler name.")
-    max_steps: int = _f(-1, "Optimizer steps (overrides num_train_epochs if > 0).")
-    num_train_epochs: float = _f(1.0, "Epochs over the prompts.")
-    beta: float = _f(0.0, "KL coefficient against the reference policy (TRL's default 0 keeps no reference model).")
-    epsilon: float = _f(0.2, "Clip range of the ratio.")
-    bf16: bool = _f(False, "bfloat16 mixed precision.")
-    use_vllm: bool = _f(False, "Generate with vLLM (GPU; pip install 'text2grad[vllm]'). TRL's GRPOConfig.use_vllm.")
-    vllm_mode: Literal["colocate", "server"] = _f("colocate", "colocate: vLLM in the training process; server: `trl vllm-serve`.")
-    vllm_gpu_memory_utilization: float = _f(0.3, "GPU memory share of a colocated vLLM engine.")
-    output_dir: str = _f("outputs/grpo", "Checkpoints and the final policy (adapter or weights + tokenizer).")
-    save_steps: int = _f(500, "Save a checkpoint every N steps.")
-    logging_steps: int = _f(1, "Log every N steps.")
-    seed: int = _f(42, "Random seed.")
-    report_to: str = _f("none", "none, tensorboard, wandb (comma-separated).")
+    num_generations: int = config_field(4, "Completions per prompt (the group).")
+    max_completion_length: int = config_field(128, "Maximum new tokens per completion.")
+    temperature: float = config_field(1.0, "Sampling temperature.")
+    top_p: float = config_field(1.0, "Nucleus sampling.")
+    per_device_train_batch_size: int = config_field(8, "Completions per device per step (a multiple of num_generations).")
+    gradient_accumulation_steps: int = config_field(1, "Micro-batches per optimizer step.")
+    learning_rate: float = config_field(1e-6, "Learning rate.")
+    lr_scheduler_type: str = config_field("linear", "transformers scheduler name.")
+    max_steps: int = config_field(-1, "Optimizer steps (overrides num_train_epochs if > 0).")
+    num_train_epochs: float = config_field(1.0, "Epochs over the prompts.")
+    beta: float = config_field(0.0, "KL coefficient against the reference policy (TRL's default 0 keeps no reference model).")
+    epsilon: float = config_field(0.2, "Clip range of the ratio.")
+    bf16: bool = config_field(False, "bfloat16 mixed precision.")
+    use_vllm: bool = config_field(False, "Generate with vLLM (GPU; pip install 'text2grad[vllm]'). TRL's GRPOConfig.use_vllm.")
+    vllm_mode: Literal["colocate", "server"] = config_field("colocate", "colocate: vLLM in the training process; server: `trl vllm-serve`.")
+    vllm_gpu_memory_utilization: float = config_field(0.3, "GPU memory share of a colocated vLLM engine.")
+    output_dir: str = config_field("outputs/grpo", "Checkpoints and the final policy (adapter or weights + tokenizer).")
+    save_steps: int = config_field(500, "Save a checkpoint every N steps.")
+    logging_steps: int = config_field(1, "Log every N steps.")
+    seed: int = config_field(42, "Random seed.")
+    report_to: str = config_field("none", "none, tensorboard, wandb (comma-separated).")
 
     def __post_init__(self) -> None:
         if self.num_generations < 2:

@@ -15,65 +15,61 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+from text2grad.core.config import config_field
 
 __all__ = ["HFRunConfig", "SFTRunConfig", "main", "lora_config", "training_kwargs", "load_pairs"]
 
 logger = logging.getLogger("policy_optimization.sft")
 
 
-def _f(default: Any, help: str) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class HFRunConfig:
     """Fields shared by the SFT and DPO runs (both drive a transformers Trainer through TRL)."""
 
-    model_name_or_path: str = _f("", "Base model: hub id or local directory.")
-    adapter: str | None = _f(None, "LoRA adapter to merge into the base before training (e.g. the SFT output for DPO).")
-    tokenizer_name_or_path: str | None = _f(None, "Tokenizer (default: model_name_or_path).")
-    dtype: str = _f("auto", "Weights dtype: auto, bf16, fp16 or fp32.")
-    dataset_path: str = _f("", "Training records: .jsonl/.json file, saved dataset directory or hub id.")
-    dataset_split: str = _f("train", "Split for hub datasets.")
-    field_map: dict[str, str] = _f({}, "Rename record fields, {our_name: their_name}.")
-    prompt_template: str = _f("{prompt}", "Prompt with {field} placeholders filled from each record.")
-    use_chat_template: bool = _f(False, "Use conversational records (the tokenizer's chat template formats them).")
-    max_samples: int | None = _f(None, "Use only the first N records.")
-    output_dir: str = _f("outputs/sft", "Where the model (adapter or full) and tokenizer are saved.")
-    use_lora: bool = _f(True, "Train a LoRA adapter (peft) instead of all weights.")
-    lora_r: int = _f(16, "LoRA rank.")
-    lora_alpha: int = _f(32, "LoRA alpha.")
-    lora_dropout: float = _f(0.05, "LoRA dropout.")
-    lora_target_modules: list[str] = _f(["all-linear"], "Modules LoRA adapts; ['all-linear'] = every linear layer.")
-    learning_rate: float = _f(2e-5, "Peak learning rate.")
-    lr_scheduler_type: str = _f("linear", "Scheduler name.")
-    warmup_steps: float = _f(0, "Warm-up: a number of steps, or a ratio of all steps when below 1.")
-    num_train_epochs: float = _f(1.0, "Epochs.")
-    max_steps: int = _f(-1, "Stop after this many optimizer steps (-1 = use num_train_epochs).")
-    per_device_train_batch_size: int = _f(4, "Batch size per device.")
-    gradient_accumulation_steps: int = _f(1, "Gradient accumulation steps.")
-    max_length: int | None = _f(1024, "Truncate tokenized examples to this length.")
-    gradient_checkpointing: bool = _f(False, "Gradient checkpointing.")
-    bf16: bool = _f(False, "bf16 mixed precision (GPU).")
-    deepspeed: str | None = _f(None, "DeepSpeed JSON config, e.g. configs/deepspeed/zero3.json.")
-    logging_steps: int = _f(10, "Log every N steps.")
-    save_steps: int = _f(500, "Checkpoint every N steps.")
-    save_total_limit: int | None = _f(2, "Keep at most this many checkpoints.")
-    seed: int = _f(42, "Random seed.")
-    report_to: str = _f("none", "none, tensorboard or wandb.")
+    model_name_or_path: str = config_field("", "Base model: hub id or local directory.")
+    adapter: str | None = config_field(None, "LoRA adapter to merge into the base before training (e.g. the SFT output for DPO).")
+    tokenizer_name_or_path: str | None = config_field(None, "Tokenizer (default: model_name_or_path).")
+    dtype: str = config_field("auto", "Weights dtype: auto, bf16, fp16 or fp32.")
+    dataset_path: str = config_field("", "Training records: .jsonl/.json file, saved dataset directory or hub id.")
+    dataset_split: str = config_field("train", "Split for hub datasets.")
+    field_map: dict[str, str] = config_field({}, "Rename record fields, {our_name: their_name}.")
+    prompt_template: str = config_field("{prompt}", "Prompt with {field} placeholders filled from each record.")
+    use_chat_template: bool = config_field(False, "Use conversational records (the tokenizer's chat template formats them).")
+    max_samples: int | None = config_field(None, "Use only the first N records.")
+    output_dir: str = config_field("outputs/sft", "Where the model (adapter or full) and tokenizer are saved.")
+    use_lora: bool = config_field(True, "Train a LoRA adapter (peft) instead of all weights.")
+    lora_r: int = config_field(16, "LoRA rank.")
+    lora_alpha: int = config_field(32, "LoRA alpha.")
+    lora_dropout: float = config_field(0.05, "LoRA dropout.")
+    lora_target_modules: list[str] = config_field(["all-linear"], "Modules LoRA adapts; ['all-linear'] = every linear layer.")
+    learning_rate: float = config_field(2e-5, "Peak learning rate.")
+    lr_scheduler_type: str = config_field("linear", "Scheduler name.")
+    warmup_steps: float = config_field(0, "Warm-up: a number of steps, or a ratio of all steps when below 1.")
+    num_train_epochs: float = config_field(1.0, "Epochs.")
+    max_steps: int = config_field(-1, "Stop after this many optimizer steps (-1 = use num_train_epochs).")
+    per_device_train_batch_size: int = config_field(4, "Batch size per device.")
+    gradient_accumulation_steps: int = config_field(1, "Gradient accumulation steps.")
+    max_length: int | None = config_field(1024, "Truncate tokenized examples to this length.")
+    gradient_checkpointing: bool = config_field(False, "Gradient checkpointing.")
+    bf16: bool = config_field(False, "bf16 mixed precision (GPU).")
+    deepspeed: str | None = config_field(None, "DeepSpeed JSON config, e.g. configs/deepspeed/zero3.json.")
+    logging_steps: int = config_field(10, "Log every N steps.")
+    save_steps: int = config_field(500, "Checkpoint every N steps.")
+    save_total_limit: int | None = config_field(2, "Keep at most this many checkpoints.")
+    seed: int = config_field(42, "Random seed.")
+    report_to: str = config_field("none", "none, tensorboard or wandb.")
 
 
 @dataclass
 class SFTRunConfig(HFRunConfig):
     """Supervised fine-tuning of the policy on prompt-completion pairs (TRL SFTTrainer, completion-only loss)."""
 
-    completion_template: str = _f("{completion}", "Target text with {field} placeholders (e.g. '{summary}').")
-    completion_only_loss: bool = _f(True, "Loss on the completion tokens only.")
+    completion_template: str = config_field("{completion}", "Target text with {field} placeholders (e.g. '{summary}').")
+    completion_only_loss: bool = config_field(True, "Loss on the completion tokens only.")
 
 
 def lora_config(cfg: HFRunConfig):

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from reward_model.serialization import parse_target, record_feedback
-from text2grad.core.config import ConfigError, config_to_dict, parse_config
+from text2grad.core.config import config_field, config_to_dict, ConfigError, parse_config
 from text2grad.core.data import DataError, iter_jsonl, load_records, record_id, write_jsonl
 from text2grad.core.feedback import Feedback
 from reward_model.metrics import evaluate_feedback, format_markdown
@@ -37,44 +37,44 @@ REQUIRED_FIELDS = ("prompt", "response", "critique", "good_spans", "poor_spans")
 class EvalConfig:
     """Evaluate a generative reward model (or saved critic outputs) against annotated feedback."""
 
-    model_name_or_path: str = field(
-        default="",
-        metadata={"help": "Reward model: training output dir (adapter), merged model, or base model with --adapter."},
+    model_name_or_path: str = config_field(
+        "",
+        "Reward model: training output dir (adapter), merged model, or base model with --adapter.",
     )
-    adapter: str | None = field(default=None, metadata={"help": "LoRA adapter directory on top of model_name_or_path."})
-    eval_file: str = field(default="", metadata={"help": "Annotated held-out data (JSONL/JSON/dataset dir/hub id)."})
-    eval_split: str = field(default="validation", metadata={"help": "Split when eval_file is a hub dataset."})
-    field_map: dict[str, str] = field(default_factory=dict, metadata={"help": "Rename fields, {our_name: their_name}."})
-    limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N records."})
-    output_dir: str = field(default="outputs/reward_model_eval", metadata={"help": "Where the report files go."})
-    predictions_file: str | None = field(
-        default=None, metadata={"help": "Score these saved critic outputs instead of running a model."}
+    adapter: str | None = config_field(None, "LoRA adapter directory on top of model_name_or_path.")
+    eval_file: str = config_field("", "Annotated held-out data (JSONL/JSON/dataset dir/hub id).")
+    eval_split: str = config_field("validation", "Split when eval_file is a hub dataset.")
+    field_map: dict[str, str] = config_field({}, "Rename fields, {our_name: their_name}.")
+    limit: int | None = config_field(None, "Evaluate only the first N records.")
+    output_dir: str = config_field("outputs/reward_model_eval", "Where the report files go.")
+    predictions_file: str | None = config_field(
+        None,
+        "Score these saved critic outputs instead of running a model.",
     )
-    label_tokenizer: str | None = field(
-        default=None,
-        metadata={
-            "help": "Tokenizer whose tokens the token-level metrics count (e.g. the policy's); "
-            "defaults to the reward model's tokenizer."
-        },
+    label_tokenizer: str | None = config_field(
+        None,
+        "Tokenizer whose tokens the token-level metrics count (e.g. the policy's); "
+        "defaults to the reward model's tokenizer.",
     )
-    instruction: str | None = field(
-        default=None,
-        metadata={"help": "Override the instruction saved with the model (for models trained without text2grad)."},
+    instruction: str | None = config_field(
+        None,
+        "Override the instruction saved with the model (for models trained without text2grad).",
     )
-    prompt_format: Literal["auto", "chat", "plain"] | None = field(
-        default=None, metadata={"help": "Override the saved prompt format."}
+    prompt_format: Literal["auto", "chat", "plain"] | None = config_field(
+        None,
+        "Override the saved prompt format.",
     )
-    batch_size: int = field(default=16, metadata={"help": "Generation batch size."})
-    max_new_tokens: int = field(default=512, metadata={"help": "Bound on the generated critique + JSON."})
-    dtype: str = field(default="auto", metadata={"help": "auto, bf16, fp16 or fp32."})
-    backend: Literal["hf", "vllm"] = field(default="hf", metadata={"help": "Generation backend."})
-    grounded_spans: bool = field(
-        default=False,
-        metadata={"help": "Grounded span decoding: force every quote to be a substring of the response (hf backend)."},
+    batch_size: int = config_field(16, "Generation batch size.")
+    max_new_tokens: int = config_field(512, "Bound on the generated critique + JSON.")
+    dtype: str = config_field("auto", "auto, bf16, fp16 or fp32.")
+    backend: Literal["hf", "vllm"] = config_field("hf", "Generation backend.")
+    grounded_spans: bool = config_field(
+        False,
+        "Grounded span decoding: force every quote to be a substring of the response (hf backend).",
     )
-    occurrence: Occurrence = field(default="all", metadata={"help": "Label all occurrences of a repeated quote, or the first."})
-    overlap: Overlap = field(default="poor", metadata={"help": "Which label wins where good and poor spans overlap."})
-    boundary: Boundary = field(default="any", metadata={"help": "Token boundary rule: any, majority or all."})
+    occurrence: Occurrence = config_field("all", "Label all occurrences of a repeated quote, or the first.")
+    overlap: Overlap = config_field("poor", "Which label wins where good and poor spans overlap.")
+    boundary: Boundary = config_field("any", "Token boundary rule: any, majority or all.")
 
 
 def _load_predictions(path: str, records: list[dict[str, Any]]) -> list[Feedback]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from text2grad.core.config import ConfigError, parse_config
+from text2grad.core.config import config_field, ConfigError, parse_config
 
 __all__ = ["MergeConfig", "merge", "main"]
 
@@ -26,14 +26,14 @@ CONFIG_FILENAME = "text2grad_config.yaml"
 class MergeConfig:
     """Merge a LoRA adapter into its base model (base + adapter -> one model directory with tokenizer)."""
 
-    adapter: str = field(default="", metadata={"help": "Adapter directory (a training output_dir or a checkpoint-N)."})
-    output_dir: str = field(default="", metadata={"help": "Where the merged model, tokenizer and config are written."})
-    base_model: str | None = field(
-        default=None,
-        metadata={"help": "Base model hub id or path; defaults to base_model_name_or_path in adapter_config.json."},
+    adapter: str = config_field("", "Adapter directory (a training output_dir or a checkpoint-N).")
+    output_dir: str = config_field("", "Where the merged model, tokenizer and config are written.")
+    base_model: str | None = config_field(
+        None,
+        "Base model hub id or path; defaults to base_model_name_or_path in adapter_config.json.",
     )
-    dtype: str = field(default="auto", metadata={"help": "dtype of the saved weights: auto, bf16, fp16, fp32."})
-    max_shard_size: str = field(default="5GB", metadata={"help": "Largest safetensors shard."})
+    dtype: str = config_field("auto", "dtype of the saved weights: auto, bf16, fp16, fp32.")
+    max_shard_size: str = config_field("5GB", "Largest safetensors shard.")
 
 
 def merge(cfg: MergeConfig) -> Path:

@@ -30,13 +30,13 @@ import logging
 import os
 import random
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from text2grad.core.config import ConfigError, load_config, parse_config, save_config
+from text2grad.core.config import config_field, ConfigError, load_config, parse_config, save_config
 from text2grad.core.data import DataError, load_records
 
 __all__ = [
@@ -57,55 +57,49 @@ CONFIG_FILENAME = "scalar_rm_config.yaml"
 LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _f(default: Any, help: str) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class ScalarRMConfig:
     """Train a Bradley-Terry scalar reward model on preference pairs (the paper's PPO baseline)."""
 
-    model_name_or_path: str = _f("", "Base model (hub id or local directory); a one-output score head is added.")
-    tokenizer_name_or_path: str | None = _f(None, "Tokenizer (default: model_name_or_path).")
-    train_file: str = _f("", "Preference pairs: JSONL/JSON/saved dataset/hub id with prompt, chosen, rejected.")
-    train_split: str = _f("train", "Split of train_file when it is a hub dataset.")
-    eval_file: str | None = _f(None, "Held-out pairs (same layout). Default: an eval_fraction of train_file.")
-    eval_split: str = _f("validation", "Split of eval_file when it is a hub dataset.")
-    eval_fraction: float = _f(0.1, "Share of train_file held out for pairwise accuracy when eval_file is not set.")
-    field_map: dict[str, str] = _f({}, "Rename fields, {our_name: their_name}, e.g. {\"prompt\": \"post\"}.")
-    limit: int | None = _f(None, "Use only the first N pairs of train_file.")
-    prompt_template: str = _f("{prompt}\n\n", "Text before the response, with {prompt} filled from each pair.")
-    max_length: int = _f(1024, "Max tokens of prompt + response + EOS; the prompt is cut from the left.")
-    output_dir: str = _f("outputs/scalar_rm", "Adapter (or weights), tokenizer, config and eval_pairwise.json.")
+    model_name_or_path: str = config_field("", "Base model (hub id or local directory); a one-output score head is added.")
+    tokenizer_name_or_path: str | None = config_field(None, "Tokenizer (default: model_name_or_path).")
+    train_file: str = config_field("", "Preference pairs: JSONL/JSON/saved dataset/hub id with prompt, chosen, rejected.")
+    train_split: str = config_field("train", "Split of train_file when it is a hub dataset.")
+    eval_file: str | None = config_field(None, "Held-out pairs (same layout). Default: an eval_fraction of train_file.")
+    eval_split: str = config_field("validation", "Split of eval_file when it is a hub dataset.")
+    eval_fraction: float = config_field(0.1, "Share of train_file held out for pairwise accuracy when eval_file is not set.")
+    field_map: dict[str, str] = config_field({}, "Rename fields, {our_name: their_name}, e.g. {\"prompt\": \"post\"}.")
+    limit: int | None = config_field(None, "Use only the first N pairs of train_file.")
+    prompt_template: str = config_field("{prompt}\n\n", "Text before the response, with {prompt} filled from each pair.")
+    max_length: int = config_field(1024, "Max tokens of prompt + response + EOS; the prompt is cut from the left.")
+    output_dir: str = config_field("outputs/scalar_rm", "Adapter (or weights), tokenizer, config and eval_pairwise.json.")
 
-    use_lora: bool = _f(True, "Train a LoRA adapter (the score head is trained in full) or every weight.")
-    lora_r: int = _f(16, "LoRA rank.")
-    lora_alpha: int = _f(32, "LoRA alpha.")
-    lora_dropout: float = _f(0.05, "LoRA dropout.")
-    lora_target_modules: list[str] = _f(list(LLAMA_LINEAR_MODULES), "Modules that get LoRA adapters.")
+    use_lora: bool = config_field(True, "Train a LoRA adapter (the score head is trained in full) or every weight.")
+    lora_r: int = config_field(16, "LoRA rank.")
+    lora_alpha: int = config_field(32, "LoRA alpha.")
+    lora_dropout: float = config_field(0.05, "LoRA dropout.")
+    lora_target_modules: list[str] = config_field(list(LLAMA_LINEAR_MODULES), "Modules that get LoRA adapters.")
 
-    learning_rate: float = _f(1e-5, "Peak learning rate.")
-    lr_scheduler_type: str = _f("linear", "transformers scheduler name.")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
-    max_grad_norm: float = _f(1.0, "Gradient clipping norm.")
-    num_train_epochs: float = _f(1.0, "Epochs over the pairs.")
-    max_steps: int = _f(-1, "Stop after this many optimizer steps (overrides epochs if > 0).")
-    per_device_train_batch_size: int = _f(4, "Pairs per device per micro-step.")
-    gradient_accumulation_steps: int = _f(1, "Micro-steps per optimizer step.")
-    center_rewards_coefficient: float | None = _f(None, "Weight of mean((r_c + r_r)^2), keeping rewards centred.")
-    gradient_checkpointing: bool = _f(False, "Recompute activations in backward.")
-    bf16: bool = _f(False, "bfloat16 mixed precision.")
-    dtype: str = _f("auto", "dtype the base weights are loaded in: auto, bf16, fp16, fp32.")
-    deepspeed: str | None = _f(None, "DeepSpeed JSON config, e.g. configs/deepspeed/zero3.json.")
-    eval_batch_size: int = _f(8, "Pairs per batch when computing the pairwise accuracy.")
-    save_steps: int = _f(500, "Save a checkpoint every N optimizer steps.")
-    save_total_limit: int | None = _f(2, "Keep at most N checkpoints.")
-    logging_steps: int = _f(10, "Log every N steps.")
-    seed: int = _f(42, "Random seed (held-out split, data order, LoRA and head init).")
-    report_to: str = _f("none", "none, tensorboard, wandb (comma-separated).")
-    disable_tqdm: bool = _f(False, "Hide the progress bar.")
+    learning_rate: float = config_field(1e-5, "Peak learning rate.")
+    lr_scheduler_type: str = config_field("linear", "transformers scheduler name.")
+    weight_decay: float = config_field(0.0, "AdamW weight decay.")
+    max_grad_norm: float = config_field(1.0, "Gradient clipping norm.")
+    num_train_epochs: float = config_field(1.0, "Epochs over the pairs.")
+    max_steps: int = config_field(-1, "Stop after this many optimizer steps (overrides epochs if > 0).")
+    per_device_train_batch_size: int = config_field(4, "Pairs per device per micro-step.")
+    gradient_accumulation_steps: int = config_field(1, "Micro-steps per optimizer step.")
+    center_rewards_coefficient: float | None = config_field(None, "Weight of mean((r_c + r_r)^2), keeping rewards centred.")
+    gradient_checkpointing: bool = config_field(False, "Recompute activations in backward.")
+    bf16: bool = config_field(False, "bfloat16 mixed precision.")
+    dtype: str = config_field("auto", "dtype the base weights are loaded in: auto, bf16, fp16, fp32.")
+    deepspeed: str | None = config_field(None, "DeepSpeed JSON config, e.g. configs/deepspeed/zero3.json.")
+    eval_batch_size: int = config_field(8, "Pairs per batch when computing the pairwise accuracy.")
+    save_steps: int = config_field(500, "Save a checkpoint every N optimizer steps.")
+    save_total_limit: int | None = config_field(2, "Keep at most N checkpoints.")
+    logging_steps: int = config_field(10, "Log every N steps.")
+    seed: int = config_field(42, "Random seed (held-out split, data order, LoRA and head init).")
+    report_to: str = config_field("none", "none, tensorboard, wandb (comma-separated).")
+    disable_tqdm: bool = config_field(False, "Hide the progress bar.")
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eval_fraction < 1.0:

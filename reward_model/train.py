@@ -38,7 +38,7 @@ from reward_model.serialization import (
     encode_example,
     record_feedback,
 )
-from text2grad.core.config import ConfigError, parse_config, save_config
+from text2grad.core.config import config_field, ConfigError, parse_config, save_config
 from text2grad.core.data import DataError, load_records
 
 __all__ = ["RewardModelConfig", "CONFIG_FILENAME", "build_dataset", "train", "main"]
@@ -62,102 +62,102 @@ class RewardModelConfig:
     """
 
     # ----- model and data
-    model_name_or_path: str = field(
-        default="meta-llama/Llama-3.1-8B-Instruct",
-        metadata={"help": "Base model: a hub id or a local directory saved with save_pretrained()."},
+    model_name_or_path: str = config_field(
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "Base model: a hub id or a local directory saved with save_pretrained().",
     )
-    tokenizer_name_or_path: str | None = field(
-        default=None, metadata={"help": "Tokenizer to use; defaults to model_name_or_path."}
+    tokenizer_name_or_path: str | None = config_field(
+        None,
+        "Tokenizer to use; defaults to model_name_or_path.",
     )
-    train_file: str = field(
-        default="",
-        metadata={
-            "help": "Annotated training data: a JSONL/JSON file (annotation phase output), a save_to_disk "
-            "directory or a hub dataset id, with prompt, response, critique, good_spans, poor_spans."
-        },
+    train_file: str = config_field(
+        "",
+        "Annotated training data: a JSONL/JSON file (annotation phase output), a save_to_disk "
+        "directory or a hub dataset id, with prompt, response, critique, good_spans, poor_spans.",
     )
-    train_split: str = field(default="train", metadata={"help": "Split of train_file when it is a hub dataset."})
-    eval_file: str | None = field(
-        default=None, metadata={"help": "Held-out annotated data for the evaluation loss (same layout)."}
+    train_split: str = config_field("train", "Split of train_file when it is a hub dataset.")
+    eval_file: str | None = config_field(
+        None,
+        "Held-out annotated data for the evaluation loss (same layout).",
     )
-    eval_split: str = field(default="validation", metadata={"help": "Split of eval_file when it is a hub dataset."})
-    field_map: dict[str, str] = field(
-        default_factory=dict,
-        metadata={"help": "Rename dataset fields, {our_name: their_name}, e.g. {\"prompt\": \"post\"}."},
+    eval_split: str = config_field("validation", "Split of eval_file when it is a hub dataset.")
+    field_map: dict[str, str] = config_field(
+        {},
+        "Rename dataset fields, {our_name: their_name}, e.g. {\"prompt\": \"post\"}.",
     )
-    limit: int | None = field(default=None, metadata={"help": "Use only the first N training records."})
-    output_dir: str = field(
-        default="outputs/reward_model",
-        metadata={"help": "Where checkpoints and the final adapter/model, tokenizer and config go."},
+    limit: int | None = config_field(None, "Use only the first N training records.")
+    output_dir: str = config_field(
+        "outputs/reward_model",
+        "Where checkpoints and the final adapter/model, tokenizer and config go.",
     )
     # ----- how the model is asked
-    instruction: str = field(
-        default=DEFAULT_INSTRUCTION,
-        metadata={"help": "Instruction placed before the prompt and response (saved with the model for inference)."},
+    instruction: str = config_field(
+        DEFAULT_INSTRUCTION,
+        "Instruction placed before the prompt and response (saved with the model for inference).",
     )
-    prompt_format: PromptFormat = field(
-        default="auto",
-        metadata={"help": "auto: the tokenizer's chat template if it has one, else the plain template; chat; plain."},
+    prompt_format: PromptFormat = config_field(
+        "auto",
+        "auto: the tokenizer's chat template if it has one, else the plain template; chat; plain.",
     )
-    target_format: TargetFormat = field(
-        default="cot",
-        metadata={"help": "cot: the model writes the critique, then the span JSON (Text2Grad); nocot: the span JSON "
-                  "only, no critique (the paper's no-CoT ablation; the instruction defaults to NOCOT_INSTRUCTION)."},
+    target_format: TargetFormat = config_field(
+        "cot",
+        "cot: the model writes the critique, then the span JSON (Text2Grad); nocot: the span JSON "
+        "only, no critique (the paper's no-CoT ablation; the instruction defaults to NOCOT_INSTRUCTION).",
     )
-    max_length: int = field(
-        default=1400,
-        metadata={
-            "help": "Max tokens of input + target. Long task prompts are shortened in the middle; examples "
-            "whose response + target cannot fit are dropped (and counted)."
-        },
+    max_length: int = config_field(
+        1400,
+        "Max tokens of input + target. Long task prompts are shortened in the middle; examples "
+        "whose response + target cannot fit are dropped (and counted).",
     )
     # ----- LoRA
-    use_lora: bool = field(default=True, metadata={"help": "Train a LoRA adapter (true) or every weight (false)."})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha (scaling = alpha / r)."})
-    lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input."})
+    use_lora: bool = config_field(True, "Train a LoRA adapter (true) or every weight (false).")
+    lora_r: int = config_field(16, "LoRA rank.")
+    lora_alpha: int = config_field(32, "LoRA alpha (scaling = alpha / r).")
+    lora_dropout: float = config_field(0.05, "Dropout on the LoRA input.")
     lora_target_modules: list[str] = field(
         default_factory=lambda: list(LLAMA_LINEAR_MODULES),
         metadata={"help": "Module names that get LoRA adapters (comma-separated on the command line)."},
     )
     # ----- optimisation
-    learning_rate: float = field(default=1e-5, metadata={"help": "Peak learning rate."})
-    lr_scheduler_type: str = field(default="linear", metadata={"help": "transformers scheduler name."})
-    warmup_ratio: float = field(default=0.0, metadata={"help": "Share of training steps for linear warmup."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
-    num_train_epochs: float = field(default=3.0, metadata={"help": "Epochs over the training data."})
-    max_steps: int = field(default=-1, metadata={"help": "Stop after this many optimizer steps (overrides epochs if > 0)."})
-    per_device_train_batch_size: int = field(default=1, metadata={"help": "Sequences per device per micro-step."})
-    per_device_eval_batch_size: int = field(default=1, metadata={"help": "Sequences per device for eval loss."})
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-steps per optimizer step."})
-    gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "Recompute activations in backward (less memory, ~30% slower)."}
+    learning_rate: float = config_field(1e-5, "Peak learning rate.")
+    lr_scheduler_type: str = config_field("linear", "transformers scheduler name.")
+    warmup_ratio: float = config_field(0.0, "Share of training steps for linear warmup.")
+    weight_decay: float = config_field(0.0, "AdamW weight decay.")
+    max_grad_norm: float = config_field(1.0, "Gradient clipping norm.")
+    num_train_epochs: float = config_field(3.0, "Epochs over the training data.")
+    max_steps: int = config_field(-1, "Stop after this many optimizer steps (overrides epochs if > 0).")
+    per_device_train_batch_size: int = config_field(1, "Sequences per device per micro-step.")
+    per_device_eval_batch_size: int = config_field(1, "Sequences per device for eval loss.")
+    gradient_accumulation_steps: int = config_field(1, "Micro-steps per optimizer step.")
+    gradient_checkpointing: bool = config_field(
+        False,
+        "Recompute activations in backward (less memory, ~30% slower).",
     )
-    bf16: bool = field(default=False, metadata={"help": "Train in bfloat16 mixed precision (Ampere+ GPUs)."})
-    fp16: bool = field(default=False, metadata={"help": "Train in float16 mixed precision."})
-    dtype: str = field(
-        default="auto",
-        metadata={"help": "dtype the base weights are loaded in: auto, bf16, fp16, fp32."},
+    bf16: bool = config_field(False, "Train in bfloat16 mixed precision (Ampere+ GPUs).")
+    fp16: bool = config_field(False, "Train in float16 mixed precision.")
+    dtype: str = config_field(
+        "auto",
+        "dtype the base weights are loaded in: auto, bf16, fp16, fp32.",
     )
-    deepspeed: str | None = field(
-        default=None,
-        metadata={"help": "DeepSpeed JSON config, e.g. configs/deepspeed/zero2.json or zero3.json."},
+    deepspeed: str | None = config_field(
+        None,
+        "DeepSpeed JSON config, e.g. configs/deepspeed/zero2.json or zero3.json.",
     )
     # ----- bookkeeping
-    resume_from_checkpoint: str | None = field(
-        default=None,
-        metadata={"help": "A checkpoint-N directory to resume from, or 'latest' for the newest one in output_dir."},
+    resume_from_checkpoint: str | None = config_field(
+        None,
+        "A checkpoint-N directory to resume from, or 'latest' for the newest one in output_dir.",
     )
-    save_steps: int = field(default=500, metadata={"help": "Save a checkpoint every N optimizer steps."})
-    save_total_limit: int | None = field(default=2, metadata={"help": "Keep at most N checkpoints."})
-    eval_steps: int = field(default=500, metadata={"help": "Evaluation loss every N steps (when eval_file is set)."})
-    logging_steps: int = field(default=10, metadata={"help": "Log the training loss every N steps."})
-    seed: int = field(default=42, metadata={"help": "Random seed (data order, LoRA init)."})
-    report_to: str = field(
-        default="none", metadata={"help": "Experiment tracker(s): none, tensorboard, wandb (comma-separated)."}
+    save_steps: int = config_field(500, "Save a checkpoint every N optimizer steps.")
+    save_total_limit: int | None = config_field(2, "Keep at most N checkpoints.")
+    eval_steps: int = config_field(500, "Evaluation loss every N steps (when eval_file is set).")
+    logging_steps: int = config_field(10, "Log the training loss every N steps.")
+    seed: int = config_field(42, "Random seed (data order, LoRA init).")
+    report_to: str = config_field(
+        "none",
+        "Experiment tracker(s): none, tensorboard, wandb (comma-separated).",
     )
-    disable_tqdm: bool = field(default=False, metadata={"help": "Hide the progress bar."})
+    disable_tqdm: bool = config_field(False, "Hide the progress bar.")
 
     def __post_init__(self) -> None:
         if self.target_format == "nocot" and self.instruction == DEFAULT_INSTRUCTION:

@@ -1,23 +1,23 @@
 """Config precedence (defaults < YAML < CLI), typing and error messages."""
 
-from dataclasses import dataclass, field
-from typing import Literal, Optional
+from dataclasses import dataclass
+from typing import Literal
 
 import pytest
 
-from text2grad.core.config import ConfigError, load_config, parse_config, save_config
+from text2grad.core.config import config_field, ConfigError, load_config, parse_config, save_config
 
 
 @dataclass
 class DemoConfig:
-    model: str = field(default="meta-llama/Llama-3.1-8B-Instruct", metadata={"help": "base model"})
-    lr: float = field(default=1e-6, metadata={"help": "learning rate"})
-    steps: int = field(default=10, metadata={"help": "steps"})
-    use_lora: bool = field(default=True, metadata={"help": "train a LoRA adapter"})
-    mode: Literal["nl_gradient", "scalar"] = field(default="nl_gradient", metadata={"help": "reward mode"})
-    targets: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"], metadata={"help": "LoRA targets"})
-    adapter: Optional[str] = field(default=None, metadata={"help": "adapter dir"})
-    kwargs: dict = field(default_factory=dict, metadata={"help": "extra"})
+    model: str = config_field("meta-llama/Llama-3.1-8B-Instruct", "base model")
+    lr: float = config_field(1e-6, "learning rate")
+    steps: int = config_field(10, "steps")
+    use_lora: bool = config_field(True, "train a LoRA adapter")
+    mode: Literal["nl_gradient", "scalar"] = config_field("nl_gradient", "reward mode")
+    targets: list[str] = config_field(["q_proj", "v_proj"], "LoRA targets")
+    adapter: str | None = config_field(None, "adapter dir")
+    kwargs: dict = config_field({}, "extra")
 
 
 def test_precedence(tmp_path):

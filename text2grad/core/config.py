@@ -1,11 +1,11 @@
 """One way to configure every trainer: a dataclass, a YAML file over its defaults, CLI flags over the YAML.
 
-Each trainer defines one dataclass whose fields carry their help text::
+Each trainer defines one dataclass whose fields carry their help text, declared with `config_field` (the one
+config idiom of the repository; a config lives in its package's ``config.py`` or a ``<name>_config.py`` module)::
 
     @dataclass
     class RewardModelConfig:
-        model_name_or_path: str = field(default="meta-llama/Llama-3.1-8B-Instruct",
-                                        metadata={"help": "Hub id or local path of the base model."})
+        model_name_or_path: str = config_field("meta-llama/Llama-3.1-8B-Instruct", "Hub id or local path of the base model.")
 
 and its CLI calls ``cfg = parse_config(RewardModelConfig)``. Then::
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import dataclasses
 import functools
 import importlib.metadata
@@ -37,7 +38,7 @@ from typing import Any, Iterator, Sequence, TypeVar
 import yaml
 
 __all__ = [
-    "ConfigError", "CliParser", "parse_config", "load_config", "save_config", "config_to_dict", "configure_logging",
+    "ConfigError", "CliParser", "config_field", "parse_config", "load_config", "save_config", "config_to_dict", "configure_logging",
     "invoked_as", "range_problems",
 ]
 
@@ -46,6 +47,18 @@ C = TypeVar("C")
 
 class ConfigError(ValueError):
     """A configuration value or file is wrong; the message says which and how to fix it."""
+
+
+def config_field(default: Any, help: str, **kwargs: Any) -> Any:
+    """A config dataclass field with its help text: the one way every config in the repository declares one.
+
+    ``default`` is the default value; a list or dict default is copied for each instance (a
+    ``default_factory``), so instances never share it. ``kwargs`` go to `dataclasses.field` (e.g.
+    ``repr=False``). The help text is what ``--help`` prints.
+    """
+    if isinstance(default, (list, dict, set)):
+        return dataclasses.field(default_factory=functools.partial(copy.deepcopy, default), metadata={"help": help}, **kwargs)
+    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
 
 
 def _field_type(cls: type, f: dataclasses.Field) -> Any:

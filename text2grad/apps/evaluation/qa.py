@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from text2grad.core.config import ConfigError, save_config
+from text2grad.core.config import config_field, ConfigError, save_config
 from text2grad.core.data import DataError, load_records, record_id, write_jsonl
 
 __all__ = [
@@ -67,57 +67,58 @@ _DEFAULT_JUDGE_PROMPTS = {"alpaca_eval": "alpaca_eval_pairwise", "mt_bench": "mt
 class QAEvalConfig:
     """Evaluate a policy on ARC-Challenge (log-likelihood) or AlpacaEval / MT-Bench style judged QA."""
 
-    task: Literal["arc", "alpaca_eval", "mt_bench"] = field(default="arc", metadata={"help": "Which evaluation to run."})
-    data: str = field(default="", metadata={"help": "Data: .jsonl/.json file, saved dataset directory, or hub id."})
-    data_config: str | None = field(default=None, metadata={"help": "Hub dataset config name, e.g. ARC-Challenge."})
-    split: str | None = field(default=None, metadata={"help": "Split for hub ids / dataset dicts (ARC: 'test')."})
-    field_map: dict = field(default_factory=dict, metadata={"help": "Rename fields, {our_name: their_name}."})
-    limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N records."})
+    task: Literal["arc", "alpaca_eval", "mt_bench"] = config_field("arc", "Which evaluation to run.")
+    data: str = config_field("", "Data: .jsonl/.json file, saved dataset directory, or hub id.")
+    data_config: str | None = config_field(None, "Hub dataset config name, e.g. ARC-Challenge.")
+    split: str | None = config_field(None, "Split for hub ids / dataset dicts (ARC: 'test').")
+    field_map: dict = config_field({}, "Rename fields, {our_name: their_name}.")
+    limit: int | None = config_field(None, "Evaluate only the first N records.")
 
-    model: str | None = field(default=None, metadata={"help": "Policy: hub id, local dir, or adapter-only dir."})
-    adapter: str | None = field(default=None, metadata={"help": "LoRA adapter directory applied on top of --model."})
-    dtype: str = field(default="auto", metadata={"help": "auto | bf16 | fp16 | fp32."})
-    device: str | None = field(default=None, metadata={"help": "cpu | cuda | cuda:N (default: GPU if visible)."})
-    batch_size: int = field(default=8, metadata={"help": "Batch size for scoring and generation."})
+    model: str | None = config_field(None, "Policy: hub id, local dir, or adapter-only dir.")
+    adapter: str | None = config_field(None, "LoRA adapter directory applied on top of --model.")
+    dtype: str = config_field("auto", "auto | bf16 | fp16 | fp32.")
+    device: str | None = config_field(None, "cpu | cuda | cuda:N (default: GPU if visible).")
+    batch_size: int = config_field(8, "Batch size for scoring and generation.")
 
-    arc_prompt_template: str = field(
-        default="Question: {question}\nAnswer:", metadata={"help": "ARC context; {question} is the question stem."}
+    arc_prompt_template: str = config_field(
+        "Question: {question}\nAnswer:",
+        "ARC context; {question} is the question stem.",
     )
-    choice_prefix: str = field(default=" ", metadata={"help": "Put before each ARC choice (the separator after 'Answer:')."})
-    max_length: int = field(default=2048, metadata={"help": "ARC: context+choice tokens beyond this are cut (context from the left)."})
+    choice_prefix: str = config_field(" ", "Put before each ARC choice (the separator after 'Answer:').")
+    max_length: int = config_field(2048, "ARC: context+choice tokens beyond this are cut (context from the left).")
 
-    use_chat_template: bool = field(default=True, metadata={"help": "alpaca_eval/mt_bench: wrap turns in the tokenizer's chat template."})
-    system_prompt: str | None = field(default=None, metadata={"help": "System message for generation."})
-    max_new_tokens: int = field(default=512, metadata={"help": "Answer length limit (tokens)."})
-    max_prompt_length: int = field(default=2048, metadata={"help": "Prompts longer than this are cut from the left."})
-    do_sample: bool = field(default=False, metadata={"help": "Sample instead of greedy decoding."})
-    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature (do_sample only)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (do_sample only)."})
-    seed: int = field(default=0, metadata={"help": "Seed for sampling."})
+    use_chat_template: bool = config_field(True, "alpaca_eval/mt_bench: wrap turns in the tokenizer's chat template.")
+    system_prompt: str | None = config_field(None, "System message for generation.")
+    max_new_tokens: int = config_field(512, "Answer length limit (tokens).")
+    max_prompt_length: int = config_field(2048, "Prompts longer than this are cut from the left.")
+    do_sample: bool = config_field(False, "Sample instead of greedy decoding.")
+    temperature: float = config_field(0.7, "Sampling temperature (do_sample only).")
+    top_p: float = config_field(1.0, "Nucleus sampling (do_sample only).")
+    seed: int = config_field(0, "Seed for sampling.")
 
-    instruction_field: str = field(default="instruction", metadata={"help": "alpaca_eval: field holding the instruction."})
-    baseline_field: str = field(default="output", metadata={"help": "alpaca_eval: field holding the baseline's output."})
-    baseline_predictions: str | None = field(default=None, metadata={"help": "alpaca_eval: the baseline's outputs from a file instead (JSONL/JSON, matched by id or instruction)."})
-    baseline_name: str = field(default="baseline", metadata={"help": "Name of the baseline system in reports."})
-    predictions_file: str | None = field(
-        default=None,
-        metadata={"help": "Judge these outputs instead of generating: JSONL/JSON {id or instruction, prediction} (mt_bench: a list of answers per turn)."},
+    instruction_field: str = config_field("instruction", "alpaca_eval: field holding the instruction.")
+    baseline_field: str = config_field("output", "alpaca_eval: field holding the baseline's output.")
+    baseline_predictions: str | None = config_field(None, "alpaca_eval: the baseline's outputs from a file instead (JSONL/JSON, matched by id or instruction).")
+    baseline_name: str = config_field("baseline", "Name of the baseline system in reports.")
+    predictions_file: str | None = config_field(
+        None,
+        "Judge these outputs instead of generating: JSONL/JSON {id or instruction, prediction} (mt_bench: a list of answers per turn).",
     )
-    prediction_field: str = field(default="prediction", metadata={"help": "Field of predictions files holding the output(s)."})
+    prediction_field: str = config_field("prediction", "Field of predictions files holding the output(s).")
 
-    judge_model: str | None = field(default=None, metadata={"help": "Judge model (required for alpaca_eval and mt_bench)."})
-    judge_base_url: str | None = field(default=None, metadata={"help": "OpenAI-compatible endpoint of the judge (default: OpenAI)."})
-    judge_api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the judge's API key."})
-    judge_prompt: str | None = field(default=None, metadata={"help": "Template name or file (default: the task's packaged template)."})
-    judge_concurrency: int = field(default=8, metadata={"help": "Judge requests in flight at once."})
-    judge_max_retries: int = field(default=5, metadata={"help": "Retries per judge request on 429/5xx/timeouts."})
-    judge_max_tokens: int = field(default=1024, metadata={"help": "Judge answer length limit."})
-    judge_seed: int = field(default=0, metadata={"help": "Seed of the per-item A/B order."})
-    length_controlled: bool = field(default=True, metadata={"help": "alpaca_eval: try alpaca-eval's length-controlled win rate."})
+    judge_model: str | None = config_field(None, "Judge model (required for alpaca_eval and mt_bench).")
+    judge_base_url: str | None = config_field(None, "OpenAI-compatible endpoint of the judge (default: OpenAI).")
+    judge_api_key_env: str = config_field("OPENAI_API_KEY", "Environment variable holding the judge's API key.")
+    judge_prompt: str | None = config_field(None, "Template name or file (default: the task's packaged template).")
+    judge_concurrency: int = config_field(8, "Judge requests in flight at once.")
+    judge_max_retries: int = config_field(5, "Retries per judge request on 429/5xx/timeouts.")
+    judge_max_tokens: int = config_field(1024, "Judge answer length limit.")
+    judge_seed: int = config_field(0, "Seed of the per-item A/B order.")
+    length_controlled: bool = config_field(True, "alpaca_eval: try alpaca-eval's length-controlled win rate.")
 
-    output_dir: str = field(default="runs/eval/qa", metadata={"help": "Where reports and per-item outputs are written."})
-    name: str | None = field(default=None, metadata={"help": "Report file stem (default: the task name)."})
-    show_progress: bool = field(default=True, metadata={"help": "Show progress bars."})
+    output_dir: str = config_field("runs/eval/qa", "Where reports and per-item outputs are written.")
+    name: str | None = config_field(None, "Report file stem (default: the task name).")
+    show_progress: bool = config_field(True, "Show progress bars.")
 
     def __post_init__(self) -> None:
         if not self.data:

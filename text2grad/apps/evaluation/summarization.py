@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from text2grad.core.config import ConfigError, save_config
+from text2grad.core.config import config_field, ConfigError, save_config
 from text2grad.core.data import DataError, iter_jsonl, load_records, record_id, render_template, write_jsonl
 
 __all__ = [
@@ -193,71 +193,76 @@ def perplexity(
 class SummarizationEvalConfig:
     """Evaluate a summarization policy (SLF5K-style): ROUGE, BLEU, BERTScore, perplexity, judged win rate."""
 
-    data: str = field(default="", metadata={"help": "Eval data: .jsonl/.json file, dataset directory, or hub id."})
-    split: str | None = field(default=None, metadata={"help": "Split for hub ids / dataset dicts (e.g. 'validation')."})
-    field_map: dict = field(
-        default_factory=dict,
-        metadata={"help": "Rename fields, {our_name: their_name}, e.g. {\"reference\": \"tldr_human_reference_summary\"}."},
+    data: str = config_field("", "Eval data: .jsonl/.json file, dataset directory, or hub id.")
+    split: str | None = config_field(None, "Split for hub ids / dataset dicts (e.g. 'validation').")
+    field_map: dict = config_field(
+        {},
+        "Rename fields, {our_name: their_name}, e.g. {\"reference\": \"tldr_human_reference_summary\"}.",
     )
-    limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N records."})
-    prompt_template: str = field(
-        default="Title: {title}\n\n{post}\n\nTL;DR:",
-        metadata={"help": "Generation prompt; {field} placeholders are filled from each record."},
+    limit: int | None = config_field(None, "Evaluate only the first N records.")
+    prompt_template: str = config_field(
+        "Title: {title}\n\n{post}\n\nTL;DR:",
+        "Generation prompt; {field} placeholders are filled from each record.",
     )
-    reference_field: str = field(default="reference", metadata={"help": "Record field holding the reference summary."})
-    use_chat_template: bool = field(default=False, metadata={"help": "Wrap prompts in the tokenizer's chat template."})
-    system_prompt: str | None = field(default=None, metadata={"help": "System message when use_chat_template is on."})
+    reference_field: str = config_field("reference", "Record field holding the reference summary.")
+    use_chat_template: bool = config_field(False, "Wrap prompts in the tokenizer's chat template.")
+    system_prompt: str | None = config_field(None, "System message when use_chat_template is on.")
 
-    model: str | None = field(default=None, metadata={"help": "Policy: hub id, local dir, or adapter-only dir. Needed to generate or for perplexity."})
-    adapter: str | None = field(default=None, metadata={"help": "LoRA adapter directory applied on top of --model."})
-    dtype: str = field(default="auto", metadata={"help": "auto | bf16 | fp16 | fp32."})
-    device: str | None = field(default=None, metadata={"help": "cpu | cuda | cuda:N (default: GPU if visible)."})
-    batch_size: int = field(default=8, metadata={"help": "Generation and perplexity batch size."})
-    max_new_tokens: int = field(default=128, metadata={"help": "Generated summary length limit (tokens)."})
-    max_prompt_length: int = field(default=1024, metadata={"help": "Prompts longer than this are cut from the left."})
-    do_sample: bool = field(default=False, metadata={"help": "Sample instead of greedy decoding."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (do_sample only)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling (do_sample only)."})
-    stop_strings: list[str] = field(default_factory=list, metadata={"help": "Strings that end a summary (e.g. '\\n\\n')."})
-    seed: int = field(default=0, metadata={"help": "Seed for sampling."})
+    model: str | None = config_field(None, "Policy: hub id, local dir, or adapter-only dir. Needed to generate or for perplexity.")
+    adapter: str | None = config_field(None, "LoRA adapter directory applied on top of --model.")
+    dtype: str = config_field("auto", "auto | bf16 | fp16 | fp32.")
+    device: str | None = config_field(None, "cpu | cuda | cuda:N (default: GPU if visible).")
+    batch_size: int = config_field(8, "Generation and perplexity batch size.")
+    max_new_tokens: int = config_field(128, "Generated summary length limit (tokens).")
+    max_prompt_length: int = config_field(1024, "Prompts longer than this are cut from the left.")
+    do_sample: bool = config_field(False, "Sample instead of greedy decoding.")
+    temperature: float = config_field(1.0, "Sampling temperature (do_sample only).")
+    top_p: float = config_field(1.0, "Nucleus sampling (do_sample only).")
+    stop_strings: list[str] = config_field([], "Strings that end a summary (e.g. '\\n\\n').")
+    seed: int = config_field(0, "Seed for sampling.")
 
-    predictions_file: str | None = field(
-        default=None, metadata={"help": "Score this JSONL of {id, prediction} instead of generating with --model."}
+    predictions_file: str | None = config_field(
+        None,
+        "Score this JSONL of {id, prediction} instead of generating with --model.",
     )
-    prediction_field: str = field(default="prediction", metadata={"help": "Field of predictions files holding the output text."})
+    prediction_field: str = config_field("prediction", "Field of predictions files holding the output text.")
 
-    metrics: list[str] = field(
-        default_factory=lambda: ["rouge", "bleu", "bertscore", "perplexity"],
-        metadata={"help": "Subset of rouge, bleu, bertscore, perplexity (perplexity needs --model)."},
+    metrics: list[str] = config_field(
+        ["rouge", "bleu", "bertscore", "perplexity"],
+        "Subset of rouge, bleu, bertscore, perplexity (perplexity needs --model).",
     )
-    bertscore_model: str | None = field(
-        default=None, metadata={"help": "BERTScore model: hub id (e.g. roberta-large) or local dir; default the bundled all-MiniLM-L6-v2."}
+    bertscore_model: str | None = config_field(
+        None,
+        "BERTScore model: hub id (e.g. roberta-large) or local dir; default the bundled all-MiniLM-L6-v2.",
     )
-    bertscore_num_layers: int | None = field(default=None, metadata={"help": "BERTScore layer (required for local dirs / unknown ids)."})
-    bertscore_batch_size: int = field(default=32, metadata={"help": "BERTScore batch size."})
-    reference_prefix: str = field(default=" ", metadata={"help": "Prepended to each reference for perplexity (the separator after the prompt)."})
+    bertscore_num_layers: int | None = config_field(None, "BERTScore layer (required for local dirs / unknown ids).")
+    bertscore_batch_size: int = config_field(32, "BERTScore batch size.")
+    reference_prefix: str = config_field(" ", "Prepended to each reference for perplexity (the separator after the prompt).")
 
-    judge_model: str | None = field(default=None, metadata={"help": "Judge model name; enables the judged win rate."})
-    judge_base_url: str | None = field(default=None, metadata={"help": "OpenAI-compatible endpoint of the judge (default: OpenAI)."})
-    judge_api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Environment variable holding the judge's API key."})
-    judge_prompt: str = field(default="summarization_pairwise", metadata={"help": "Packaged template name or a template file."})
-    judge_context_template: str = field(
-        default="Title: {title}\n\n{post}", metadata={"help": "What the judge sees as the post ({field} placeholders)."}
+    judge_model: str | None = config_field(None, "Judge model name; enables the judged win rate.")
+    judge_base_url: str | None = config_field(None, "OpenAI-compatible endpoint of the judge (default: OpenAI).")
+    judge_api_key_env: str = config_field("OPENAI_API_KEY", "Environment variable holding the judge's API key.")
+    judge_prompt: str = config_field("summarization_pairwise", "Packaged template name or a template file.")
+    judge_context_template: str = config_field(
+        "Title: {title}\n\n{post}",
+        "What the judge sees as the post ({field} placeholders).",
     )
-    judge_concurrency: int = field(default=8, metadata={"help": "Judge requests in flight at once."})
-    judge_max_retries: int = field(default=5, metadata={"help": "Retries per judge request on 429/5xx/timeouts."})
-    judge_max_tokens: int = field(default=1024, metadata={"help": "Judge answer length limit."})
-    judge_seed: int = field(default=0, metadata={"help": "Seed of the per-item A/B order."})
-    baseline_predictions: str | None = field(
-        default=None, metadata={"help": "JSONL of {id, prediction} from the system to compare against."}
+    judge_concurrency: int = config_field(8, "Judge requests in flight at once.")
+    judge_max_retries: int = config_field(5, "Retries per judge request on 429/5xx/timeouts.")
+    judge_max_tokens: int = config_field(1024, "Judge answer length limit.")
+    judge_seed: int = config_field(0, "Seed of the per-item A/B order.")
+    baseline_predictions: str | None = config_field(
+        None,
+        "JSONL of {id, prediction} from the system to compare against.",
     )
-    judge_against_reference: bool = field(
-        default=False, metadata={"help": "Compare against the reference summaries instead of --baseline_predictions."}
+    judge_against_reference: bool = config_field(
+        False,
+        "Compare against the reference summaries instead of --baseline_predictions.",
     )
 
-    output_dir: str = field(default="runs/eval/slf5k", metadata={"help": "Where reports and predictions are written."})
-    name: str = field(default="summarization", metadata={"help": "Report file stem: <name>.json and <name>.md."})
-    show_progress: bool = field(default=True, metadata={"help": "Show progress bars."})
+    output_dir: str = config_field("runs/eval/slf5k", "Where reports and predictions are written.")
+    name: str = config_field("summarization", "Report file stem: <name>.json and <name>.md.")
+    show_progress: bool = config_field(True, "Show progress bars.")
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.metrics) - {"rouge", "bleu", "bertscore", "perplexity"})

