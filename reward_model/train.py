@@ -23,7 +23,7 @@ import logging
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -114,9 +114,8 @@ class RewardModelConfig:
     lora_r: int = config_field(16, "LoRA rank.")
     lora_alpha: int = config_field(32, "LoRA alpha (scaling = alpha / r).")
     lora_dropout: float = config_field(0.05, "Dropout on the LoRA input.")
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: list(LLAMA_LINEAR_MODULES),
-        metadata={"help": "Module names that get LoRA adapters (comma-separated on the command line)."},
+    lora_target_modules: list[str] = config_field(
+        LLAMA_LINEAR_MODULES, "Module names that get LoRA adapters (comma-separated on the command line)."
     )
     # ----- optimisation
     learning_rate: float = config_field(1e-5, "Peak learning rate.")
