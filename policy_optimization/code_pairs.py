@@ -25,8 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from text2grad.core.config import config_field
+from tqdm.auto import tqdm
+
+from text2grad.core.config import config_field, ConfigError, parse_config
 from text2grad.core.critics import extract_code
+from text2grad.core.data import DataError, load_records, record_id, write_jsonl
+from text2grad.core.sandbox import run_tests
 
 __all__ = ["CodePairsConfig", "build_pairs", "main"]
 
@@ -50,8 +54,6 @@ class CodePairsConfig:
     progress_bar: bool = config_field(True, "Show a progress bar over the test runs.")
 
     def __post_init__(self) -> None:
-        from text2grad.core.config import ConfigError
-
         if not self.candidate_fields:
             raise ConfigError("candidate_fields is empty; name at least one field that holds candidate programs")
         for name, value in (("max_pairs_per_question", self.max_pairs_per_question), ("workers", self.workers)):
@@ -76,11 +78,6 @@ def _candidates(record: dict[str, Any], fields: Sequence[str]) -> list[str]:
 
 def build_pairs(records: Sequence[dict[str, Any]], cfg: CodePairsConfig) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run every candidate's tests and pair passing with failing programs. Returns (pairs, report)."""
-    from tqdm.auto import tqdm
-
-    from text2grad.core.data import record_id
-    from text2grad.core.sandbox import run_tests
-
     jobs = [(i, code) for i, rec in enumerate(records) for code in _candidates(rec, cfg.candidate_fields)]
 
     def run(job: tuple[int, str]):
@@ -124,9 +121,6 @@ def build_pairs(records: Sequence[dict[str, Any]], cfg: CodePairsConfig) -> tupl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from text2grad.core.config import ConfigError, parse_config
-    from text2grad.core.data import DataError, load_records, write_jsonl
-
     cfg = parse_config(CodePairsConfig, argv)
     try:
         if not cfg.input or not cfg.output:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -279,13 +281,12 @@ def test_cli_rejects_bad_configs(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_eval_code_script_tiny_mode(tmp_path):
-    import os
-    import subprocess
-
     root = Path(__file__).resolve().parents[3]
     env = dict(os.environ, TEXT2GRAD_TINY="1", TINY_DIR=str(tmp_path / "tiny"), TINY_OUTPUT_DIR=str(tmp_path / "eval"))
     proc = subprocess.run(["bash", "scripts/eval_code.sh"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for bench in ("humaneval", "kodcode"):
+    # the KodCode eval split is what prepare-data wrote for the tiny world (native layout), at most --limit 4
+    kodcode_rows = len((tmp_path / "tiny" / "data" / "eval.jsonl").read_text().splitlines())
+    for bench, problems in (("humaneval", 4), ("kodcode", min(4, kodcode_rows))):
         report = json.loads((tmp_path / "eval" / bench / f"{bench}.json").read_text())["results"]
-        assert report["problems"] == 4 and report["pass@1"] == 0.0
+        assert problems > 0 and report["problems"] == problems and report["pass@1"] == 0.0
