@@ -2,6 +2,7 @@
 #
 #   INPUT=... DATA_DIR=... OUTPUT=... CRITIC=llm|human|code_tests bash scripts/annotate_<dataset>.sh [extra flags]
 #   TEXT2GRAD_TINY=1 bash scripts/annotate_<dataset>.sh     # offline smoke run (CI): tiny data + scripted local server
+#   TEXT2GRAD_TINY=1 INPUT=tests/fixtures/<dataset> bash scripts/annotate_<dataset>.sh   # the same on given native rows
 #
 # First `text2grad prepare-data` turns INPUT (the dataset's hub id by default, or a local copy in its native
 # layout) into DATA_DIR (default data/<dataset>) unless that is already done (scripts/_prepare_data.sh), then
@@ -27,7 +28,7 @@ if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     WORK="${TINY_DIR:-$(mktemp -d)}"
     mkdir -p "$WORK"
     "$PY" -m text2grad.apps.tiny --dataset "$DATASET" --output_dir "$WORK" --prepare false >/dev/null 2>&1
-    INPUT="$WORK/raw"
+    INPUT="${INPUT:-$WORK/raw}"                 # generated native-layout rows unless INPUT names others
     DATA_DIR="$WORK/data"
     COMPLETIONS_MODEL="$WORK/model"             # KodCode's negatives come from the tiny model ...
     PREPARE_ARGS="--max_new_tokens 24 ${PREPARE_ARGS:-}"  # ... writing short programs

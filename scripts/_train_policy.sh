@@ -1,10 +1,13 @@
 # Shared by scripts/train_<dataset>.sh (policy phase: SFT -> NL-Gradient PPO [-> DPO baseline]); sourced, not run.
 # Expects NAME (the dataset: configs/NAME/{sft,ppo,dpo}.yaml, runs/NAME), DEFAULT_PHASES, and a function
 # `configure` that sets what is dataset-specific. It is called once with TINY=1 or TINY=0:
-#   TINY=1: DATASET is already the generated tiny training data; set SOURCE (the tiny-mode feedback flags).
-#   TINY=0: SOURCE already points at REWARD_MODEL; give DATASET its default (${DATASET:-...}).
-#   Both: set SFT_DATASET and DPO_DATASET (DPO_DATASET may stay unset: the dpo phase then asks for it), and
-#   optionally SFT_PROMPT / PPO_PROMPT / DPO_PROMPT (extra flags per phase, e.g. --use_chat_template false).
+#   TINY=1: set SOURCE (the tiny-mode feedback flags). TINY=0: SOURCE already points at REWARD_MODEL.
+#   Both: optionally SFT_PROMPT / PPO_PROMPT / DPO_PROMPT (extra flags per phase, e.g. --use_chat_template false)
+#   and PREPARE_FLAGS (prepare-data defaults, e.g. KodCode's --completions_model).
+# The data, in both modes: `text2grad prepare-data` turns INPUT (the dataset's hub id, a local copy, or in tiny
+# mode the generated native-layout files) into DATA_DIR (scripts/_prepare_data.sh); the phases then read
+# SFT_DATASET (default DATA_DIR/sft.jsonl), DATASET (the RL prompts, DATA_DIR/rl_prompts.jsonl) and DPO_DATASET
+# (DATA_DIR/preference_pairs.jsonl).
 # The environment variables are documented in the per-dataset scripts.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/env.sh" >&2  # install/activate .venv (fast when up to date)
@@ -15,18 +18,25 @@ PHASES="${PHASES:-$DEFAULT_PHASES}"
 read -r -a SFT_EXTRA <<< "${SFT_ARGS:-}"
 read -r -a PPO_EXTRA <<< "${PPO_ARGS:-}"
 read -r -a DPO_EXTRA <<< "${DPO_ARGS:-}"
+read -r -a BASELINE_EXTRA <<< "${BASELINE_ARGS:-}"   # extra flags for the scalar_rm / ppo_scalar / grpo phases
 SFT_PROMPT=(); PPO_PROMPT=(); DPO_PROMPT=()
 
 if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     TINY=1
     OUT="${OUT%/}/tiny"
-    "$PY" -m text2grad.apps.tiny --dataset "$NAME" --output_dir "$OUT/world"
+    "$PY" -m text2grad.apps.tiny --dataset "$NAME" --output_dir "$OUT/world" --prepare false
     MODEL="$OUT/world/model"
-    DATASET="$OUT/world/data/train.jsonl"
+    INPUT="${INPUT:-$OUT/world/raw}"; DATA_DIR="$OUT/world/data"   # generated native-layout rows unless INPUT is set
+    DATASET=""; SFT_DATASET=""; DPO_DATASET=""
+    PREPARE_ARGS="--max_new_tokens 24 ${PREPARE_ARGS:-}"   # KodCode: short completions from the tiny model
     SFT_SIZE=(--max_steps 2 --per_device_train_batch_size 4 --bf16 false --logging_steps 1 --save_steps 1000)
     PPO_SIZE=(--num_iterations 2 --batch_size 4 --num_mini_batches 2 --num_ppo_epochs 1 --response_length 12
               --dtype auto --gradient_checkpointing false --progress_bar false --overwrite_output_dir true)
     DPO_SIZE=(--max_steps 2 --per_device_train_batch_size 4 --bf16 false --logging_steps 1 --save_steps 1000)
+    SRM_SIZE=(--max_steps 2 --per_device_train_batch_size 4 --bf16 false --dtype auto --gradient_checkpointing false
+              --logging_steps 1 --save_steps 1000 --eval_fraction 0.25)
+    GRPO_SIZE=(--max_steps 2 --num_generations 2 --per_device_train_batch_size 4 --max_completion_length 12
+               --bf16 false --dtype auto --use_chat_template false --save_steps 1000)
     ACCEL_PREFIX="cpu_deepspeed_"
     export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"
 else
@@ -34,10 +44,16 @@ else
     MODEL="${MODEL:-meta-llama/Llama-3.1-8B-Instruct}"
     REWARD_MODEL="${REWARD_MODEL:-runs/$NAME/reward_model}"
     SOURCE=(--feedback_source reward_model --feedback_source_kwargs "{\"path\": \"$REWARD_MODEL\"}")
-    SFT_SIZE=(); PPO_SIZE=(); DPO_SIZE=()
+    SFT_SIZE=(); PPO_SIZE=(); DPO_SIZE=(); SRM_SIZE=(); GRPO_SIZE=()
     ACCEL_PREFIX="deepspeed_"
 fi
+PREPARE_FLAGS=()
 configure
+source scripts/_prepare_data.sh
+ensure_prepared "$NAME"
+DATASET="${DATASET:-$DATA_DIR/rl_prompts.jsonl}"
+SFT_DATASET="${SFT_DATASET:-$DATA_DIR/sft.jsonl}"
+DPO_DATASET="${DPO_DATASET:-$DATA_DIR/preference_pairs.jsonl}"
 
 LAUNCH=("$PY" -m)
 SFT_DS=()
@@ -65,7 +81,20 @@ for phase in $PHASES; do
             "${HF_LAUNCH[@]}" policy_optimization.dpo --config "configs/$NAME/dpo.yaml" --model_name_or_path "$MODEL" \
                 "${ADAPTER[@]}" --dataset_path "${DPO_DATASET:?set DPO_DATASET to a JSONL of question/chosen/rejected pairs}" \
                 --output_dir "$OUT/dpo" "${SFT_DS[@]}" "${DPO_PROMPT[@]}" "${DPO_SIZE[@]}" "${DPO_EXTRA[@]}" ;;
-        *) echo "[train_$NAME] unknown phase '$phase' (use sft, ppo, dpo)" >&2; exit 2 ;;
+        scalar_rm)   # the PPO baseline's Bradley-Terry reward model, on the same preference pairs as DPO
+            "${HF_LAUNCH[@]}" reward_model.scalar --config "configs/$NAME/scalar_rm.yaml" --model_name_or_path "$MODEL" \
+                --train_file "$DPO_DATASET" --output_dir "$OUT/scalar_rm" "${SFT_DS[@]}" "${SRM_SIZE[@]}" "${BASELINE_EXTRA[@]}" ;;
+        ppo_scalar)  # the paper's PPO baseline: scalar reward from the scalar_rm phase at the last token
+            ADAPTER=(--adapter none); [ -d "$OUT/sft" ] && ADAPTER=(--adapter "$OUT/sft")
+            "${LAUNCH[@]}" policy_optimization.train --config "configs/$NAME/ppo.yaml" --model_name_or_path "$MODEL" \
+                "${ADAPTER[@]}" --dataset_path "$DATASET" --output_dir "$OUT/ppo_scalar" --reward_mode scalar \
+                --feedback_source none --scalar_source scalar_rm --scalar_source_kwargs "{\"path\": \"$OUT/scalar_rm\"}" \
+                --feedback_prompt_template "{prompt}" "${PPO_PROMPT[@]}" "${PPO_SIZE[@]}" "${BASELINE_EXTRA[@]}" ;;
+        grpo)        # Text2Grad-GRPO with the same feedback source as PPO
+            ADAPTER=(--adapter none); [ -d "$OUT/sft" ] && ADAPTER=(--adapter "$OUT/sft")
+            "${HF_LAUNCH[@]}" policy_optimization.grpo --config "configs/$NAME/grpo.yaml" --model_name_or_path "$MODEL" \
+                "${ADAPTER[@]}" --dataset_path "$DATASET" --output_dir "$OUT/grpo" "${SOURCE[@]}" "${GRPO_SIZE[@]}" "${BASELINE_EXTRA[@]}" ;;
+        *) echo "[train_$NAME] unknown phase '$phase' (use sft, ppo, dpo, scalar_rm, ppo_scalar, grpo)" >&2; exit 2 ;;
     esac
 done
 echo "[train_$NAME] done: outputs in $OUT"

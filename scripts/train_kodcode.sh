@@ -4,12 +4,17 @@
 #
 #   bash scripts/train_kodcode.sh                              # real run (configs/kodcode/{sft,ppo,dpo}.yaml)
 #   DEEPSPEED=zero3 bash scripts/train_kodcode.sh              # every phase under accelerate + DeepSpeed ZeRO-3
-#   PHASES="ppo dpo" DPO_DATASET=runs/kodcode/pairs.jsonl bash scripts/train_kodcode.sh   # + DPO baseline
-#     (build the pairs first from unit tests: python -m policy_optimization.code_pairs --help)
+#   PHASES="ppo dpo" bash scripts/train_kodcode.sh              # + DPO baseline on test-judged pairs
 #   TEXT2GRAD_TINY=1 bash scripts/train_kodcode.sh             # tiny offline model and data (CI smoke test)
 #
-# Environment: MODEL (base model), REWARD_MODEL (trained reward model dir), DATASET (hub id or file),
-# OUT (output root, default runs/kodcode), PHASES (default "ppo"), DPO_DATASET (pass/fail pairs), DEEPSPEED (zero2|zero3),
+# Data: `text2grad prepare-data --dataset kodcode` on INPUT (default KodCode/KodCode-Light-RL-10K, or a local copy)
+# into DATA_DIR (default data/kodcode) if not done yet: PPO on rl_prompts.jsonl (questions disjoint from the reward
+# model's, with the required signature from test_info in the prompt), DPO on preference_pairs.jsonl (a passing vs
+# a failing program per question, judged by the unit tests). The failing programs are COMPLETIONS_MODEL's (default
+# MODEL) or PREPARE_ARGS="--completions FILE.jsonl".
+# Environment: MODEL (base model), REWARD_MODEL (trained reward model dir), INPUT, DATA_DIR, PREPARE_ARGS,
+# COMPLETIONS_MODEL, DATASET / SFT_DATASET / DPO_DATASET (override one prepared file),
+# OUT (output root, default runs/kodcode), PHASES (default "ppo"), DEEPSPEED (zero2|zero3),
 # ACCELERATE_CONFIG (overrides the accelerate config DEEPSPEED picks), PYTHON, and PPO_ARGS / SFT_ARGS /
 # DPO_ARGS (extra flags, e.g. PPO_ARGS="--reward_mode scalar"). In tiny mode the feedback comes from the
 # unit tests in the sandbox (feedback_source code_tests, record field "test") and DeepSpeed runs on CPU
@@ -20,10 +25,9 @@ configure() {  # the dataset-specific part; everything else is in scripts/_train
     if [ "$TINY" = 1 ]; then
         SOURCE=(--feedback_source code_tests --feedback_source_kwargs '{"tests_field": "test", "timeout_s": 20}')
         SFT_PROMPT=(--use_chat_template false); PPO_PROMPT=(--use_chat_template false)
-    else
-        DATASET="${DATASET:-KodCode/KodCode-Light-RL-10K}"
-        DPO_DATASET="${DPO_DATASET:-runs/kodcode/pairs.jsonl}"
     fi
-    SFT_DATASET="$DATASET"
+    if [[ " ${PREPARE_ARGS:-} " != *" --completions "* ]]; then
+        PREPARE_FLAGS=(--completions_model "${COMPLETIONS_MODEL:-$MODEL}")
+    fi
 }
 source "$(dirname "${BASH_SOURCE[0]}")/_train_policy.sh"

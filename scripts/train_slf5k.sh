@@ -6,7 +6,11 @@
 #   PHASES="sft ppo dpo" bash scripts/train_slf5k.sh         # also the DPO baseline
 #   TEXT2GRAD_TINY=1 bash scripts/train_slf5k.sh             # tiny offline model and data (CI smoke test)
 #
-# Environment: MODEL (base model), REWARD_MODEL (trained reward model dir), DATASET (hub id or file),
+# Data: `text2grad prepare-data --dataset slf5k` on INPUT (default JeremyAlain/SLF5K, or a local copy) into DATA_DIR
+# (default data/slf5k) if not done yet; SFT on sft.jsonl (ideal human summaries), PPO on rl_prompts.jsonl, DPO on
+# preference_pairs.jsonl (SLF5K's human comparisons, "Summary A"/"Summary B").
+# Environment: MODEL (base model), REWARD_MODEL (trained reward model dir), INPUT, DATA_DIR, PREPARE_ARGS,
+# DATASET / SFT_DATASET / DPO_DATASET (override one prepared file),
 # OUT (output root, default runs/slf5k), PHASES (default "sft ppo"), DEEPSPEED (zero2|zero3),
 # ACCELERATE_CONFIG (overrides the accelerate config DEEPSPEED picks), PYTHON, and PPO_ARGS / SFT_ARGS /
 # DPO_ARGS (extra flags, e.g. PPO_ARGS="--reward_mode scalar"). In tiny mode the feedback comes from the
@@ -16,9 +20,6 @@ DEFAULT_PHASES="sft ppo"
 configure() {  # the dataset-specific part; everything else is in scripts/_train_policy.sh
     if [ "$TINY" = 1 ]; then
         SOURCE=(--feedback_source reference --feedback_source_kwargs '{"reference_field": "reference"}')
-    else
-        DATASET="${DATASET:-JeremyAlain/SLF5K}"
     fi
-    SFT_DATASET="$DATASET"; DPO_DATASET="$DATASET"
 }
 source "$(dirname "${BASH_SOURCE[0]}")/_train_policy.sh"
