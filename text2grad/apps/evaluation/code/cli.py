@@ -199,8 +199,7 @@ def evaluate_code(cfg: CodeEvalConfig) -> dict[str, Any]:
         f"Scoring: {_scoring(cfg.benchmark, problems)}",
         f"Empty completions ({empty}) and completions that do not parse ({unparseable}) count as failures.",
         f"Sandbox: {', '.join(['namespaces (no network)'] if iso.namespaces else ['NO network isolation'])}"
-        f"{', unprivileged uid' if iso.drop_uid else ''}; timeout {cfg.timeout_s} s per program, "
-        f"{cfg.per_test_timeout_s} s per test, {cfg.memory_mb} MiB; {cfg.workers} workers, "
+        f"{', unprivileged uid' if iso.drop_uid else ''}; {_limits(cfg, problems)}, {cfg.memory_mb} MiB; {cfg.workers} workers, "
         f"{len(results) / max(elapsed, 1e-9):.1f} programs/s.",
     ]
     report = {
@@ -223,6 +222,13 @@ def evaluate_code(cfg: CodeEvalConfig) -> dict[str, Any]:
     problems_md.write_text(f"# Per-problem verdicts: {system}\n\n" + markdown_table(problem_rows), encoding="utf-8")
     report["report_json"], report["report_md"], report["problems_md"] = str(json_path), str(md_path), str(problems_md)
     return report
+
+
+def _limits(cfg: CodeEvalConfig, problems: Sequence[CodeProblem]) -> str:
+    if problems[0].evalplus is not None:
+        return (f"each input max(1 s, 4 x the reference time) (evalplus), the program at least {cfg.timeout_s} s and "
+                "as long as those limits can add up to")
+    return f"timeout {cfg.timeout_s} s per program, {cfg.per_test_timeout_s} s per test"
 
 
 def _scoring(benchmark: str, problems: Sequence[CodeProblem]) -> str:
