@@ -135,6 +135,8 @@ def test_release_schema_errors_are_data_errors(tmp_path):
         load_problems("mbpp_plus", str(path))
     with pytest.raises(DataError, match="does not exist"):
         load_problems("mbpp_plus", str(tmp_path / "MbppPlus-missing.jsonl"))
+    with pytest.raises(DataError, match=r"not HumanEval/N ids; is --benchmark humaneval_plus right"):
+        load_problems("humaneval_plus", str(FIXTURE / "MbppPlus-fixture.jsonl"))
 
 
 def test_offline_sources_never_download(tmp_path, monkeypatch):

@@ -111,6 +111,10 @@ def load_release(benchmark: str, path: str | Path) -> list[tuple[dict[str, Any],
         raise DataError(f"{path}: evalplus could not read it as a {benchmark} release file ({exc!r})") from None
     finally:
         setattr(module, attribute, saved)
+    prefix = {"humaneval": "HumanEval/", "mbpp": "Mbpp/"}[dataset]
+    strays = [t for t in tasks if not str(t).startswith(prefix)]
+    if strays:  # evalplus's oracles and input handling are chosen by dataset: a mix-up would score silently wrong
+        raise DataError(f"{path}: task ids {strays[:3]} are not {prefix}N ids; is --benchmark {benchmark} right for this file?")
     out = []
     for task_id, rec in tasks.items():
         if "entry_point" not in rec:
