@@ -300,3 +300,32 @@ def test_wrong_eval_split_and_flattened_conversations(tmp_path, capsys):
 def test_missing_input_is_named(tmp_path, capsys):
     rc, _ = prepare(tmp_path, "--dataset", "slf5k", "--input", str(tmp_path / "nowhere"))
     assert rc == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_kodcode_llm_critic_sees_the_tests_and_the_execution_result(tmp_path):
+    """prepare-data's KodCode records through the real annotate CLI and the built-in CoT prompt: every request
+    shows the unit tests and that program's own execution result (the failing assertion for a wrong program)."""
+    from annotation.cli import main as annotate
+    from tests.fake_openai import FakeOpenAIServer, quoting_handler
+
+    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--input", str(FIXTURES / "kodcode"), "--completions",
+                      str(FIXTURES / "kodcode" / "completions.jsonl"), "--fractions", '{"rm": 1.0}')
+    assert rc == 0
+    records = read(out, "annotation_input.jsonl")
+    with FakeOpenAIServer(quoting_handler) as server:
+        rc = annotate(["--config", str(FIXTURES.parent.parent / "configs" / "kodcode" / "annotation.yaml"), "--input", str(out / "annotation_input.jsonl"),
+                       "--output", str(tmp_path / "ann.jsonl"), "--base_url", server.base_url,
+                       "--api_key_env", "TEXT2GRAD_TEST_NO_KEY", "--progress", "false", "--concurrency", "2"])
+        bodies = list(server.requests)
+    assert rc == 0 and len(bodies) == len(records) == 9
+    seen_failures = 0
+    for body in bodies:
+        user = body["messages"][-1]["content"]
+        # (two records may hold the same program: a completion equal to the reference, with the same result)
+        rec = next(r for r in records if f"<response>\n{r['response']}\n</response>" in user)
+        assert f"<unit_tests>\n{rec['tests']}\n</unit_tests>" in user
+        assert f"<execution_result>\n{rec['execution_result']}\n</execution_result>" in user
+        seen_failures += "First failure: test_mixed: AssertionError" in user
+    assert seen_failures == 1
+    annotated = list(iter_jsonl(tmp_path / "ann.jsonl"))
+    assert {a["id"] for a in annotated} == {r["id"] for r in records}
