@@ -14,38 +14,40 @@ Examples::
     python -m text2grad.annotate --config configs/kodcode/annotation.yaml --critic code_tests --input ... --output ...
 
 Rerunning the same command resumes. Exit codes: 0 done (or stopped by a budget; the report says so),
-1 the API refused us (bad key, model or URL), 2 bad configuration or input, 130 interrupted.
+1 the API refused us or could not be reached (bad key, model or URL; the message names it), 2 bad
+configuration or input (an empty input included), 130 interrupted.
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Sequence
 
 from annotation.config import AnnotationConfig
 from annotation.runner import run_annotation
-from text2grad.core.config import parse_config
-from text2grad.core.data import DataError
+from text2grad.core.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, print_error, run_cli
+from text2grad.core.config import ConfigError
 
 __all__ = ["main"]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_config(AnnotationConfig, argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+def annotate(cfg: AnnotationConfig) -> int:
     try:
         report = run_annotation(cfg)
-    except (DataError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:  # a bad path or setting found before any request (DataError is handled by run_cli)
+        raise ConfigError(str(exc)) from None
     print(report.summary())
     print(f"report: {cfg.report_path}")
     if report.fatal_error:
-        return 1
+        print_error(f"stopped: {report.fatal_error}")
+        return EXIT_FAILED
     if report.interrupted:
-        return 130
-    return 0
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(AnnotationConfig, annotate, argv)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from text2grad.core.config import config_field
+from text2grad.core.config import config_field, range_problems
 from text2grad.core.critics import CRITICS as REGISTERED_CRITICS
 
 __all__ = ["AnnotationConfig", "DATASETS", "CRITICS", "DEFAULT_FIELD_MAPS", "REQUIRED_FIELDS"]
@@ -36,6 +36,8 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
 @dataclass
 class AnnotationConfig:
     """Annotate (prompt, response) records with a critique and good/poor spans (Text2Grad phase 1)."""
+
+    DEPRECATED_NAMES: ClassVar[dict[str, str]] = {"progress": "progress_bar"}
 
     # --- data -------------------------------------------------------------------------------------
     input: str = config_field(
@@ -151,6 +153,11 @@ class AnnotationConfig:
         "Cap on one wait requested by a Retry-After header.",
     )
     timeout_s: float = config_field(120.0, "Timeout of one API request, in seconds.")
+    max_connection_errors: int = config_field(
+        5,
+        "Stop the run (exit 1, naming the URL) after this many connection attempts in a row found "
+        "no server; an answer of any kind resets the count. Timeouts are not counted.",
+    )
     max_requests: int | None = config_field(
         None,
         "Stop cleanly after this many API requests (retries count). Unfinished records are "
@@ -181,16 +188,19 @@ class AnnotationConfig:
     test_timeout_s: float = config_field(10.0, "code_tests: time limit of one test run.")
     test_memory_mb: int = config_field(1024, "code_tests: memory limit of one test run.")
 
-    progress: bool = config_field(True, "Show a progress bar with rate and ETA (stderr).")
+    progress_bar: bool = config_field(True, "Show a progress bar with rate and ETA (stderr).")
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
-        for name in ("max_retries", "max_api_retries"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.max_requests is not None and self.max_requests < 0:
-            raise ValueError(f"max_requests must be >= 0, got {self.max_requests}")
+        problems = range_problems(
+            self,
+            positive=("concurrency", "max_tokens", "timeout_s", "max_connection_errors", "limit", "test_timeout_s",
+                      "test_memory_mb", "max_cost_usd"),
+            non_negative=("max_retries", "max_api_retries", "max_requests", "backoff_base_s", "backoff_max_s",
+                          "retry_after_max_s", "temperature", "price_per_1k_input", "price_per_1k_output",
+                          "fsync_interval_s"),
+        )
+        if problems:
+            raise ValueError("; ".join(problems))
         if self.critic not in CRITICS and ":" not in self.critic:
             raise ValueError(
                 f"critic must be one of {list(CRITICS)} or 'package.module:ClassName', got {self.critic!r}"

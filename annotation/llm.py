@@ -273,6 +273,7 @@ class ChatClient:
         self.meter = meter or UsageMeter()
         self.secret = secret
         self.rng = random.Random(cfg.seed)
+        self.connection_errors = 0  # connection attempts in a row that found no server (any answer resets it)
 
     def _mask(self, text: str) -> str:
         return mask_secrets(text, [self.secret])
@@ -293,6 +294,7 @@ class ChatClient:
                 )
             except openai.APIStatusError as exc:
                 self.meter.release()
+                self.connection_errors = 0
                 status = exc.status_code
                 message = self._mask(f"HTTP {status} from {cfg.model}: {exc.message}")
                 if status in FATAL_STATUS:
@@ -305,7 +307,16 @@ class ChatClient:
                 self.meter.release()
                 message = self._mask(f"{type(exc).__name__} from {cfg.model}: {exc}")
                 status, wait = None, None
+                if isinstance(exc, openai.APIConnectionError) and not isinstance(exc, openai.APITimeoutError):
+                    self.connection_errors += 1
+                    if self.connection_errors >= cfg.max_connection_errors:
+                        # An unreachable server would fail every record after all its retries: stop now, say where.
+                        raise FatalAPIError(self._mask(
+                            f"cannot reach {self.client.base_url}: {self.connection_errors} connection attempts in a "
+                            f"row failed ({message}); is the server running and is --base_url right?"
+                        )) from None
             else:
+                self.connection_errors = 0
                 text = (response.choices[0].message.content or "") if response.choices else ""
                 usage = response.usage
                 prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)

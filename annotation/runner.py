@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from annotation.config import AnnotationConfig
 from annotation.critics import (
@@ -99,11 +99,27 @@ class RunReport:
     fatal_error: str | None = None
     output_records: int = 0
     failure_records: int = 0
+    retry_failures: bool = False
+    # Totals over every run into this output (this one included), so a killed or resumed run's tokens and cost
+    # are never lost: runs, requests, tokens_in, tokens_out, tokens_estimated_requests, estimated_cost_usd,
+    # done, failed, elapsed_s.
+    cumulative: dict[str, float] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
         return self.not_finished == 0 and not self.interrupted and self.fatal_error is None
+
+    def accumulate(self, earlier: Mapping[str, float]) -> None:
+        """Set ``cumulative`` to ``earlier`` (the totals of the runs before this one) plus this run."""
+        mine = {
+            "runs": 1, "requests": self.requests, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
+            "tokens_estimated_requests": self.tokens_estimated_requests, "estimated_cost_usd": self.estimated_cost_usd,
+            "done": self.done, "failed": self.failed, "elapsed_s": self.elapsed_s,
+        }
+        self.cumulative = {k: round(float(earlier.get(k, 0)) + v, 6) for k, v in mine.items()}
+        for k in ("runs", "requests", "tokens_in", "tokens_out", "tokens_estimated_requests", "done", "failed"):
+            self.cumulative[k] = int(self.cumulative[k])
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "complete": self.complete}
@@ -126,8 +142,19 @@ class RunReport:
             f"{self.elapsed_s:.1f} s, {self.records_per_s:.2f} records/s; output has {self.output_records} record(s), "
             f"failures file {self.failure_records}",
         ]
+        if self.cumulative.get("runs", 1) > 1:
+            c = self.cumulative
+            lines.append(
+                f"all {c['runs']} runs into this output: {c['requests']} requests, tokens in/out "
+                f"{c['tokens_in']}/{c['tokens_out']}, estimated cost ${c['estimated_cost_usd']:.4f}"
+            )
         if self.failure_reasons:
             lines.append("failure reasons: " + ", ".join(f"{k}={v}" for k, v in sorted(self.failure_reasons.items())))
+        if self.skipped_failed and not self.retry_failures:
+            lines.append(
+                f"{self.skipped_failed} record(s) failed in an earlier run and were skipped (reasons in "
+                f"{self.failures}); rerun with --retry_failures true to try them again"
+            )
         if self.stopped:
             lines.append(f"stopped early: {self.stopped}. Rerun the same command to continue.")
         if self.interrupted:
@@ -209,11 +236,26 @@ def repair_torn_tail(path: Path) -> bool:
             if idx >= 0:
                 keep = pos + idx + 1
                 break
+        fh.seek(keep)
+        if _is_json_object(fh.read()):
+            # A complete record whose newline is missing (written by another tool): keep it, end the line.
+            fh.seek(0, os.SEEK_END)
+            fh.write(b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+            return False
         fh.truncate(keep)
         fh.flush()
         os.fsync(fh.fileno())
     logger.warning("%s ended with an incomplete line (interrupted write); it was removed and will be redone", path)
     return True
+
+
+def _is_json_object(data: bytes) -> bool:
+    try:
+        return isinstance(json.loads(data.decode("utf-8")), dict)
+    except (UnicodeDecodeError, ValueError):
+        return False
 
 
 def read_done_ids(path: Path) -> list[str]:
@@ -379,12 +421,17 @@ def build_critic(
 def run_annotation(cfg: AnnotationConfig, critic: RecordCritic | None = None) -> RunReport:
     """Annotate ``cfg.input`` into ``cfg.output`` (see the module doc). Raises DataError/ValueError on bad input
     or configuration, before any request is made."""
-    if not cfg.input or not cfg.output:
-        raise ValueError("both --input and --output are required")
+    check_paths(cfg)
     output, failures = Path(cfg.output), cfg.failures_path
-    report = RunReport(input=cfg.input, output=str(output), failures=str(failures), config=config_to_dict(cfg))
+    report = RunReport(
+        input=cfg.input, output=str(output), failures=str(failures), retry_failures=cfg.retry_failures,
+        config=config_to_dict(cfg),
+    )
     records = load_inputs(cfg)
+    if not records:
+        raise DataError(f"{cfg.input} holds no records{' (after --limit)' if cfg.limit else ''}: nothing to annotate")
     report.records_in_input = len(records)
+    earlier = _earlier_totals(cfg.report_path, str(output))
 
     output.parent.mkdir(parents=True, exist_ok=True)
     failures.parent.mkdir(parents=True, exist_ok=True)
@@ -400,6 +447,11 @@ def run_annotation(cfg: AnnotationConfig, critic: RecordCritic | None = None) ->
     report.skipped_done = len(done_ids & input_ids)
     report.skipped_failed = len(failed_ids & input_ids)
     report.to_annotate = len(todo)
+    if report.skipped_failed:
+        logger.warning(
+            "skipping %d record(s) that failed in an earlier run (see %s); pass --retry_failures true to retry them",
+            report.skipped_failed, failures,
+        )
 
     meter = UsageMeter(cfg.max_requests, cfg.max_cost_usd, cfg.price_per_1k_input, cfg.price_per_1k_output)
     client, secret = None, None
@@ -409,10 +461,9 @@ def run_annotation(cfg: AnnotationConfig, critic: RecordCritic | None = None) ->
     if todo and template is not None:
         template.messages(todo[0])  # a placeholder the records lack is a configuration error: fail before any request
     start = time.perf_counter()
-    try:
-        if todo:
-            asyncio.run(_annotate_all(cfg, todo, critic, client, meter, report, secret))  # type: ignore[arg-type]
-    finally:
+
+    def snapshot() -> None:
+        """Write the report as it stands (also while running, so a run killed with -9 keeps its costs)."""
         report.elapsed_s = time.perf_counter() - start
         report.requests = meter.requests
         report.api_retries = meter.api_retries
@@ -423,10 +474,54 @@ def run_annotation(cfg: AnnotationConfig, critic: RecordCritic | None = None) ->
         report.records_per_s = (report.done + report.failed) / report.elapsed_s if report.elapsed_s > 0 else 0.0
         report.not_finished = report.to_annotate - report.done - report.failed
         report.unmatched_span_rate = report.spans_unmatched / report.spans_total if report.spans_total else 0.0
+        report.accumulate(earlier)
+        _write_report(cfg.report_path, report)
+
+    try:
+        if todo:
+            asyncio.run(_annotate_all(cfg, todo, critic, client, meter, report, secret, snapshot))  # type: ignore[arg-type]
+    finally:
         report.output_records = len(read_done_ids(output))
         report.failure_records = len(read_done_ids(failures))
-        _write_report(cfg.report_path, report)
+        snapshot()
     return report
+
+
+def check_paths(cfg: AnnotationConfig) -> None:
+    """Refuse paths that would lose data, before anything is read or written: the input must never be written
+    (it is not one of the outputs), the outputs must be distinct files, and none may be a directory."""
+    if not cfg.input or not cfg.output:
+        raise ValueError("both --input and --output are required")
+    outputs = {"--output": Path(cfg.output), "--failures": cfg.failures_path, "--report": cfg.report_path}
+    source = Path(cfg.input)
+    seen: dict[Path, str] = {}
+    for flag, path in outputs.items():
+        if path.is_dir():
+            raise ValueError(f"{flag} {path} is a directory; name a file, e.g. {path / 'annotations.jsonl'}")
+        if path.resolve() == source.resolve():
+            raise ValueError(f"{flag} {path} is the input file: annotation never writes its input; choose another {flag}")
+        key = path.resolve()
+        if key in seen:
+            raise ValueError(f"{seen[key]} and {flag} are the same file {path}; give each its own path")
+        seen[key] = flag
+
+
+def _earlier_totals(report_path: Path, output: str) -> dict[str, float]:
+    """The ``cumulative`` totals of the report an earlier run into the same output left (empty if none)."""
+    try:
+        earlier = json.loads(report_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(earlier, dict) or earlier.get("output") != output:
+        return {}
+    totals = earlier.get("cumulative")
+    if isinstance(totals, dict) and totals:
+        return totals
+    # a report written before cumulative totals existed: its own run's numbers
+    return {
+        "runs": 1, **{k: earlier.get(k, 0) for k in ("requests", "tokens_in", "tokens_out", "tokens_estimated_requests",
+                                                    "estimated_cost_usd", "done", "failed", "elapsed_s")},
+    }
 
 
 def _write_report(path: Path, report: RunReport) -> None:
@@ -444,6 +539,7 @@ async def _annotate_all(
     meter: UsageMeter,
     report: RunReport,
     secret: str | None,
+    snapshot: Callable[[], None] | None = None,
 ) -> None:
     from tqdm.auto import tqdm
 
@@ -452,7 +548,7 @@ async def _annotate_all(
     pending = iter(todo)
     stop = asyncio.Event()
     source = getattr(critic, "source", type(critic).__name__)
-    bar = tqdm(total=len(todo), desc="annotate", unit="rec", disable=not cfg.progress, dynamic_ncols=True)
+    bar = tqdm(total=len(todo), desc="annotate", unit="rec", disable=not cfg.progress_bar, dynamic_ncols=True)
 
     sync_each = cfg.fsync_interval_s <= 0
     out_file = _Appender(Path(cfg.output), sync_each)
@@ -468,6 +564,8 @@ async def _annotate_all(
                 pass
             await out_file.sync()
             await fail_file.sync()
+            if snapshot is not None and not finished.is_set():
+                snapshot()
 
     try:
 

@@ -66,7 +66,7 @@ def _measure(args: argparse.Namespace, tmp: Path, url_file: Path) -> list[tuple[
     for c in args.concurrency:
         # An unset key variable: the loopback server gets a placeholder key, never a real one.
         cfg = AnnotationConfig(input=str(data), output=str(tmp / f"out_c{c}.jsonl"), base_url=base_url,
-                               api_key_env="BENCH_NO_KEY", concurrency=c, progress=False)
+                               api_key_env="BENCH_NO_KEY", concurrency=c, progress_bar=False)
         start = time.perf_counter()
         report = run_annotation(cfg)
         elapsed = time.perf_counter() - start

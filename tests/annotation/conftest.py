@@ -30,7 +30,7 @@ def run_cli(api_key):
             "--backoff_base_s", "0.01",
             "--backoff_max_s", "0.05",
             "--timeout_s", "5",
-            "--progress", "false",
+            "--progress_bar", "false",
             *extra,
         ]
         rc = main(args)

@@ -159,6 +159,7 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: dict[st
             raise ConfigError(f"{path} must contain a mapping of field: value, got {type(data).__name__}")
         values.update(data)
     values.update(overrides or {})
+    values = _apply_deprecated_names(cls, values)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
@@ -171,6 +172,29 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: dict[st
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def deprecated_names(cls: type) -> dict[str, tuple[str, bool]]:
+    """``{old name: (field, inverted)}`` from the config's ``DEPRECATED_NAMES`` class attribute: old flag and YAML
+    key spellings still accepted (with a warning) after a rename to the house convention. ``inverted`` marks a
+    boolean whose sense flipped (``disable_tqdm`` -> ``progress_bar``)."""
+    raw = getattr(cls, "DEPRECATED_NAMES", {}) or {}
+    return {old: (new if isinstance(new, tuple) else (new, False)) for old, new in raw.items()}  # type: ignore[misc]
+
+
+def _apply_deprecated_names(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    out = dict(values)
+    for old, (new, inverted) in deprecated_names(cls).items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        if inverted:
+            value = not _coerce(value, bool, old)
+        if new not in out:
+            out[new] = value
+        logging.getLogger(__name__).warning("'%s' is deprecated; use '%s'%s", old, new,
+                                            " (with the opposite value)" if inverted else "")
+    return out
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
@@ -268,6 +292,8 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
             metavar=base.__name__.upper() if isinstance(base, type) else "VALUE",
             help=help_text.replace("%", "%%"),  # argparse formats help with %: a literal % must be doubled
         )
+    for old in deprecated_names(cls):
+        parser.add_argument(f"--{old}", dest=old, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
