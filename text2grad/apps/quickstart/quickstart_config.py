@@ -20,7 +20,7 @@ class QuickstartConfig:
     """
 
     output_dir: str = config_field("runs/quickstart", "Where data, models, metrics and the report go.")
-    preset: Preset = config_field("default", "Size preset: ci (smoke test, ~1-3 min), default (~6.5 min on 2 idle cores), large.")
+    preset: Preset = config_field("default", "Size preset: ci (smoke test, ~1-2 min on 2 idle cores), default (~4.5 min), large.")
     seed: int = config_field(0, "Seed of the task generator, the tiny models and every phase.")
     ppo_seed: int | None = config_field(None, "Seed of policy optimization only (default: seed); the benchmark varies it.")
     cache_dir: str | None = config_field(
@@ -103,8 +103,10 @@ class QuickstartConfig:
 # Preset values for every None field above. ``default`` is sized for < 10 min on a 2-core CPU.
 PRESETS: dict[str, dict[str, Any]] = {
     "ci": dict(
-        n_train=160, n_rl=32, n_eval=16, vocab_size=420, hidden_size=32, num_layers=2, sft_steps=12,
-        sft_learning_rate=3e-3, n_annotations=48, rm_steps=8, rm_learning_rate=2e-3, ppo_iterations=4,
+        # big enough that every phase does something (the reward model writes valid JSON, PPO moves the policy),
+        # so tests/apps/quickstart/expected_ci_results.json pins real numbers
+        n_train=160, n_rl=32, n_eval=16, vocab_size=420, hidden_size=32, num_layers=2, sft_steps=200,
+        sft_learning_rate=3e-3, n_annotations=96, rm_steps=150, rm_learning_rate=2e-3, ppo_iterations=4,
         ppo_batch_size=8, ppo_learning_rate=3e-4, kl_coef=0.05, eval_every=2,
     ),
     "default": dict(
