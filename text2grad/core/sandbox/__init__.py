@@ -27,9 +27,10 @@ Layers (each run; ``result.layers`` lists the ones that applied)
 4. ``rlimits``: RLIMIT_CPU (timeout + 1 s), RLIMIT_AS (``memory_mb``), RLIMIT_NPROC (``max_processes``; the
    kernel counts threads too), RLIMIT_FSIZE (``max_file_mb``), RLIMIT_NOFILE (256), RLIMIT_CORE (0);
    ``PR_SET_NO_NEW_PRIVS`` so set-uid binaries cannot raise privileges.
-5. ``namespaces`` (``unshare --net --mount --pid --fork --mount-proc --kill-child``, when the ``unshare``
+5. ``namespaces`` (``unshare --net --mount --pid --ipc --fork --mount-proc --kill-child``, when the ``unshare``
    binary exists and we are root or may create user namespaces): no network (not even loopback: connect
-   fails with ENETUNREACH); each run gets its OWN PID namespace whose init is the bootstrap (when it exits or
+   fails with ENETUNREACH); each run gets its OWN IPC namespace (SysV shared memory, semaphores and message
+   queues, which otherwise outlive their creator, die with the run) and its OWN PID namespace whose init is the bootstrap (when it exits or
    is killed, the kernel kills every process left in it; ``os.kill`` of the parent cannot reach the caller)
    and its own private mount namespace in which /proc shows only the run, and /tmp, /var/tmp, /dev/shm and
    /run/lock are fresh size-limited tmpfs mounts (only the run's own directory is bound back), so files the
@@ -61,7 +62,8 @@ When a layer is not available
 A warning is logged once (logger ``text2grad.core.sandbox``) and the run continues with the other layers:
 
 * no ``unshare`` binary, or it fails (a container without CAP_SYS_ADMIN and no user namespaces): no network
-  isolation (``result.network_isolated`` is False: the program can open sockets), no PID namespace (cleanup
+  isolation (``result.network_isolated`` is False: the program can open sockets), no IPC namespace (SysV IPC
+  objects a program creates outlive it, visible to later runs), no PID namespace (cleanup
   still kills by uid, process group and run id; a process that calls setsid() and execs with a clean
   environment can escape it when we are not root), and /tmp is shared (the program can create new files in
   world-writable directories).

@@ -7,7 +7,7 @@ Process tree of one run started by the worker (``--once`` skips the first two bo
 run's init)::
 
     worker (PID 1 of the worker's namespaces; single-threaded; never runs program code)
-      └─ manager: unshare(CLONE_NEWNS | CLONE_NEWPID), fork, send the init's pidfd to the harness, exit
+      └─ manager: unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC), fork, send the init's pidfd, exit
            └─ init: PID 1 of the run's own PID namespace; private tmpfs /tmp etc., fresh /proc; waits, reports
                 └─ program: new session, rlimits, no_new_privs, fresh uid, scrubbed env, runs the code
 
@@ -46,6 +46,7 @@ PRELOADED_MODULES = ("typing", "re", "math", "collections", "itertools", "functo
                      "string", "random", "copy", "dataclasses", "hashlib")
 
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWIPC = 0x08000000
 _CLONE_NEWPID = 0x20000000
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_CHILD_SUBREAPER = 36
@@ -164,11 +165,11 @@ def _status(fd: int, text: str, fds: Sequence[int] = ()) -> None:
 
 
 def _manage(spec: dict[str, Any], fds: list[int], runner: types.ModuleType) -> int:
-    """The run's manager: new mount and PID namespaces, fork the init, hand its pidfd to the harness."""
+    """The run's manager: new mount, PID and IPC namespaces, fork the init, hand its pidfd to the harness."""
     stdin_fd, stdout_fd, stderr_fd, report_fd, status_fd = fds
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     if spec.get("new_namespaces"):
-        _check(_libc().unshare(_CLONE_NEWNS | _CLONE_NEWPID), "unshare")
+        _check(_libc().unshare(_CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC), "unshare")
     pid = os.fork()
     if pid == 0:
         code = 127

@@ -52,7 +52,7 @@ def probe_platform() -> Isolation:
     elif not sys.platform.startswith("linux") or unshare is None:
         notes.append("no `unshare` binary (util-linux): programs can use the network, no PID/mount namespace")
     else:
-        base = (unshare, "--net", "--mount", "--pid", "--fork", "--mount-proc", "--kill-child")
+        base = (unshare, "--net", "--mount", "--pid", "--ipc", "--fork", "--mount-proc", "--kill-child")
         candidates = [base] if is_root else [(unshare, "--user", "--map-root-user") + base[1:]]
         for cand in candidates:
             try:
