@@ -81,7 +81,7 @@ def test_train_cli_reports_bad_input_clearly(world, tmp_path, capsys):
     assert train.main(base + ["--dataset_path", data, "--prompt_template", "{nope}", "--feedback_source", "reference"]) == 2
     assert "nope" in capsys.readouterr().err
     assert train.main(base + ["--dataset_path", data, "--prompt_template", "{post}", "--feedback_source", "no_such_source"]) == 2
-    assert "unknown feedback_source" in capsys.readouterr().err
+    assert "unknown critic 'no_such_source'" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse: invalid choice for a Literal field
         train.main(base + ["--dataset_path", data, "--reward_mode", "sparse"])
     assert "reward_mode" in capsys.readouterr().err

@@ -73,7 +73,9 @@ CRITICS: dict[str, str] = {
 def load_object(spec: str) -> Any:
     """``"package.module:Name"`` (``Name`` may be dotted, e.g. ``Class.method``) -> that object.
 
-    Raises ValueError with what was wrong (no colon, module not importable, attribute missing).
+    Raises ValueError with what was wrong (no colon, no such module, attribute missing). An ImportError for a
+    package the module itself needs (e.g. ``openai`` for the LLM critic) propagates unchanged, so the caller
+    can say which package to install.
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -81,6 +83,9 @@ def load_object(spec: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        missing = exc.name or ""
+        if missing and not (module_name == missing or module_name.startswith(missing + ".")):
+            raise  # the module exists but a dependency of it is missing
         raise ValueError(f"cannot import module {module_name!r} for {spec!r}: {exc}") from None
     obj: Any = module
     for part in attr.split("."):
