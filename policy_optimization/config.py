@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from text2grad.core.config import config_field, literal_choices
+from text2grad.core.config import config_field, literal_choices, range_problems
 
 __all__ = ["PPOConfig", "REWARD_MODES", "SCALAR_SOURCES"]
 
@@ -193,6 +193,14 @@ class PPOConfig:
             for name, allowed in literal_choices(PPOConfig).items()
             if getattr(self, name) not in allowed
         ]
+        problems += range_problems(
+            self,
+            positive=("learning_rate", "value_learning_rate", "lora_r", "lora_alpha", "max_samples", "max_prompt_length",
+                      "top_p", "generation_batch_size"),
+            non_negative=("warmup_steps", "weight_decay", "max_grad_norm", "kl_coef", "vf_coef", "entropy_coef",
+                          "top_k", "log_samples", "missing_eos_penalty"),
+            share=("lora_dropout", "top_p"),
+        )
         from text2grad.core.modeling import resolve_dtype
 
         try:

@@ -9,7 +9,9 @@
 Loads the policy (merging an SFT adapter if given), the value model, the prompts (templates filled from
 each record), builds the feedback source and runs `NLGradientPPOTrainer`. Writes ``metrics.jsonl``,
 ``samples.jsonl``, ``checkpoint-<step>/`` and, at the end, ``policy/`` and ``value_model/`` into
-``output_dir``. Exit codes: 0 done, 2 bad config/data/paths, 3 stopped on NaN/inf (checkpoint saved).
+``output_dir``. Exit codes: 0 done, 1 stopped because the feedback failed on more than
+``max_feedback_error_rate`` of an iteration, 2 bad config/data/paths (found before any model loads), 3 stopped
+on NaN/inf (checkpoint saved).
 """
 
 from __future__ import annotations
@@ -20,7 +22,26 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from policy_optimization.config import PPOConfig
+from policy_optimization.config import SCALAR_SOURCES, PPOConfig
+from policy_optimization.models import ValueModel
+from policy_optimization.scores import build_score_fn
+from policy_optimization.trainer import (
+    CONFIG_FILE,
+    RESUMABLE_KEYS,
+    RUN_FILES,
+    STATE_FILE,
+    FeedbackFailureError,
+    NLGradientPPOTrainer,
+    NonFiniteError,
+)
+from text2grad.core import run_dir
+from text2grad.core.cli import EXIT_NONFINITE, EXIT_OK, RunFailed, print_error, run_cli
+from text2grad.core.config import ConfigError
+from text2grad.core.critics import build_feedback_source
+from text2grad.core.data import DataError, load_records, record_id, render_template
+from text2grad.core.generation import apply_chat_template
+from text2grad.core.modeling import end_distributed, load_causal_lm, load_tokenizer
+from text2grad.core.rewards import NoFeedback
 
 __all__ = ["main", "build_prompt_records", "load_models"]
 
@@ -32,9 +53,6 @@ def build_prompt_records(cfg: PPOConfig, tokenizer) -> list[dict[str, Any]]:
 
     The record's own fields are kept (feedback sources read references and tests from them).
     """
-    from text2grad.core.data import DataError, load_records, record_id, render_template
-    from text2grad.core.generation import apply_chat_template
-
     records = load_records(cfg.dataset_path, cfg.dataset_split, cfg.field_map, limit=cfg.max_samples)
     if not records:
         raise DataError(f"{cfg.dataset_path} holds no records")
@@ -56,9 +74,6 @@ def _is_main_process() -> bool:
 
 def load_models(cfg: PPOConfig, tokenizer):
     """(policy, reference or None, value model (None for value_model: shared_backbone), base path for the saved adapter)."""
-    from policy_optimization.models import ValueModel
-    from text2grad.core.modeling import load_causal_lm
-
     policy = load_causal_lm(cfg.model_name_or_path, adapter=cfg.adapter, dtype=cfg.dtype, merge_adapter=True)
     base_path = cfg.model_name_or_path
     if cfg.adapter and cfg.use_lora:
@@ -82,73 +97,80 @@ def load_models(cfg: PPOConfig, tokenizer):
     return policy, ref, value, base_path
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from policy_optimization.scores import build_score_fn
-    from text2grad.core.critics import build_feedback_source
-    from policy_optimization.trainer import NLGradientPPOTrainer, NonFiniteError
-    from text2grad.core.config import ConfigError, parse_config
-    from text2grad.core.data import DataError
-    from text2grad.core.modeling import end_distributed, load_tokenizer
+def check_run_dir(cfg: PPOConfig) -> None:
+    """The output directory rules (`text2grad.core.run_dir`), checked before any model loads: no file in
+    its place, no earlier run unless resumed or overwritten, and a resumed checkpoint's config matches."""
+    resume_from = run_dir.resolve_resume(cfg.resume, cfg.output_dir, STATE_FILE)
+    auto = (cfg.resume or "").strip().lower() == "auto"
+    run_dir.check_output_dir(cfg.output_dir, overwrite=cfg.overwrite_output_dir or auto, resuming=resume_from is not None,
+                             run_files=RUN_FILES)
+    if resume_from is not None:
+        run_dir.check_resume_config(resume_from / CONFIG_FILE, cfg, accept=cfg.accept_config_changes,
+                                    ignore=RESUMABLE_KEYS, output_dir=cfg.output_dir, step=0, write=False)
 
-    cfg = parse_config(PPOConfig, argv, description="NL-Gradient PPO (token-level rewards from natural-language feedback).")
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Setup: everything built from the config. Errors here are the user's (bad values, missing packages) and
-    # end with "error: ..." and exit 2; training below only turns the errors it expects into exit codes.
+
+def build_trainer(cfg: PPOConfig) -> NLGradientPPOTrainer:
+    """Tokenizer, prompts, feedback source, score function, models and the trainer, cheapest first so a typo
+    fails before the models load. Every error here is the user's and is raised as a ConfigError."""
+    if not cfg.model_name_or_path:
+        raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")
+    if not cfg.dataset_path:
+        raise ConfigError("set --dataset_path (a .jsonl/.json file, a saved dataset or a hub id)")
     try:
-        if not cfg.model_name_or_path:
-            raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")
-        if not cfg.dataset_path:
-            raise ConfigError("set --dataset_path (a .jsonl/.json file, a saved dataset or a hub id)")
         cfg.iterations()  # fails early if neither num_iterations nor total_episodes is set
-        # Cheap checks first (tokenizer, data, feedback source) so a typo fails before the models load.
+        check_run_dir(cfg)
         tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="left")
         items = build_prompt_records(cfg, tokenizer)
         seen_by_source = [{**it, "prompt": it["feedback_prompt"]} for it in items]
-        if cfg.feedback_source == "none":  # scalar baseline: the score function is the whole reward
-            from text2grad.core.rewards import NoFeedback
-
-            source = NoFeedback()
-        else:
-            source = build_feedback_source(cfg.feedback_source, cfg.feedback_source_kwargs, records=seen_by_source)
+        try:
+            if cfg.feedback_source == "none":  # scalar baseline: the score function is the whole reward
+                source = NoFeedback()
+            else:
+                source = build_feedback_source(cfg.feedback_source, cfg.feedback_source_kwargs, records=seen_by_source)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{exc} (check --feedback_source and --feedback_source_kwargs)") from None
         score_fn = None
         if cfg.scalar_source != "quote_count":
-            from policy_optimization.config import SCALAR_SOURCES
-
             spec = SCALAR_SOURCES.get(cfg.scalar_source) or cfg.scalar_source
-            score_fn = build_score_fn(spec, cfg.scalar_source_kwargs, records=seen_by_source)
+            try:
+                score_fn = build_score_fn(spec, cfg.scalar_source_kwargs, records=seen_by_source)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{exc} (check --scalar_source and --scalar_source_kwargs)") from None
         policy, ref, value, base_path = load_models(cfg, tokenizer)
-        trainer = NLGradientPPOTrainer(cfg, tokenizer, policy, ref, value, source, items, score_fn=score_fn, base_model_path=base_path)
-    except (ConfigError, DataError, FileNotFoundError, FileExistsError, ValueError) as exc:
-        print(f"train-policy: error: {exc}", file=sys.stderr)
-        return 2
+        return NLGradientPPOTrainer(cfg, tokenizer, policy, ref, value, source, items, score_fn=score_fn, base_model_path=base_path)
+    except (ConfigError, DataError, FileNotFoundError, FileExistsError):
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     except ImportError as exc:  # e.g. openai for feedback_source llm, peft for use_lora
         fix = f"pip install {exc.name.split('.')[0]}" if exc.name else "install the missing package"
-        print(
-            f"train-policy: error: {exc}. The chosen feedback_source, scalar_source or model options need a package "
-            f"that is not installed: {fix}", file=sys.stderr,
-        )
-        return 2
+        raise ConfigError(
+            f"{exc}. The chosen feedback_source, scalar_source or model options need a package that is not "
+            f"installed: {fix}"
+        ) from None
     except TypeError as exc:
         # Setup only builds objects from the config, so a TypeError here almost always means wrong
         # feedback_source_kwargs / scalar_source_kwargs for a constructor. The traceback stays available with
-        # debug logging in case it is a bug after all; errors during training below are never caught like this.
+        # debug logging in case it is a bug after all; errors during training are never caught like this.
         logger.debug("setup raised TypeError", exc_info=True)
-        print(
-            f"train-policy: error: {exc}. Check feedback_source_kwargs / scalar_source_kwargs against the "
-            f"constructor of {cfg.feedback_source!r} / {cfg.scalar_source!r}", file=sys.stderr,
-        )
-        return 2
+        raise ConfigError(
+            f"{exc}. Check feedback_source_kwargs / scalar_source_kwargs against the constructor of "
+            f"{cfg.feedback_source!r} / {cfg.scalar_source!r}"
+        ) from None
+
+
+def train_policy(cfg: PPOConfig) -> int:
+    """Build and run the trainer. Exit codes: 0 done, 1 feedback failed, 2 user error, 3 NaN/inf."""
+    trainer = build_trainer(cfg)
     try:
         metrics = trainer.train()
-    except (FileExistsError, FileNotFoundError) as exc:
-        print(f"train-policy: error: {exc}", file=sys.stderr)
-        return 2
     except NonFiniteError as exc:
-        print(f"train-policy: stopped: {exc}", file=sys.stderr)
-        return 3
+        print_error(f"stopped: {exc}")
+        return EXIT_NONFINITE
+    except FeedbackFailureError as exc:
+        raise RunFailed(f"stopped: {exc}") from None
     finally:
-        close = getattr(source, "close", None)
+        close = getattr(trainer.feedback_source, "close", None)
         if callable(close):
             close()
     if trainer.accelerator.is_main_process and metrics:
@@ -157,7 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             metrics["iteration"], metrics["reward/score_mean"], metrics["objective/kl"], Path(cfg.output_dir) / "policy",
         )
     end_distributed()
-    return 0
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(PPOConfig, train_policy, argv,
+                   description="NL-Gradient PPO (token-level rewards from natural-language feedback).")
 
 
 if __name__ == "__main__":

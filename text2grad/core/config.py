@@ -210,6 +210,8 @@ class CliParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        # "--learning_rate -1e-5" is a value, not an option: argparse's own pattern misses exponents
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
     def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
         self.print_usage(sys.stderr)

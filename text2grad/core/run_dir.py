@@ -163,7 +163,7 @@ def check_resume_config(
 ) -> dict[str, list[Any]]:
     """Compare the config saved with a checkpoint with ``cfg``; raise ConfigError on differences unless
     ``accept``, in which case they are logged and appended to ``output_dir/config_changes.jsonl`` (by the process
-    with ``write``). Keys in ``ignore`` (how long to run, logging, resume flags) may always change."""
+    with ``write``; ``write=False`` only checks, e.g. before the models load). Keys in ``ignore`` (how long to run, logging, resume flags) may always change."""
     path = Path(saved_config)
     if not path.is_file():
         logger.warning("%s is missing: the resumed run's config cannot be compared with the checkpoint's", path)
@@ -179,8 +179,8 @@ def check_resume_config(
             "values, or pass --accept_config_changes true to continue with the new ones (recorded in "
             f"{Path(output_dir) / CHANGES_FILE})"
         )
-    logger.warning("resuming at step %d with a changed config: %s", step, listed)
     if write:
+        logger.warning("resuming at step %d with a changed config: %s", step, listed)
         append_jsonl(Path(output_dir) / CHANGES_FILE, {"step": step, "checkpoint": str(path.parent), "changes": diffs})
     return diffs
 
