@@ -16,6 +16,7 @@ import torch
 __all__ = [
     "resolve_dtype",
     "load_tokenizer",
+    "check_model_path",
     "load_causal_lm",
     "train_tokenizer",
     "build_tiny_llama",
@@ -108,6 +109,12 @@ def _check_local_or_hub(name_or_path: str, what: str) -> None:
             f"{what} path {name_or_path!r} does not exist. Pass a local directory saved with save_pretrained(), "
             "or a hub id such as 'meta-llama/Llama-3.1-8B-Instruct' (needs network access or a warm HF cache)."
         )
+
+
+def check_model_path(name_or_path: str, what: str = "model") -> None:
+    """Raise FileNotFoundError naming ``what`` ("model", "tokenizer", ...) when a path-looking name does not
+    exist; CLIs call it for the model before the tokenizer, so a missing model is reported as a missing model."""
+    _check_local_or_hub(name_or_path, what)
 
 
 def train_tokenizer(
