@@ -49,9 +49,9 @@ Layers (each run; ``result.layers`` lists the ones that applied)
 How a run starts (``result.launcher``)
 --------------------------------------
 ``"worker"``: a worker started once per network setting, inside the namespaces, as root, with the
-bootstrap's imports done and the modules generated code imports most preloaded, forks a manager per run;
-the manager creates the run's PID and mount namespaces and forks the run's init, which sets up the mounts
-and forks the program; the program switches to its fresh uid, applies its limits and runs the code in the
+bootstrap's imports done and the modules generated code imports most preloaded, forks each run's init
+into a fresh PID namespace; the init makes its own mount and IPC namespaces, sets up the mounts and forks
+the program; the program switches to its fresh uid, applies its limits and runs the code in the
 forked interpreter (no new interpreter start). The harness holds the init through a pidfd and SIGKILLs it on
 timeout. ``"fresh"``: one ``python bootstrap.py --once`` per run under ``unshare``, the same layers; used when
 there are no pidfds, when neither a PID namespace nor the uid switch can account for a run's processes, when

@@ -3,13 +3,14 @@
     python -I -S -B bootstrap.py --worker CONTROL_FD     a pre-started worker (inside the namespaces, as root)
     python -I -S -B bootstrap.py --once SPEC_JSON        one run in a fresh interpreter (the fallback)
 
-Process tree of one run started by the worker (``--once`` skips the first two boxes: its own process is the
+Process tree of one run started by the worker (``--once`` skips the first box: its own process is the
 run's init)::
 
     worker (PID 1 of the worker's namespaces; single-threaded; never runs program code)
-      └─ manager: unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC), fork, send the init's pidfd, exit
-           └─ init: PID 1 of the run's own PID namespace; private tmpfs /tmp etc., fresh /proc; waits, reports
-                └─ program: new session, rlimits, no_new_privs, fresh uid, scrubbed env, runs the code
+      │  setns(own PID ns) + unshare(CLONE_NEWPID), fork, send the init's pidfd to the harness
+      └─ init: PID 1 of the run's own PID namespace; unshare(CLONE_NEWNS | CLONE_NEWIPC); private tmpfs
+         │  /tmp etc., fresh /proc; waits for the program, reports its exit status
+         └─ program: new session, rlimits, no_new_privs, fresh uid, scrubbed env, runs the code
 
 The program is a fork of the worker's interpreter (imports done once), not a new interpreter: it resets the
 interpreter state a fresh ``python -u main.py`` would have (std streams, signals, ``__main__``, ``sys.path``,
@@ -32,6 +33,7 @@ import io
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import sys
@@ -119,15 +121,19 @@ def _setup_mounts(spec: dict[str, Any]) -> None:
 
 def worker_main(control_fd: int) -> int:
     """Serve runs until the harness closes the control socket. Each request: a JSON spec and five fds
-    (stdin, stdout, stderr, report, status). Requests are handled one at a time (a fork each), so a run's
-    manager inherits no other run's fds."""
+    (stdin, stdout, stderr, report, status). Requests are handled one at a time, so a run's init inherits no
+    other run's fds. The worker never runs program code."""
     for name in PRELOADED_MODULES:
         importlib.import_module(name)
     runner = _load_runner()
     control = socket.socket(fileno=control_fd)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # managers and orphaned inits are reaped by the kernel
-    _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans (without a PID namespace) come to us
+    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     while True:
+        _reap()
+        ready, _, _ = select.select([control], [], [], 1.0)
+        if not ready:
+            continue
         try:
             msg, fds, _flags, _addr = socket.recv_fds(control, 1 << 20, 8)
         except OSError:
@@ -139,21 +145,56 @@ def worker_main(control_fd: int) -> int:
                 os.close(fd)
             continue
         try:
-            pid = os.fork()
-        except OSError as exc:
-            _status(fds[4], f"error: fork failed: {exc}")
-            pid = -1
+            spec = json.loads(msg)
+            _start_run(spec, fds, own_pid_ns, control, runner)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not end the worker
+            _status(fds[4], f"error: {type(exc).__name__}: {exc}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def _start_run(spec: dict[str, Any], fds: list[int], own_pid_ns: int, control: socket.socket,
+               runner: types.ModuleType) -> None:
+    """Fork the run's init (PID 1 of a fresh PID namespace when namespaces are on); hand its pidfd to the harness."""
+    if spec.get("new_namespaces"):
+        # unshare(CLONE_NEWPID) works once per PID namespace of our children: step back into our own first
+        _check(_libc().setns(own_pid_ns, _CLONE_NEWPID), "setns")
+        _check(_libc().unshare(_CLONE_NEWPID), "unshare")
+    pid = os.fork()
+    if pid == 0:
+        code = 127
+        try:
+            control.close()
+            os.close(own_pid_ns)
+            os.close(fds[4])
+            if spec.get("new_namespaces"):  # our own mounts (private tmpfs, /proc) and SysV IPC
+                _check(_libc().unshare(_CLONE_NEWNS | _CLONE_NEWIPC), "unshare")
+            code = run_init(spec, (fds[0], fds[1], fds[2]), fds[3], runner)
+        except BaseException as exc:  # noqa: BLE001 - never fall back into the worker's loop
+            os.write(fds[2], f"text2grad.core.sandbox: the run's init failed: {type(exc).__name__}: {exc}\n".encode())
+        finally:
+            os._exit(code)
+    try:
+        pidfd = os.pidfd_open(pid)  # our unreaped child (we reap only in _reap): alive or a zombie, never a reused pid
+    except OSError:
+        os.kill(pid, signal.SIGKILL)  # the harness cannot hold it, so it must not run
+        raise
+    try:
+        _status(fds[4], "started", [pidfd])
+    finally:
+        os.close(pidfd)
+
+
+def _reap() -> None:
+    """Collect exited inits (and orphans adopted as PID 1 / subreaper) without blocking."""
+    while True:
+        try:
+            pid, _status_code = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
         if pid == 0:
-            code = 1
-            try:
-                control.close()
-                code = _manage(json.loads(msg), fds, runner)
-            except BaseException as exc:  # noqa: BLE001 - tell the harness, never fall back into the loop
-                _status(fds[4], f"error: {type(exc).__name__}: {exc}")
-            finally:
-                os._exit(code)
-        for fd in fds:
-            os.close(fd)
+            return
 
 
 def _status(fd: int, text: str, fds: Sequence[int] = ()) -> None:
@@ -162,27 +203,6 @@ def _status(fd: int, text: str, fds: Sequence[int] = ()) -> None:
             socket.send_fds(sock, [text.encode()], list(fds))
     except OSError:
         pass
-
-
-def _manage(spec: dict[str, Any], fds: list[int], runner: types.ModuleType) -> int:
-    """The run's manager: new mount, PID and IPC namespaces, fork the init, hand its pidfd to the harness."""
-    stdin_fd, stdout_fd, stderr_fd, report_fd, status_fd = fds
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    if spec.get("new_namespaces"):
-        _check(_libc().unshare(_CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC), "unshare")
-    pid = os.fork()
-    if pid == 0:
-        code = 127
-        try:
-            os.close(status_fd)
-            code = run_init(spec, (stdin_fd, stdout_fd, stderr_fd), report_fd, runner)
-        finally:
-            os._exit(code)
-    for fd in (stdin_fd, stdout_fd, stderr_fd, report_fd):
-        os.close(fd)
-    pidfd = os.pidfd_open(pid)  # the init is our unreaped child: alive or a zombie, never a reused pid
-    _status(status_fd, "started", [pidfd])
-    return 0
 
 
 # --- the run's init and the program -------------------------------------------------------------------------

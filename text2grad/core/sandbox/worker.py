@@ -2,8 +2,8 @@
 
 One worker per unshare command line (the network setting changes it), started on first use, inside the
 namespaces, as root, with the bootstrap's imports done (see bootstrap.py). It never runs program code: for
-each run it forks a manager that creates the run's own mount and PID namespaces and forks the run's init,
-which forks the program. The harness gets the init's pidfd, polls it with the program's pipes, and SIGKILLs it
+each run it forks the run's init into a fresh PID namespace; the init makes its own mount and IPC namespaces
+and forks the program. The harness gets the init's pidfd, polls it with the program's pipes, and SIGKILLs it
 on timeout (the kernel then kills every process of the run's PID namespace). Closing the control socket (our
 exit) ends the worker, and with it every run.
 """
