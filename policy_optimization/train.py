@@ -40,7 +40,7 @@ from text2grad.core.config import ConfigError
 from text2grad.core.critics import build_feedback_source
 from text2grad.core.data import DataError, load_records, record_id, render_template
 from text2grad.core.generation import apply_chat_template
-from text2grad.core.modeling import end_distributed, load_causal_lm, load_tokenizer
+from text2grad.core.modeling import check_model_path, end_distributed, load_causal_lm, load_tokenizer
 from text2grad.core.rewards import NoFeedback
 
 __all__ = ["main", "build_prompt_records", "load_models"]
@@ -119,6 +119,7 @@ def build_trainer(cfg: PPOConfig) -> NLGradientPPOTrainer:
     try:
         cfg.iterations()  # fails early if neither num_iterations nor total_episodes is set
         check_run_dir(cfg)
+        check_model_path(cfg.model_name_or_path)
         tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="left")
         items = build_prompt_records(cfg, tokenizer)
         seen_by_source = [{**it, "prompt": it["feedback_prompt"]} for it in items]

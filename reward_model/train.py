@@ -14,18 +14,22 @@ Causal-LM maximum likelihood on z only (teacher forcing; prompt and response tok
 on the transformers `Trainer`. LoRA through peft by default; ``--use_lora false`` fine-tunes every weight.
 The output directory (and every ``checkpoint-N`` in it) holds the adapter (or full weights), the tokenizer
 and ``text2grad_config.yaml``, the exact config, which inference reads back so the model is always asked
-the way it was trained. ``--resume_from_checkpoint latest`` continues from the newest checkpoint.
+the way it was trained. ``--resume auto`` continues from the newest checkpoint (after checking that its saved
+config matches). An output directory that holds an earlier run is refused unless ``--overwrite_output_dir
+true`` (which removes that run's checkpoints and logs first) or ``--resume``. Every logged step (loss, learning
+rate, gradient norm, eval loss) is appended to ``metrics.jsonl`` in the output directory, as PPO does.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
@@ -38,8 +42,11 @@ from reward_model.serialization import (
     encode_example,
     record_feedback,
 )
-from text2grad.core.config import config_field, ConfigError, parse_config, save_config
+from text2grad.core import run_dir
+from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.config import ConfigError, config_field, range_problems, save_config
 from text2grad.core.data import DataError, load_records
+from text2grad.core.modeling import check_model_path, end_distributed, load_causal_lm, load_tokenizer
 
 __all__ = ["RewardModelConfig", "CONFIG_FILENAME", "build_dataset", "train", "main"]
 
@@ -143,9 +150,18 @@ class RewardModelConfig:
         "DeepSpeed JSON config, e.g. configs/deepspeed/zero2.json or zero3.json.",
     )
     # ----- bookkeeping
-    resume_from_checkpoint: str | None = config_field(
+    resume: str | None = config_field(
         None,
-        "A checkpoint-N directory to resume from, or 'latest' for the newest one in output_dir.",
+        "'auto' = continue from the latest checkpoint in output_dir if any (else start fresh); or a checkpoint-N "
+        "directory. The checkpoint's saved config must match (see accept_config_changes).",
+    )
+    overwrite_output_dir: bool = config_field(
+        False, "Start fresh in an output_dir that holds an earlier run (its checkpoints and logs are removed first)."
+    )
+    accept_config_changes: bool = config_field(
+        False,
+        "Resume even though the config differs from the checkpoint's (differences are logged and appended to "
+        "<output_dir>/config_changes.jsonl).",
     )
     save_steps: int = config_field(500, "Save a checkpoint every N optimizer steps.")
     save_total_limit: int | None = config_field(2, "Keep at most N checkpoints.")
@@ -156,9 +172,28 @@ class RewardModelConfig:
         "none",
         "Experiment tracker(s): none, tensorboard, wandb (comma-separated).",
     )
-    disable_tqdm: bool = config_field(False, "Hide the progress bar.")
+    progress_bar: bool = config_field(True, "Show a progress bar over training steps.")
+
+    # old spellings, still accepted with a warning ('latest' is read as 'auto')
+    DEPRECATED_NAMES: ClassVar[dict[str, Any]] = {
+        "resume_from_checkpoint": "resume", "disable_tqdm": ("progress_bar", True),
+    }
 
     def __post_init__(self) -> None:
+        problems = range_problems(
+            self,
+            positive=("learning_rate", "num_train_epochs", "per_device_train_batch_size", "per_device_eval_batch_size",
+                      "gradient_accumulation_steps", "save_steps", "save_total_limit", "eval_steps", "logging_steps",
+                      "limit", "lora_alpha"),
+            non_negative=("weight_decay", "max_grad_norm"),
+            share=("lora_dropout",),
+        )
+        if self.max_steps == 0 or self.max_steps < -1:
+            problems.append(f"max_steps must be > 0, or -1 to train num_train_epochs, got {self.max_steps}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+        if self.resume is not None and self.resume.strip().lower() in ("latest", "true"):
+            self.resume = "auto"
         if self.target_format == "nocot" and self.instruction == DEFAULT_INSTRUCTION:
             self.instruction = NOCOT_INSTRUCTION  # do not ask for a critique the model never learns to write
         if self.max_length < 8:
@@ -225,8 +260,6 @@ def build_dataset(
 
 
 def _build_model(cfg: RewardModelConfig):
-    from text2grad.core.modeling import load_causal_lm
-
     model = load_causal_lm(cfg.model_name_or_path, dtype=cfg.dtype)
     if cfg.gradient_checkpointing:
         model.config.use_cache = False
@@ -255,23 +288,35 @@ def _build_model(cfg: RewardModelConfig):
     return model
 
 
-def _last_checkpoint(output_dir: str) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+# Files of a run in output_dir besides its checkpoints (a fresh run refuses them, or removes them to overwrite).
+RUN_FILES = (
+    CONFIG_FILENAME, run_dir.METRICS_FILE, run_dir.CHANGES_FILE, "trainer_state.json", "train_results.json",
+    "all_results.json", "eval_results.json", "adapter_config.json", "adapter_model.safetensors", "model.safetensors",
+)
+# Config keys a resumed run may change without --accept_config_changes: how long and how visibly it runs.
+RESUMABLE_KEYS = (
+    "resume", "overwrite_output_dir", "accept_config_changes", "output_dir", "num_train_epochs", "max_steps",
+    "save_steps", "save_total_limit", "eval_steps", "logging_steps", "report_to", "progress_bar",
+)
+_CHECKPOINT_MARKER = "trainer_state.json"  # what transformers writes into every checkpoint-N
 
-    return get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
 
-
-def _resume_path(cfg: RewardModelConfig) -> str | None:
-    if cfg.resume_from_checkpoint in (None, "", "false", "False"):
-        return None
-    if cfg.resume_from_checkpoint in ("latest", "true", "True"):
-        last = _last_checkpoint(cfg.output_dir)
-        if last is None:
-            raise ConfigError(f"resume_from_checkpoint=latest but {cfg.output_dir} holds no checkpoint-N directory")
-        return last
-    if not Path(cfg.resume_from_checkpoint).is_dir():
-        raise ConfigError(f"resume_from_checkpoint {cfg.resume_from_checkpoint!r} is not a directory")
-    return cfg.resume_from_checkpoint
+def prepare_run_dir(cfg: RewardModelConfig, is_main: bool) -> Path | None:
+    """The output-directory rules (`text2grad.core.run_dir`), applied before any model loads; returns the
+    checkpoint to resume from (None: a fresh run, after removing an earlier one's files when overwriting)."""
+    resume = run_dir.resolve_resume(cfg.resume, cfg.output_dir, _CHECKPOINT_MARKER)
+    auto = (cfg.resume or "").strip().lower() == "auto"
+    run_dir.check_output_dir(cfg.output_dir, overwrite=cfg.overwrite_output_dir or auto, resuming=resume is not None,
+                             run_files=RUN_FILES)
+    if resume is not None:
+        step = int(json.loads((resume / _CHECKPOINT_MARKER).read_text()).get("global_step", 0))
+        run_dir.check_resume_config(resume / CONFIG_FILENAME, cfg, accept=cfg.accept_config_changes,
+                                    ignore=RESUMABLE_KEYS, output_dir=cfg.output_dir, step=step, write=is_main)
+        if is_main:
+            run_dir.truncate_jsonl(Path(cfg.output_dir) / run_dir.METRICS_FILE, "step", step)
+    elif is_main:
+        run_dir.clear_earlier_run(cfg.output_dir, RUN_FILES)
+    return resume
 
 
 # --------------------------------------------------------------------------------------------------
@@ -357,7 +402,7 @@ def training_arguments(cfg: RewardModelConfig):
         report_to=[r for r in cfg.report_to.split(",") if r and r != "none"] or "none",
         seed=cfg.seed,
         remove_unused_columns=False,  # our examples are already model inputs
-        disable_tqdm=cfg.disable_tqdm,
+        disable_tqdm=not cfg.progress_bar,
         dataloader_num_workers=0,
     )
 
@@ -366,11 +411,11 @@ def train(cfg: RewardModelConfig) -> dict[str, Any]:
     """Run training and save the result in ``cfg.output_dir``. Returns the final training metrics."""
     from transformers import Trainer, TrainerCallback, set_seed
 
-    from text2grad.core.modeling import load_tokenizer
-
     if not cfg.train_file:
         raise ConfigError("train_file is required (annotated JSONL from the annotation phase)")
-    resume = _resume_path(cfg)
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    resume = prepare_run_dir(cfg, is_main)
+    check_model_path(cfg.model_name_or_path)
     if cfg.deepspeed and os.environ.get("DS_ACCELERATOR") == "cpu" and not torch.cuda.is_available():
         _allow_deepspeed_on_cpu()
     # TrainingArguments first: with a ZeRO-3 config it registers DeepSpeed so that from_pretrained
@@ -378,6 +423,9 @@ def train(cfg: RewardModelConfig) -> dict[str, Any]:
     args = training_arguments(cfg)
     set_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="right")
+    if is_main:
+        Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+        save_config(cfg, Path(cfg.output_dir) / CONFIG_FILENAME)  # marks the directory as this run's from the start
     train_set, dropped = build_dataset(cfg, tokenizer, cfg.train_file, cfg.train_split, cfg.limit)
     eval_set = None
     if cfg.eval_file:
@@ -401,6 +449,14 @@ def train(cfg: RewardModelConfig) -> dict[str, Any]:
                 if ckpt.is_dir():
                     save_config(cfg, ckpt / CONFIG_FILENAME)
 
+    class MetricsLog(TrainerCallback):
+        """Every logged step as one line of ``metrics.jsonl`` (loss, learning rate, grad norm, eval loss)."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero and logs:
+                record = {"step": state.global_step, "epoch": state.epoch, **logs}
+                run_dir.append_jsonl(Path(args.output_dir) / run_dir.METRICS_FILE, record)
+
     pad_id = tokenizer.pad_token_id
     trainer = Trainer(
         model=model,
@@ -409,7 +465,7 @@ def train(cfg: RewardModelConfig) -> dict[str, Any]:
         train_dataset=train_set,
         eval_dataset=eval_set,
         processing_class=tokenizer,
-        callbacks=[SaveConfig()],
+        callbacks=[SaveConfig(), MetricsLog()],
     )
     result = trainer.train(resume_from_checkpoint=resume)
     metrics = dict(result.metrics)
@@ -445,26 +501,18 @@ def _strip_launcher_args(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    args = _strip_launcher_args(sys.argv[1:] if argv is None else argv)
-    cfg = parse_config(RewardModelConfig, args)
-    try:
-        metrics = train(cfg)
-    except (ConfigError, DataError, FileNotFoundError) as exc:
-        print(f"reward_model.train: error: {exc}", file=sys.stderr)
-        return 2
+def train_reward_model(cfg: RewardModelConfig) -> int:
+    metrics = train(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
         loss = metrics.get("train_loss")
         shown = f"{loss:.4f}" if isinstance(loss, float) and math.isfinite(loss) else loss
         print(f"reward model saved to {cfg.output_dir} (train_loss={shown}, examples={metrics['train_examples']})")
-    from text2grad.core.modeling import end_distributed
-
     end_distributed()
-    return 0
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(RewardModelConfig, train_reward_model, _strip_launcher_args(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     "$PY" -m text2grad.apps.tiny --dataset "$DATASET" --output_dir "$WORK" >/dev/null 2>&1
     EXTRA+=(--model_name_or_path "$WORK/model" --train_file "$WORK/annotations.jsonl" --output_dir "$WORK/reward_model"
             --max_steps 2 --save_steps 2 --logging_steps 1 --max_length 512 --per_device_train_batch_size 2
-            --bf16 false --gradient_checkpointing false --dtype fp32 --disable_tqdm true)
+            --bf16 false --gradient_checkpointing false --dtype fp32 --progress_bar false)
 fi
 
 if [ "$NUM_GPUS" -gt 1 ]; then

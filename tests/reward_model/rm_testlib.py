@@ -75,7 +75,7 @@ def train_args(world: Path, out: Path, **overrides) -> list[str]:
         "lora_dropout": 0.0,
         "logging_steps": 1,
         "save_steps": 1000,
-        "disable_tqdm": True,
+        "progress_bar": False,
         "dtype": "fp32",
         "seed": 0,
     }

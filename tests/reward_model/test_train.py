@@ -72,7 +72,7 @@ def test_resume_continues_exactly(rm_world):
     for ckpt in ("checkpoint-2", "checkpoint-4"):  # every checkpoint can be served or resumed on its own
         for name in ("adapter_model.safetensors", "tokenizer.json", CONFIG_FILENAME, "optimizer.pt"):
             assert (resumed / ckpt / name).is_file(), (ckpt, name)
-    assert main(train_args(rm_world, resumed, max_steps=6, resume_from_checkpoint="latest", **common)) == 0
+    assert main(train_args(rm_world, resumed, max_steps=6, resume="auto", **common)) == 0
     state = json.loads((resumed / "trainer_state.json").read_text())
     assert state["global_step"] == 6
     losses = {h["step"]: h["loss"] for h in state["log_history"] if "loss" in h}
@@ -86,9 +86,12 @@ def test_resume_continues_exactly(rm_world):
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4)
 
 
-def test_resume_latest_without_checkpoint_is_an_error(rm_world, tmp_path, capsys):
-    assert main(train_args(rm_world, tmp_path / "empty", max_steps=1, resume_from_checkpoint="latest")) == 2
-    assert "holds no checkpoint" in capsys.readouterr().err
+def test_resume_from_a_directory_that_is_no_checkpoint_is_an_error(rm_world, tmp_path, capsys):
+    (tmp_path / "not_a_checkpoint").mkdir()
+    assert main(train_args(rm_world, tmp_path / "out", max_steps=1, resume=tmp_path / "not_a_checkpoint")) == 2
+    err = capsys.readouterr().err
+    assert "error: --resume" in err and "not a checkpoint of this trainer" in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_merge_matches_the_adapter(rm_world, lora_run, tmp_path):
@@ -221,3 +224,71 @@ def test_shipped_configs_load(dataset, monkeypatch):
     assert cfg.train_file and cfg.output_dir
     raw = yaml.safe_load(path.read_text())
     assert set(raw) <= set(RewardModelConfig.__dataclass_fields__)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--learning_rate=-1e-5"], "learning_rate must be > 0, got -1e-05"),
+        (["--learning_rate", "0"], "learning_rate must be > 0, got 0"),
+        (["--per_device_train_batch_size", "0"], "per_device_train_batch_size must be > 0, got 0"),
+        (["--per_device_train_batch_size", "-2"], "per_device_train_batch_size must be > 0, got -2"),
+        (["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps must be > 0"),
+        (["--max_steps", "0"], "max_steps must be > 0, or -1"),
+        (["--lora_dropout", "1.5"], "lora_dropout must be in [0, 1]"),
+    ],
+)
+def test_bad_numbers_stop_before_anything_is_written(rm_world, tmp_path, capsys, flags, message):
+    rc, err = _exit_and_err(capsys, train_args(rm_world, tmp_path / "out") + flags)
+    assert rc == 2 and "error: " in err and message in err
+    assert not (tmp_path / "out").exists()
+
+
+def _exit_and_err(capsys, argv):
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    return rc, capsys.readouterr().err
+
+
+def test_output_paths_and_missing_models_are_reported_before_any_model_loads(rm_world, tmp_path, capsys, monkeypatch):
+    import reward_model.train as rm_train
+
+    monkeypatch.setattr(rm_train, "_build_model", lambda cfg: (_ for _ in ()).throw(AssertionError("model loaded")))
+    (tmp_path / "a_file").write_text("keep me")
+    rc, err = _exit_and_err(capsys, train_args(rm_world, tmp_path / "a_file"))
+    assert rc == 2 and "error: output_dir" in err and "is a file" in err and (tmp_path / "a_file").read_text() == "keep me"
+    rc, err = _exit_and_err(capsys, train_args(rm_world, tmp_path / "out", model_name_or_path=tmp_path / "no_model"))
+    assert rc == 2 and f"error: model path '{tmp_path / 'no_model'}' does not exist" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_second_run_into_the_same_directory_is_refused_unless_overwrite(rm_world, tmp_path, capsys):
+    out = tmp_path / "rm"
+    assert main(train_args(rm_world, out, max_steps=2, save_steps=1, save_total_limit=5)) == 0
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "loss" in m] == [1, 2] and all("learning_rate" in m for m in metrics if "loss" in m)
+    adapter = (out / "adapter_model.safetensors").read_bytes()
+    rc, err = _exit_and_err(capsys, train_args(rm_world, out, max_steps=1))
+    assert rc == 2 and "already holds a run" in err and "--overwrite_output_dir true" in err
+    assert (out / "adapter_model.safetensors").read_bytes() == adapter  # untouched
+    assert main(train_args(rm_world, out, max_steps=1, save_steps=1, overwrite_output_dir=True, seed=1)) == 0
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]  # the earlier run's are gone
+    again = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in again if "loss" in m] == [1]
+
+
+def test_resume_with_a_changed_config_is_refused_unless_accepted(rm_world, tmp_path, capsys):
+    out = tmp_path / "rm"
+    common = dict(save_steps=1, lr_scheduler_type="constant")
+    assert main(train_args(rm_world, out, max_steps=1, **common)) == 0
+    rc, err = _exit_and_err(capsys, train_args(rm_world, out, max_steps=2, resume="auto", learning_rate=1e-4, **common))
+    assert rc == 2 and "learning_rate: 0.003 -> 0.0001" in err and "--accept_config_changes true" in err
+    assert main(train_args(rm_world, out, max_steps=2, resume="auto", learning_rate=1e-4, accept_config_changes=True,
+                           **common)) == 0
+    (change,) = [json.loads(line) for line in (out / "config_changes.jsonl").read_text().splitlines()]
+    assert change["step"] == 1 and change["changes"] == {"learning_rate": [0.003, 0.0001]}
+    steps = [m["step"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in m]
+    assert steps == [1, 2]  # one line per step over both parts of the run
