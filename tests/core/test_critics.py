@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from text2grad.core.critics import (
     FeedbackSource,
     build_feedback_source,
     extract_code,
+    feedback_per_pair,
     load_object,
 )
 from text2grad.core.feedback import Feedback
@@ -41,6 +43,26 @@ def test_callable_source_turns_exceptions_into_failed_feedback():
         CallableFeedbackSource("not callable")
     with pytest.raises(ValueError, match="2 prompts but 1 responses"):
         source.feedback(["a", "b"], ["x"])
+
+
+def test_feedback_per_pair_names_the_failure_and_keeps_the_order():
+    def one(prompt, response):
+        if response == "bad":
+            raise KeyError("missing fact")
+        return Feedback(good_spans=(response,))
+
+    out = feedback_per_pair(["p1", "p2", "p3"], ["a", "bad", "c"], one, error_prefix="fact check failed: ")
+    assert [fb.good_spans for fb in out] == [("a",), (), ("c",)]
+    assert out[1].error == "fact check failed: KeyError: 'missing fact'"
+
+
+def test_a_missing_dependency_of_a_critic_module_stays_an_import_error(monkeypatch):
+    """So the CLI can say which package to install (the LLM critic needs openai)."""
+    monkeypatch.setitem(sys.modules, "openai", None)
+    monkeypatch.delitem(sys.modules, "annotation.llm", raising=False)
+    with pytest.raises(ImportError) as caught:
+        build_feedback_source("llm")
+    assert caught.value.name == "openai"
 
 
 class Marker:
