@@ -6,13 +6,13 @@ Each subcommand is an ordinary module with a ``main(argv)`` function, so ``text2
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import sys
 from typing import Sequence
 
 from text2grad.core.cli import EXIT_OK, EXIT_USAGE, guarded, print_error
 from text2grad.core.config import invoked_as, version
+from text2grad.core.critics import load_object
 
 # subcommand -> (module with main(argv), one-line description)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -77,9 +77,9 @@ def _dispatch(argv: list[str]) -> int:
         print(usage(), file=sys.stderr)
         print_error(f"unknown command {name!r}; pick one of the commands above")
         return EXIT_USAGE
-    module = importlib.import_module(commands[name][0])
+    command_main = load_object(f"{commands[name][0]}:main")  # the one by-name loader (README: conventions)
     with invoked_as(f"text2grad {name}"):
-        return int(module.main(rest) or 0)
+        return int(command_main(rest) or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

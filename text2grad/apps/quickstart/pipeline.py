@@ -23,7 +23,6 @@ own CLI (``--sft_args``, ``--rm_args``, ``--ppo_args``; JSON lists).
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import random
@@ -48,6 +47,7 @@ from text2grad.apps.quickstart.results import (
 )
 from text2grad.apps.quickstart.task import TaskConfig, config_fingerprint, corpus_texts, generate_task, noisy_summary
 from text2grad.core.config import parse_config, save_config
+from text2grad.core.critics import load_object
 from text2grad.core.data import iter_jsonl, write_jsonl
 from text2grad.core.modeling import build_tiny_llama, train_tokenizer
 
@@ -96,7 +96,7 @@ def _call(module: str, argv: list[str]) -> None:
     for log in _COMMAND_LOG:
         with log.open("a") as fh:
             fh.write(line + "\n")
-    code = importlib.import_module(module).main(argv)
+    code = load_object(f"{module}:main")(argv)
     if code:
         raise RuntimeError(f"python -m {module} exited with code {code} (command above)")
 
