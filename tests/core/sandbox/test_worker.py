@@ -153,3 +153,30 @@ def test_worker_without_namespaces_cleans_up_by_uid():
     loop = harness.run(iso, kind="script", code=daemon.replace("print('parent done')", "time.sleep(60)"), timeout_s=1.0)
     assert loop.verdict == "timeout" and loop.duration_s < 4
     assert_clean(loop)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except OSError:
+        return []
+
+
+@needs_worker
+def test_the_worker_reaps_its_runs():
+    for _ in range(6):
+        assert run_python("pass", timeout_s=10).passed
+    time.sleep(1.5)  # the worker reaps at least once a second while idle
+    workers = [w.proc.pid for w in worker_module._workers.values()]
+    tree = workers + [c for w in workers for c in _children(w)]  # unshare -> the worker's interpreter
+    zombies = [c for p in tree for c in _children(p) if c not in tree and _state(c) == "Z"]
+    assert workers and zombies == []
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0].decode()
+    except OSError:
+        return "gone"
