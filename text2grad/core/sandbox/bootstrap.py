@@ -261,7 +261,7 @@ def _become_program(spec: dict[str, Any], stdio: tuple[int, int, int], report_fd
         resource.setrlimit(getattr(resource, name), (soft, hard))
     try:
         _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # set-uid binaries do not raise privileges
-    except OSError:
+    except (OSError, AttributeError):  # not Linux: no prctl
         pass
     uid = spec.get("uid")
     if uid is not None:
