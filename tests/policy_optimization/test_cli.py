@@ -24,10 +24,11 @@ def test_sft_then_ppo_then_dpo_write_loadable_models(world, tmp_path):
     from policy_optimization import dpo, sft, train
     from text2grad.core.modeling import load_causal_lm
 
-    data, model = str(world / "data" / "train.jsonl"), str(world / "model")
+    # the files prepare-data wrote from the tiny world's native SLF5K rows
+    data, model = str(world / "data" / "rl_prompts.jsonl"), str(world / "model")
     assert sft.main([
-        "--model_name_or_path", model, "--dataset_path", data, "--prompt_template", PROMPT,
-        "--completion_template", " {reference}", "--output_dir", str(tmp_path / "sft"), "--max_steps", "2",
+        "--model_name_or_path", model, "--dataset_path", str(world / "data" / "sft.jsonl"), "--prompt_template", PROMPT,
+        "--completion_template", "{completion}", "--output_dir", str(tmp_path / "sft"), "--max_steps", "2",
         "--per_device_train_batch_size", "4", "--learning_rate", "1e-3", "--lora_r", "4", "--save_steps", "1000",
     ]) == 0
     assert json.loads((tmp_path / "sft" / "adapter_config.json").read_text())["base_model_name_or_path"] == model
@@ -54,8 +55,8 @@ def test_sft_then_ppo_then_dpo_write_loadable_models(world, tmp_path):
     assert torch.isfinite(policy(input_ids=ids).logits).all()
 
     assert dpo.main([
-        "--model_name_or_path", model, "--dataset_path", data, "--prompt_template", PROMPT,
-        "--chosen_template", " {reference}", "--rejected_template", " {summary}", "--output_dir", str(tmp_path / "dpo"),
+        "--model_name_or_path", model, "--dataset_path", str(world / "data" / "preference_pairs.jsonl"),
+        "--prompt_template", PROMPT, "--chosen_template", "{chosen}", "--rejected_template", "{rejected}", "--output_dir", str(tmp_path / "dpo"),
         "--max_steps", "1", "--per_device_train_batch_size", "2", "--lora_r", "4", "--save_steps", "1000",
         "--learning_rate", "1e-3",
     ]) == 0
@@ -77,7 +78,7 @@ def test_train_cli_reports_bad_input_clearly(world, tmp_path, capsys):
     base = ["--model_name_or_path", str(world / "model"), "--num_iterations", "1", "--output_dir", str(tmp_path / "o")]
     assert train.main(base + ["--dataset_path", str(tmp_path / "missing.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    data = str(world / "data" / "train.jsonl")
+    data = str(world / "data" / "rl_prompts.jsonl")
     assert train.main(base + ["--dataset_path", data, "--prompt_template", "{nope}", "--feedback_source", "reference"]) == 2
     assert "nope" in capsys.readouterr().err
     assert train.main(base + ["--dataset_path", data, "--prompt_template", "{post}", "--feedback_source", "no_such_source"]) == 2
@@ -95,7 +96,7 @@ def test_train_cli_setup_errors_are_reported_not_raised(world, tmp_path, capsys,
 
     base = [
         "--model_name_or_path", str(world / "model"), "--num_iterations", "1", "--output_dir", str(tmp_path / "o"),
-        "--dataset_path", str(world / "data" / "train.jsonl"), "--prompt_template", "{post}",
+        "--dataset_path", str(world / "data" / "rl_prompts.jsonl"), "--prompt_template", "{post}",
     ]
     rc = train.main(base + ["--feedback_source", "reference", "--feedback_source_kwargs", '{"no_such_option": 1}'])
     err = capsys.readouterr().err
