@@ -1,0 +1,135 @@
+"""Two critics (e.g. the CoT and the no-CoT reward model) compared with the paper's protocol.
+
+    python -m text2grad.apps.evaluation.compare_feedback --eval_file runs/slf5k/annotations_validation.jsonl \\
+        --candidate_kwargs '{"path": "runs/slf5k/reward_model"}' --baseline_kwargs '{"path": "runs/slf5k/reward_model_nocot"}' \\
+        --tokenizer runs/slf5k/reward_model --judge_model gpt-4o --output_dir runs/slf5k/cot_vs_nocot
+
+Both critics write feedback on every held-out (prompt, response); then
+
+- an LLM judge (any OpenAI-compatible server, `text2grad.apps.evaluation.judge`) compares the two feedbacks per
+  item, shown in a seeded random order, and the candidate's win / tie / loss rates are reported (the paper's
+  CoT vs no-CoT comparison, Appendix M: 72.17 : 7.01 : 20.82);
+- each critic's feedback is scored against the reference annotations with the token metrics of
+  `reward_model.metrics` (per-class token precision/recall/F1, span matches, JSON validity).
+
+A critic is any name or ``package.module:Name`` of `text2grad.core.critics` (default ``reward_model``, which takes
+``{"path": ...}``). Writes ``report.json`` and ``judgments.jsonl`` to ``output_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from reward_model.metrics import evaluate_feedback
+from text2grad.apps.evaluation.judge import JudgeConfig, PairwiseItem, judge_pairwise, load_prompt, win_rate_summary
+from text2grad.core.config import ConfigError, parse_config
+from text2grad.core.data import DataError, load_records
+from text2grad.core.feedback import Feedback
+
+__all__ = ["CompareConfig", "render_feedback", "compare_critics", "main"]
+
+
+def _f(default: Any, help: str) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class CompareConfig:
+    """Judge two critics' feedback pairwise and score both against reference annotations."""
+
+    eval_file: str = _f("", "Held-out annotation records (prompt, response, critique, good_spans, poor_spans).")
+    limit: int | None = _f(None, "Use only the first N records.")
+    candidate_source: str = _f("reward_model", "The candidate critic (e.g. the CoT reward model).")
+    candidate_kwargs: dict[str, Any] = _f({}, "Its keyword arguments, e.g. {\"path\": \"runs/slf5k/reward_model\"}.")
+    baseline_source: str = _f("reward_model", "The baseline critic (e.g. the no-CoT reward model).")
+    baseline_kwargs: dict[str, Any] = _f({}, "Its keyword arguments.")
+    tokenizer: str = _f("", "Tokenizer for the token metrics (e.g. the policy's or a reward model's directory).")
+    judge_model: str = _f("gpt-4o", "Judge model name.")
+    base_url: str | None = _f(None, "OpenAI-compatible endpoint of the judge (default: the OpenAI API).")
+    api_key_env: str = _f("OPENAI_API_KEY", "Environment variable with the judge's API key.")
+    judge_template: str = _f("feedback_pairwise", "Judge prompt: packaged name or a file with {instruction}, {output_a}, {output_b}.")
+    concurrency: int = _f(8, "Judge requests in flight.")
+    seed: int = _f(0, "Seed of the order in which the two feedbacks are shown.")
+    output_dir: str = _f("outputs/compare_feedback", "report.json and judgments.jsonl go here.")
+
+
+def render_feedback(feedback: Feedback) -> str:
+    """What the judge reads of one feedback: the critique (if any) and the quoted spans."""
+    if not feedback.ok:
+        return f"(no feedback: {feedback.error})"
+    good = "; ".join(f'"{s}"' for s in feedback.good_spans) or "none"
+    poor = "; ".join(f'"{s}"' for s in feedback.poor_spans) or "none"
+    critique = f"Critique: {feedback.critique}\n" if feedback.critique.strip() else ""
+    return f"{critique}Good spans: {good}\nPoor spans: {poor}"
+
+
+def compare_critics(
+    records: Sequence[dict[str, Any]],
+    candidate: Sequence[Feedback],
+    baseline: Sequence[Feedback],
+    tokenizer,
+    judge: JudgeConfig,
+    template: str,
+    seed: int = 0,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(report, per-item judgments) for two aligned lists of feedback on ``records``."""
+    if not len(records) == len(candidate) == len(baseline):
+        raise ValueError(f"got {len(records)} records, {len(candidate)} candidate and {len(baseline)} baseline feedbacks")
+    items = [
+        PairwiseItem(id=str(rec.get("id", i)), instruction=f"Prompt:\n{rec['prompt']}\n\nResponse:\n{rec['response']}",
+                     candidate=render_feedback(c), baseline=render_feedback(b))
+        for i, (rec, c, b) in enumerate(zip(records, candidate, baseline))
+    ]
+    judgments = judge_pairwise(items, judge, template, seed=seed, show_progress=False)
+    summary = win_rate_summary(judgments)
+    n = summary["n_valid"] or float("nan")
+    summary.update(win_share=summary["wins"] / n, tie_share=summary["ties"] / n, loss_share=summary["losses"] / n)
+    references = [Feedback.from_dict(r) for r in records]
+    responses = [str(r["response"]) for r in records]
+    token_metrics = {
+        name: evaluate_feedback(list(fbs), references, responses, tokenizer)[0].to_dict()
+        for name, fbs in (("candidate", candidate), ("baseline", baseline))
+    }
+    return {"judge": summary, "token_metrics": token_metrics}, [j.to_dict() for j in judgments]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from text2grad.core.critics import build_feedback_source
+    from text2grad.core.modeling import load_tokenizer
+
+    cfg = parse_config(CompareConfig, argv, description="Compare two critics: LLM-judge pairwise win rate + token metrics.")
+    try:
+        if not cfg.eval_file or not cfg.tokenizer:
+            raise ConfigError("set --eval_file (held-out annotations) and --tokenizer (for the token metrics)")
+        records = load_records(cfg.eval_file, required=("prompt", "response"), limit=cfg.limit)
+        template = load_prompt(cfg.judge_template)
+        tokenizer = load_tokenizer(cfg.tokenizer)
+        prompts, responses = [str(r["prompt"]) for r in records], [str(r["response"]) for r in records]
+        feedback = {}
+        for name, source, kwargs in (("candidate", cfg.candidate_source, cfg.candidate_kwargs),
+                                     ("baseline", cfg.baseline_source, cfg.baseline_kwargs)):
+            critic = build_feedback_source(source, kwargs, records=records)
+            feedback[name] = list(critic.feedback(prompts, responses))
+    except (ConfigError, DataError, FileNotFoundError, ValueError, TypeError) as exc:
+        print(f"compare-feedback: error: {exc}", file=sys.stderr)
+        return 2
+    judge = JudgeConfig(model=cfg.judge_model, base_url=cfg.base_url, api_key_env=cfg.api_key_env, concurrency=cfg.concurrency)
+    report, judgments = compare_critics(records, feedback["candidate"], feedback["baseline"], tokenizer, judge, template, cfg.seed)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    (out / "judgments.jsonl").write_text("".join(json.dumps(j) + "\n" for j in judgments))
+    s = report["judge"]
+    print(f"candidate vs baseline: win {s['win_share']:.3f} : tie {s['tie_share']:.3f} : loss {s['loss_share']:.3f} "
+          f"({s['n_valid']} judged, {s['failed']} failed); report: {out / 'report.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
