@@ -27,7 +27,8 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from text2grad.core.config import config_field, ConfigError, parse_config
+from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.config import ConfigError, config_field
 from text2grad.core.critics import extract_code
 from text2grad.core.data import DataError, load_records, record_id, write_jsonl
 from text2grad.core.sandbox import run_tests
@@ -120,27 +121,32 @@ def build_pairs(records: Sequence[dict[str, Any]], cfg: CodePairsConfig) -> tupl
     return pairs, counts
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_config(CodePairsConfig, argv)
-    try:
-        if not cfg.input or not cfg.output:
-            raise ConfigError("set --input (records with question, tests and candidates) and --output (the pairs JSONL)")
-        records = load_records(cfg.input, split=cfg.dataset_split, field_map=cfg.field_map,
-                               required=(cfg.question_field, cfg.tests_field), limit=cfg.max_samples)
-        if not any(_candidates(r, cfg.candidate_fields) for r in records):
-            raise DataError(f"no record has a candidate program in the fields {cfg.candidate_fields}; "
-                            "set --candidate_fields to the fields that hold them")
-    except (ConfigError, DataError, FileNotFoundError) as exc:
-        print(f"code_pairs: error: {exc}", file=sys.stderr)
-        return 2
+def run_code_pairs(cfg: CodePairsConfig) -> int:
+    if not cfg.input or not cfg.output:
+        raise ConfigError("set --input (records with question, tests and candidates) and --output (the pairs JSONL)")
+    output, report_path = Path(cfg.output), Path(cfg.output).with_suffix(".report.json")
+    for flag, path in (("--output", output), ("the report", report_path)):
+        if path.is_dir():
+            raise ConfigError(f"{flag} {path} is a directory; name a file")
+        if path.resolve() == Path(cfg.input).resolve():
+            raise ConfigError(f"{flag} {path} is the input file; the input is never written, choose another --output")
+    records = load_records(cfg.input, split=cfg.dataset_split, field_map=cfg.field_map,
+                           required=(cfg.question_field, cfg.tests_field), limit=cfg.max_samples)
+    if not any(_candidates(r, cfg.candidate_fields) for r in records):
+        raise DataError(f"no record has a candidate program in the fields {cfg.candidate_fields}; "
+                        "set --candidate_fields to the fields that hold them")
     pairs, report = build_pairs(records, cfg)
     write_jsonl(cfg.output, pairs)
-    Path(cfg.output).with_suffix(".report.json").write_text(json.dumps(report, indent=2) + "\n")
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report))
     if not pairs:
-        print("code_pairs: warning: no question had both a passing and a failing candidate, so no pair was written; "
+        print("warning: no question had both a passing and a failing candidate, so no pair was written; "
               "add candidates that fail (e.g. samples of the policy at temperature 1)", file=sys.stderr)
-    return 0
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(CodePairsConfig, run_code_pairs, argv)
 
 
 if __name__ == "__main__":

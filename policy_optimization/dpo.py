@@ -18,8 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from policy_optimization.sft import HFRunConfig, load_model_and_tokenizer, load_pairs, lora_config, save_final, training_kwargs
-from text2grad.core.config import config_field
+from policy_optimization.sft import (
+    HFRunConfig,
+    check_output_path,
+    load_model_and_tokenizer,
+    load_pairs,
+    lora_config,
+    save_final,
+    training_kwargs,
+)
+from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.config import ConfigError, config_field
+from text2grad.core.data import DataError
+from text2grad.core.modeling import check_model_path
 
 __all__ = ["DPORunConfig", "main"]
 
@@ -36,27 +47,19 @@ class DPORunConfig(HFRunConfig):
     loss_type: str = config_field("sigmoid", "TRL DPO loss type (sigmoid = the original DPO loss).")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run_dpo(cfg: DPORunConfig) -> int:
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from text2grad.core.config import ConfigError, parse_config
-    from text2grad.core.data import DataError
-
-    cfg = parse_config(DPORunConfig, argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        if not cfg.model_name_or_path or not cfg.dataset_path:
-            raise ConfigError("set --model_name_or_path and --dataset_path")
-        rows = load_pairs(cfg, {"prompt": cfg.prompt_template, "chosen": cfg.chosen_template, "rejected": cfg.rejected_template})
-        same = sum(r["chosen"] == r["rejected"] for r in rows)
-        if same == len(rows):
-            raise DataError("every record has chosen == rejected; check chosen_template / rejected_template")
-        model, tokenizer, base = load_model_and_tokenizer(cfg)
-    except (ConfigError, DataError, FileNotFoundError) as exc:
-        print(f"dpo: error: {exc}", file=sys.stderr)
-        return 2
+    if not cfg.model_name_or_path or not cfg.dataset_path:
+        raise ConfigError("set --model_name_or_path and --dataset_path")
+    check_output_path(cfg.output_dir)
+    rows = load_pairs(cfg, {"prompt": cfg.prompt_template, "chosen": cfg.chosen_template, "rejected": cfg.rejected_template})
+    same = sum(r["chosen"] == r["rejected"] for r in rows)
+    if same == len(rows):
+        raise DataError("every record has chosen == rejected; check chosen_template / rejected_template")
+    check_model_path(cfg.model_name_or_path)
+    model, tokenizer, base = load_model_and_tokenizer(cfg)
     args = DPOConfig(**training_kwargs(cfg), beta=cfg.beta, loss_type=[cfg.loss_type])
     trainer = DPOTrainer(
         model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
@@ -65,7 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = trainer.train()
     save_final(trainer, tokenizer, cfg, base)
     logger.info("DPO done: %d steps, training loss %.4f; saved to %s", result.global_step, result.training_loss, Path(cfg.output_dir))
-    return 0
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(DPORunConfig, run_dpo, argv)
 
 
 if __name__ == "__main__":

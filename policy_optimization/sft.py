@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from text2grad.core.config import config_field
+from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.config import ConfigError, config_field, range_problems
+from text2grad.core.modeling import check_model_path
 
 __all__ = ["HFRunConfig", "SFTRunConfig", "main", "lora_config", "training_kwargs", "load_pairs"]
 
@@ -62,6 +64,20 @@ class HFRunConfig:
     save_total_limit: int | None = config_field(2, "Keep at most this many checkpoints.")
     seed: int = config_field(42, "Random seed.")
     report_to: str = config_field("none", "none, tensorboard or wandb.")
+
+    def __post_init__(self) -> None:
+        problems = range_problems(
+            self,
+            positive=("learning_rate", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
+                      "max_length", "max_samples", "logging_steps", "save_steps", "save_total_limit", "lora_r",
+                      "lora_alpha"),
+            non_negative=("warmup_steps",),
+            share=("lora_dropout",),
+        )
+        if self.max_steps == 0 or self.max_steps < -1:
+            problems.append(f"max_steps must be > 0, or -1 to train num_train_epochs, got {self.max_steps}")
+        if problems:
+            raise ConfigError("; ".join(problems))
 
 
 @dataclass
@@ -144,24 +160,16 @@ def save_final(trainer, tokenizer, cfg: HFRunConfig, base: str) -> None:
         tokenizer.save_pretrained(cfg.output_dir)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run_sft(cfg: SFTRunConfig) -> int:
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from text2grad.core.config import ConfigError, parse_config
-    from text2grad.core.data import DataError
-
-    cfg = parse_config(SFTRunConfig, argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        if not cfg.model_name_or_path or not cfg.dataset_path:
-            raise ConfigError("set --model_name_or_path and --dataset_path")
-        rows = load_pairs(cfg, {"prompt": cfg.prompt_template, "completion": cfg.completion_template})
-        model, tokenizer, base = load_model_and_tokenizer(cfg)
-    except (ConfigError, DataError, FileNotFoundError) as exc:
-        print(f"sft: error: {exc}", file=sys.stderr)
-        return 2
+    if not cfg.model_name_or_path or not cfg.dataset_path:
+        raise ConfigError("set --model_name_or_path and --dataset_path")
+    check_output_path(cfg.output_dir)
+    rows = load_pairs(cfg, {"prompt": cfg.prompt_template, "completion": cfg.completion_template})
+    check_model_path(cfg.model_name_or_path)
+    model, tokenizer, base = load_model_and_tokenizer(cfg)
     args = SFTConfig(**training_kwargs(cfg), completion_only_loss=cfg.completion_only_loss)
     trainer = SFTTrainer(
         model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
@@ -170,7 +178,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = trainer.train()
     save_final(trainer, tokenizer, cfg, base)
     logger.info("SFT done: %d steps, training loss %.4f; saved to %s", result.global_step, result.training_loss, Path(cfg.output_dir))
-    return 0
+    return EXIT_OK
+
+
+def check_output_path(output_dir: str) -> None:
+    """An output directory that is a file is refused before any model loads."""
+    if Path(output_dir).exists() and not Path(output_dir).is_dir():
+        raise ConfigError(f"output_dir {output_dir} is a file, not a directory; choose another --output_dir")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(SFTRunConfig, run_sft, argv)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from reward_model.serialization import parse_target, record_feedback
-from text2grad.core.config import config_field, config_to_dict, ConfigError, parse_config
+from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.config import ConfigError, config_field, config_to_dict
 from text2grad.core.data import DataError, iter_jsonl, load_records, record_id, write_jsonl
 from text2grad.core.feedback import Feedback
 from reward_model.metrics import evaluate_feedback, format_markdown
@@ -165,16 +166,15 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_config(EvalConfig, argv)
-    try:
-        report = evaluate(cfg)
-    except (ConfigError, DataError, FileNotFoundError) as exc:
-        print(f"reward_model.evaluate: error: {exc}", file=sys.stderr)
-        return 2
+def run_evaluation(cfg: EvalConfig) -> int:
+    report = evaluate(cfg)
     print(format_markdown(report, title="Reward model evaluation"))
     print(f"report written to {cfg.output_dir}/report.json and report.md")
-    return 0
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(EvalConfig, run_evaluation, argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from text2grad.core.config import config_field, ConfigError, parse_config
+from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.config import ConfigError, config_field
 
 __all__ = ["MergeConfig", "merge", "main"]
 
@@ -65,15 +66,14 @@ def merge(cfg: MergeConfig) -> Path:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_config(MergeConfig, argv)
-    try:
-        out = merge(cfg)
-    except (ConfigError, FileNotFoundError) as exc:
-        print(f"reward_model.merge: error: {exc}", file=sys.stderr)
-        return 2
+def run_merge(cfg: MergeConfig) -> int:
+    out = merge(cfg)
     print(f"merged model written to {out}")
-    return 0
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(MergeConfig, run_merge, argv)
 
 
 if __name__ == "__main__":

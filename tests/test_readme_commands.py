@@ -31,6 +31,9 @@ READMES = [
 _MODULE = re.compile(r"(?:\bpython3?|\bdeepspeed\b[^`\n]*?|\baccelerate launch\b[^`\n]*?|\btorchrun\b[^`\n]*?)\s(?:-m|--module)\s+([\w.]+)(.*)")
 
 
+PROJECT_PACKAGES = ("text2grad", "annotation", "reward_model", "policy_optimization")
+
+
 def _snippets(text: str) -> list[tuple[str, bool]]:
     """Shell text of the README, each with whether it is inline: fenced code lines (with ``\\`` continuations
     joined) and inline `code` spans."""
@@ -60,6 +63,8 @@ def _commands() -> list[tuple[str, str, list[str]]]:
         for snippet, inline in _snippets((REPO / readme).read_text(encoding="utf-8")):
             for m in _MODULE.finditer(snippet):
                 module, rest = m.group(1), m.group(2)
+                if module.split(".")[0] not in PROJECT_PACKAGES:  # `python -m pytest ...`, `python -m pip ...`
+                    continue
                 rest = re.split(r"\s#|`|\|", rest)[0]  # a trailing shell comment or the end of a table cell
                 tokens = shlex.split(rest)
                 # "..." elides arguments; it stays only as the value of a flag ("--input ...")

@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from text2grad.core.cli import EXIT_OK
+from text2grad.core.cli import run_cli as run_shared_cli
+from text2grad.core.config import ConfigError
+
 __all__ = [
     "load_policy",
     "pick_device",
@@ -256,19 +260,15 @@ def run_cli(config_cls: type, evaluate: Callable[[Any], Mapping[str, Any]], argv
     Bad configs, data or paths exit with code 2 and a one-line message; the report's Markdown is printed
     and every ``*_json`` / ``*_md`` path in the results is listed.
     """
-    import logging
-    import sys
 
-    from text2grad.core.config import ConfigError, parse_config
-    from text2grad.core.data import DataError
+    def run(cfg: Any) -> int:
+        try:
+            results = evaluate(cfg)
+        except ValueError as exc:  # a bad setting found while evaluating (ConfigError and DataError among them)
+            raise ConfigError(str(exc)) from None
+        print(Path(results["report_md"]).read_text(encoding="utf-8"))
+        written = [str(v) for k, v in results.items() if k.endswith(("_json", "_md")) and isinstance(v, str)]
+        print("wrote " + ", ".join(written))
+        return EXIT_OK
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        results = evaluate(parse_config(config_cls, argv))
-    except (ConfigError, DataError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(Path(results["report_md"]).read_text(encoding="utf-8"))
-    written = [str(v) for k, v in results.items() if k.endswith(("_json", "_md")) and isinstance(v, str)]
-    print("wrote " + ", ".join(written))
-    return 0
+    return run_shared_cli(config_cls, run, argv)
