@@ -29,6 +29,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 from annotation.llm import ChatClient, critique_with_llm
 from annotation.templates import PromptTemplate
+from text2grad.core.critics import feedback_per_pair
 from text2grad.core.feedback import Feedback
 
 __all__ = [
@@ -190,19 +191,13 @@ class ReferenceSummaryCritic:
         return self._references.get(prompt, self._references.get(" ".join(prompt.split())))
 
     def feedback(self, prompts: Sequence[str], responses: Sequence[str]) -> list[Feedback]:
-        if len(prompts) != len(responses):
-            raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses")
-        out = []
-        for prompt, response in zip(prompts, responses):
-            reference = self.reference_for(prompt)
-            if reference is None:
-                out.append(Feedback.failed("no reference summary is known for this prompt"))
-                continue
-            try:
-                out.append(self.critique(response, reference))
-            except Exception as exc:  # a FeedbackSource reports failures per sample
-                out.append(Feedback.failed(f"reference critic error: {type(exc).__name__}: {exc}"))
-        return out
+        return feedback_per_pair(prompts, responses, self._one, error_prefix="reference critic error: ")
+
+    def _one(self, prompt: str, response: str) -> Feedback:
+        reference = self.reference_for(prompt)
+        if reference is None:
+            return Feedback.failed("no reference summary is known for this prompt")
+        return self.critique(response, reference)
 
     def critique(self, response: str, reference: str) -> Feedback:
         """Feedback on ``response`` against ``reference``."""

@@ -45,6 +45,7 @@ __all__ = [
     "FeedbackSource",
     "build_feedback_source",
     "extract_code",
+    "feedback_per_pair",
     "load_object",
 ]
 
@@ -108,16 +109,31 @@ class CallableFeedbackSource:
         self.fn = fn
 
     def feedback(self, prompts: Sequence[str], responses: Sequence[str]) -> list[Feedback]:
-        if len(prompts) != len(responses):
-            raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses")
-        out = []
-        for prompt, response in zip(prompts, responses):
-            try:
-                result = self.fn(prompt, response)
-                out.append(result if isinstance(result, Feedback) else Feedback.from_dict(dict(result)))
-            except Exception as exc:  # one bad sample must not cost the batch
-                out.append(Feedback.failed(f"{type(exc).__name__}: {exc}"))
-        return out
+        return feedback_per_pair(prompts, responses, self.fn)
+
+
+def feedback_per_pair(
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    critique_one: Callable[[str, str], Feedback | Mapping[str, Any]],
+    error_prefix: str = "",
+) -> list[Feedback]:
+    """The loop of every critic that judges one pair at a time: ``critique_one(prompt, response)`` per pair, in
+    order; a dict result is read with `Feedback.from_dict`, and an exception becomes ``Feedback.failed``
+    (``error_prefix`` + the exception) for that one sample, so the batch goes on.
+
+    Raises ValueError when the two sequences differ in length (a caller bug, not a sample failure).
+    """
+    if len(prompts) != len(responses):
+        raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses")
+    out = []
+    for prompt, response in zip(prompts, responses):
+        try:
+            result = critique_one(prompt, response)
+            out.append(result if isinstance(result, Feedback) else Feedback.from_dict(dict(result)))
+        except Exception as exc:  # one bad sample must not cost the batch
+            out.append(Feedback.failed(f"{error_prefix}{type(exc).__name__}: {exc}"))
+    return out
 
 
 def build_feedback_source(

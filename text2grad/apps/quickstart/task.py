@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from text2grad.core.config import config_field
+from text2grad.core.critics import feedback_per_pair
 from text2grad.core.feedback import Feedback
 
 __all__ = [
@@ -493,19 +494,13 @@ class FactCritic:
         return facts
 
     def feedback(self, prompts: Sequence[str], responses: Sequence[str]) -> list[Feedback]:
-        if len(prompts) != len(responses):
-            raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses")
-        out = []
-        for prompt, response in zip(prompts, responses):
-            facts = self.facts_for(prompt)
-            if facts is None:
-                out.append(Feedback.failed("prompt is not a post of the quickstart task files given to FactCritic"))
-                continue
-            try:
-                out.append(critique_summary(facts, response))
-            except Exception as exc:  # a per-sample failure must not cost the batch
-                out.append(Feedback.failed(f"fact check failed: {type(exc).__name__}: {exc}"))
-        return out
+        return feedback_per_pair(prompts, responses, self._one, error_prefix="fact check failed: ")
+
+    def _one(self, prompt: str, response: str) -> Feedback:
+        facts = self.facts_for(prompt)
+        if facts is None:
+            return Feedback.failed("prompt is not a post of the quickstart task files given to FactCritic")
+        return critique_summary(facts, response)
 
 
 # --------------------------------------------------------------------------------------------------
