@@ -9,7 +9,7 @@ JSON object on its own line::
     {"good_spans": ["200 page unpublished novel"], "poor_spans": ["finding a good editor"]}
 
 `parse_feedback` accepts far more than that canonical form, because LLMs drift: JSON inside prose or
-```json fences, trailing commas, single quotes, Python literals, keys in other spellings (``Good spans``,
+```json fences, ``//`` and ``/* */`` comments, trailing commas, single quotes, Python literals, keys in other spellings (``Good spans``,
 ``goodSpans``, ``positive_spans``), the paper code's ``word_score_list`` form, and output truncated
 mid-JSON. It never raises; on failure it returns a `ParseResult` whose ``error`` says what was wrong.
 
@@ -192,9 +192,18 @@ def _close_truncated(candidate: str) -> str:
     return text + "".join(reversed(stack))
 
 
+_QUOTED_OR_COMMENT = re.compile(r""""(?:[^"\\]|\\.)*"|'(?:[^'\\\n]|\\.)*'|(//[^\n]*|/\*.*?\*/)""", re.DOTALL)
+
+
+def _strip_comments(text: str) -> str:
+    """Drop ``// line`` and ``/* block */`` comments, which LLMs often put in fenced JSON; ``//`` inside a quoted
+    string (a URL quoted in a span) is text and stays."""
+    return _QUOTED_OR_COMMENT.sub(lambda m: "" if m.group(1) else m.group(0), text)
+
+
 def _repairs(candidate: str) -> list[str]:
     """Increasingly aggressive repairs of a JSON-ish object string."""
-    fixed = re.sub(r",\s*([\]}])", r"\1", candidate)  # trailing commas
+    fixed = re.sub(r",\s*([\]}])", r"\1", _strip_comments(candidate))  # comments, trailing commas
     out = [candidate, fixed]
     closed = _close_truncated(fixed)
     out.append(re.sub(r",\s*([\]}])", r"\1", closed))
