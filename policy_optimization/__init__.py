@@ -11,8 +11,9 @@ Names are loaded on first use (`text2grad.core.critics.load_object`), so ``impor
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from text2grad.core.critics import load_object
 
 _EXPORTS = {
     "PPOConfig": "policy_optimization.config",
@@ -30,5 +31,5 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
+        return load_object(f"{_EXPORTS[name]}:{name}")
     raise AttributeError(f"module 'policy_optimization' has no attribute {name!r}")
