@@ -14,6 +14,7 @@ import os
 from typing import Iterator
 
 import torch
+from peft import PeftModel
 
 from policy_optimization.config import PPOConfig
 
@@ -21,11 +22,7 @@ __all__ = ["is_peft", "wrap_lora", "make_accelerator", "prepare_reference", "pol
 
 
 def is_peft(model) -> bool:
-    """Whether ``model`` is a peft ``PeftModel`` (False when peft is not installed)."""
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
+    """Whether ``model`` is a peft ``PeftModel``."""
     return isinstance(model, PeftModel)
 
 

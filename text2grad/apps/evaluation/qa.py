@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
+import datasets
+
 from text2grad.core.config import config_field, ConfigError, save_config
 from text2grad.core.data import DataError, load_records, record_id, write_jsonl
 
@@ -241,8 +243,6 @@ def _load(cfg: QAEvalConfig, required: tuple[str, ...] = ()) -> list[dict]:
         records = load_records(cfg.data, split=cfg.split, field_map=cfg.field_map, required=required, limit=cfg.limit)
     else:
         try:
-            import datasets
-
             ds = datasets.load_dataset(cfg.data, cfg.data_config, split=cfg.split or "test")
         except Exception as exc:  # noqa: BLE001 - datasets raises many types; all mean "could not load"
             raise DataError(
