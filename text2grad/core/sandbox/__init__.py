@@ -29,7 +29,8 @@ Layers (each run; ``result.layers`` lists the ones that applied)
    ``PR_SET_NO_NEW_PRIVS`` so set-uid binaries cannot raise privileges.
 5. ``namespaces`` (``unshare --net --mount --pid --ipc --fork --mount-proc --kill-child``, when the ``unshare``
    binary exists and we are root or may create user namespaces): no network (not even loopback: connect
-   fails with ENETUNREACH); each run gets its OWN IPC namespace (SysV shared memory, semaphores and message
+   fails with ENETUNREACH; each run has a network namespace of its own, so runs cannot reach each other
+   either, not even through abstract Unix sockets); each run gets its OWN IPC namespace (SysV shared memory, semaphores and message
    queues, which otherwise outlive their creator, die with the run) and its OWN PID namespace whose init is the bootstrap (when it exits or
    is killed, the kernel kills every process left in it; ``os.kill`` of the parent cannot reach the caller)
    and its own private mount namespace in which /proc shows only the run, and /tmp, /var/tmp, /dev/shm and
@@ -50,8 +51,8 @@ How a run starts (``result.launcher``)
 --------------------------------------
 ``"worker"``: a worker started once per network setting, inside the namespaces, as root, with the
 bootstrap's imports done and the modules generated code imports most preloaded, forks each run's init
-into a fresh PID namespace; the init makes its own mount and IPC namespaces, sets up the mounts and forks
-the program; the program switches to its fresh uid, applies its limits and runs the code in the
+into a fresh PID namespace; the init makes its own mount, IPC and network namespaces, sets up the mounts and
+forks the program; the program switches to its fresh uid, applies its limits and runs the code in the
 forked interpreter (no new interpreter start). The harness holds the init through a pidfd and SIGKILLs it on
 timeout. ``"fresh"``: one ``python bootstrap.py --once`` per run under ``unshare``, the same layers; used when
 there are no pidfds, when neither a PID namespace nor the uid switch can account for a run's processes, when
@@ -90,9 +91,8 @@ What is not covered
 * Reading: with the uid switch the program reads what "others" may read (world-readable files of the
   machine, e.g. /etc, the Python installation, other users' world-readable data) outside the hidden
   directories; secrets must not be world-readable. Without it, it reads what we can read.
-* Concurrent runs of one worker share its network namespace (no interfaces, but abstract Unix sockets are
-  per network namespace, so two concurrent runs could talk to each other that way) and the interpreter's
-  hash seed (the iteration order of a set of strings is the same from run to run; ``random`` reseeds).
+* Runs of one worker share the interpreter's hash seed (the iteration order of a set of strings is the same
+  from run to run; ``random`` reseeds in every program).
 * The worker's memory is inherited by every program it forks. It holds nothing secret (the harness sends it
   directories, limits, uids and run ids, never code, data or the caller's environment), but a program can find
   the specs of earlier runs there.

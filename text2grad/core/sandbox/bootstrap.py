@@ -8,7 +8,7 @@ run's init)::
 
     worker (PID 1 of the worker's namespaces; single-threaded; never runs program code)
       │  setns(own PID ns) + unshare(CLONE_NEWPID), fork, send the init's pidfd to the harness
-      └─ init: PID 1 of the run's own PID namespace; unshare(CLONE_NEWNS | CLONE_NEWIPC); private tmpfs
+      └─ init: PID 1 of the run's own PID namespace; unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET); tmpfs
          │  /tmp etc., fresh /proc; waits for the program, reports its exit status
          └─ program: new session, rlimits, no_new_privs, fresh uid, scrubbed env, runs the code
 
@@ -50,6 +50,7 @@ PRELOADED_MODULES = ("typing", "re", "math", "collections", "itertools", "functo
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_CHILD_SUBREAPER = 36
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 0x4000, 1 << 18
@@ -168,8 +169,9 @@ def _start_run(spec: dict[str, Any], fds: list[int], own_pid_ns: int, control: s
             control.close()
             os.close(own_pid_ns)
             os.close(fds[4])
-            if spec.get("new_namespaces"):  # our own mounts (private tmpfs, /proc) and SysV IPC
-                _check(_libc().unshare(_CLONE_NEWNS | _CLONE_NEWIPC), "unshare")
+            if spec.get("new_namespaces"):  # our own mounts (private tmpfs, /proc), SysV IPC and (empty) network
+                flags = _CLONE_NEWNS | _CLONE_NEWIPC | (_CLONE_NEWNET if spec.get("new_network") else 0)
+                _check(_libc().unshare(flags), "unshare")
             code = run_init(spec, (fds[0], fds[1], fds[2]), fds[3], runner)
         except BaseException as exc:  # noqa: BLE001 - never fall back into the worker's loop
             os.write(fds[2], f"text2grad.core.sandbox: the run's init failed: {type(exc).__name__}: {exc}\n".encode())

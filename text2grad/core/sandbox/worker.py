@@ -2,8 +2,8 @@
 
 One worker per unshare command line (the network setting changes it), started on first use, inside the
 namespaces, as root, with the bootstrap's imports done (see bootstrap.py). It never runs program code: for
-each run it forks the run's init into a fresh PID namespace; the init makes its own mount and IPC namespaces
-and forks the program. The harness gets the init's pidfd, polls it with the program's pipes, and SIGKILLs it
+each run it forks the run's init into a fresh PID namespace; the init makes its own mount, IPC and (unless the
+run asks for the network) network namespaces and forks the program. The harness gets the init's pidfd, polls it with the program's pipes, and SIGKILLs it
 on timeout (the kernel then kills every process of the run's PID namespace). Closing the control socket (our
 exit) ends the worker, and with it every run.
 """
@@ -119,7 +119,7 @@ def run_in_worker(prefix: tuple[str, ...], spec: dict[str, Any], *, stdin: str |
                   max_output_bytes: int, run_id: str, uid: int | None) -> RawRun:
     """Run one spec (see bootstrap.py) in the worker for ``prefix``; raises `WorkerUnavailable` if it could not
     start the run."""
-    spec = {**spec, "new_namespaces": bool(prefix), "mount_proc": bool(prefix)}
+    spec = {**spec, "new_namespaces": bool(prefix), "mount_proc": bool(prefix), "new_network": "--net" in prefix}
     payload = json.dumps(spec).encode()
     stdin_r, stdin_w = os.pipe() if stdin is not None else (os.open(os.devnull, os.O_RDONLY), None)
     out_r, out_w = os.pipe()
