@@ -33,6 +33,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from text2grad.core.cli import guarded
+from text2grad.core.config import CliParser, program_name
+
 __all__ = ["make_records", "make_tiny_world", "write_native", "main"]
 
 DATASETS = ("slf5k", "kodcode", "ultrafeedback")
@@ -209,7 +212,12 @@ def make_tiny_world(dataset: str, output_dir: str | Path, n_train: int = 24, n_e
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    return guarded(lambda: _run(argv))
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    parser = CliParser(prog=program_name(), description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", required=True, choices=DATASETS, help="which dataset's native layout to write")
     parser.add_argument("--output_dir", required=True, help="where to write raw/, model/, annotations.jsonl (and data/)")
     parser.add_argument("--n_train", type=int, default=24, help="rows of the main training split")

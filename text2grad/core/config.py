@@ -259,7 +259,7 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
     """The parser of a config dataclass: ``--config``, one ``--field`` per field (grouped as in the source, help
     text and default shown), ``--log_level`` and ``--version``."""
     parser = CliParser(
-        prog=prog or _program_name(),
+        prog=prog or program_name(),
         usage="%(prog)s [--config FILE] [--<option> VALUE ...]",
         description=description or (cls.__doc__ or "").strip().split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -312,7 +312,7 @@ def invoked_as(prog: str) -> Iterator[None]:
         _INVOKED_AS.pop()
 
 
-def _program_name() -> str:
+def program_name() -> str:
     """The name a user typed: ``text2grad <command>`` under the dispatcher, ``python -m package.module`` when
     run as a module (argparse would show ``module.py``)."""
     if _INVOKED_AS:
@@ -341,15 +341,18 @@ def parse_config(
         raise  # unreachable: parser.error exits
 
 
-# Third-party messages a user cannot act on, hidden unless --log_level info/debug.
+# Libraries whose INFO chatter is hidden unless --log_level info/debug (their warnings show, minus _NOISE).
 _QUIET_LOGGERS = ("accelerate", "transformers", "deepspeed", "DeepSpeed", "datasets", "torch", "peft", "trl", "httpx")
 _OUR_LOGGERS = ("text2grad", "annotation", "reward_model", "policy_optimization")
 _NOISE = (
-    r".*[Ss]etting ds_accelerator to .*",
+    r".*[Ss]etting (ds_)?accelerator to .*",  # DeepSpeed, at import, on every command
     r".*DeepSpeed.*accelerator.*",
     r".*Removed shared tensor.*",
     r".*[Ss]hared tensors? .*while saving.*",
 )
+
+
+_NOISE_SOURCES = ("DeepSpeed", "accelerate.utils.other", "transformers.modeling_utils", "transformers.trainer")
 
 
 class _DropNoise(logging.Filter):
@@ -364,11 +367,11 @@ def configure_logging(level: str = "warning") -> None:
     and shared-tensor notices, which break progress bars; ``info``/``debug`` show everything."""
     numeric = getattr(logging, level.upper())
     root = logging.getLogger()
-    if not root.handlers:
+    if not root.handlers:  # an embedding program (or pytest) that set up logging keeps its own set-up
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
-    root.setLevel(numeric)
+        root.setLevel(numeric)
     quiet = numeric >= logging.WARNING
     for handler in root.handlers:
         for f in [f for f in handler.filters if isinstance(f, _DropNoise)]:
@@ -378,12 +381,15 @@ def configure_logging(level: str = "warning") -> None:
     for name in _OUR_LOGGERS:
         logging.getLogger(name).setLevel(min(numeric, logging.INFO))
     for name in _QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR if quiet else numeric)
-        for f in [f for f in logging.getLogger(name).filters if isinstance(f, _DropNoise)]:
-            logging.getLogger(name).removeFilter(f)
+        logging.getLogger(name).setLevel(max(numeric, logging.WARNING) if quiet else numeric)
+    # A logger's filters only see records logged on that very logger, so the noise is filtered where it starts.
+    for name in _NOISE_SOURCES:
+        source = logging.getLogger(name)
+        for f in [f for f in source.filters if isinstance(f, _DropNoise)]:
+            source.removeFilter(f)
         if quiet:
-            logging.getLogger(name).addFilter(_DropNoise())
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error" if quiet else level)
+            source.addFilter(_DropNoise())
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", level)
     if quiet:
         warnings.filterwarnings("ignore", message=".*DeepSpeed.*accelerator.*")
 
