@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import torch
 
-from text2grad.core.config import config_field, ConfigError, load_config, parse_config, save_config
+from text2grad.core.config import ConfigError, config_field, load_config, parse_config, save_config
 from text2grad.core.data import DataError, load_records
 
 __all__ = [

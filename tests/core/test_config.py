@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from text2grad.core.config import config_field, ConfigError, load_config, parse_config, save_config
+from text2grad.core.config import ConfigError, config_field, load_config, parse_config, save_config
 
 
 @dataclass

@@ -46,7 +46,7 @@ from typing import Any, Literal, Sequence
 
 import datasets
 
-from text2grad.core.config import config_field, ConfigError, save_config
+from text2grad.core.config import ConfigError, config_field, save_config
 from text2grad.core.data import DataError, load_records, record_id, write_jsonl
 
 __all__ = [

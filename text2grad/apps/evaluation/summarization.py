@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from text2grad.core.config import config_field, ConfigError, save_config
+from text2grad.core.config import ConfigError, config_field, save_config
 from text2grad.core.data import DataError, iter_jsonl, load_records, record_id, render_template, write_jsonl
 
 __all__ = [

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
-from text2grad.core.config import config_field, ConfigError
+from text2grad.core.config import ConfigError, config_field
 
 __all__ = [
     "PrepareDataConfig", "OUTPUT_FILES", "split_by_key", "write_outputs", "conversation_reply", "DEFAULT_FRACTIONS",

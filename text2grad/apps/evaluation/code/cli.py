@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from text2grad.apps.evaluation.code.benchmarks import BENCHMARKS, CodeProblem, load_problems
 from text2grad.apps.evaluation.code.harness import Sample, load_samples, reference_samples, score_samples, summarize
 from text2grad.apps.evaluation.common import load_policy, markdown_table, run_cli, write_report
-from text2grad.core.config import config_field, ConfigError, save_config
+from text2grad.core.config import ConfigError, config_field, save_config
 from text2grad.core.data import write_jsonl
 from text2grad.core.generation import apply_chat_template, generate
 from text2grad.core.sandbox import isolation
