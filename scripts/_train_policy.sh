@@ -1,4 +1,4 @@
-# Shared by scripts/train_<dataset>.sh (policy phase: SFT -> NL-Gradient PPO [-> DPO baseline]); sourced, not run.
+# Shared by scripts/train_<dataset>.sh (policy phase: SFT -> Text2Grad PPO [-> DPO baseline]); sourced, not run.
 # Expects NAME (the dataset: configs/NAME/{sft,ppo,dpo}.yaml, runs/NAME), DEFAULT_PHASES, and a function
 # `configure` that sets what is dataset-specific. It is called once with TINY=1 or TINY=0:
 #   TINY=1: set SOURCE (the tiny-mode feedback flags). TINY=0: SOURCE already points at REWARD_MODEL.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# KodCode policy phase: NL-Gradient PPO from the instruct model with the trained reward model (the paper does
+# KodCode policy phase: Text2Grad PPO from the instruct model with the trained reward model (the paper does
 # no SFT here; PHASES="sft ppo" adds it) [-> DPO baseline on test-built preference pairs].
 #
 #   bash scripts/train_kodcode.sh                              # real run (configs/kodcode/{sft,ppo,dpo}.yaml)

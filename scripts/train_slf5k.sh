@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SLF5K policy phase: SFT (TRL SFTTrainer) -> NL-Gradient PPO with the trained reward model [-> DPO baseline].
+# SLF5K policy phase: SFT (TRL SFTTrainer) -> Text2Grad PPO with the trained reward model [-> DPO baseline].
 #
 #   bash scripts/train_slf5k.sh                              # real run (configs/slf5k/{sft,ppo,dpo}.yaml)
 #   DEEPSPEED=zero3 bash scripts/train_slf5k.sh              # every phase under accelerate + DeepSpeed ZeRO-3
