@@ -1,4 +1,4 @@
-"""What does the token-level path cost? NL-Gradient PPO (``nl_gradient``) vs scalar PPO (``scalar``), same run.
+"""What does the token-level path cost? Text2Grad PPO (``nl_gradient``) vs scalar PPO (``scalar``), same run.
 
 Both modes use the same model, prompts, seed and feedback source (the reference-summary critic, so the
 feedback call itself is cheap and the comparison isolates the trainer). ``scalar`` puts one score at the last

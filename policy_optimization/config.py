@@ -1,4 +1,4 @@
-"""`PPOConfig`: every knob of NL-Gradient PPO in one dataclass, TRL-PPOConfig names where TRL had them.
+"""`PPOConfig`: every knob of Text2Grad PPO in one dataclass, TRL-PPOConfig names where TRL had them.
 
 ``python -m policy_optimization.train --config configs/slf5k/ppo.yaml --kl_coef 0.1`` reads the defaults,
 then the YAML file, then the flags (`text2grad.core.config.parse_config`). Defaults follow the paper's SLF5K
@@ -30,7 +30,7 @@ SCALAR_SOURCES = {
 
 @dataclass
 class PPOConfig:
-    """NL-Gradient PPO: token-level rewards from natural-language feedback (Text2Grad, Sec. 3.5)."""
+    """Text2Grad PPO: token-level rewards from natural-language feedback (Text2Grad, Sec. 3.5)."""
 
     # ---- models ------------------------------------------------------------------------------------
     model_name_or_path: str = config_field("", "Policy base model: hub id or local directory.")

@@ -1,4 +1,4 @@
-"""``text2grad train-policy`` / ``python -m policy_optimization.train``: NL-Gradient PPO from a config.
+"""``text2grad train-policy`` / ``python -m policy_optimization.train``: Text2Grad PPO from a config.
 
     python -m policy_optimization.train --config configs/slf5k/ppo.yaml \\
         --model_name_or_path meta-llama/Llama-3.1-8B-Instruct --adapter outputs/slf5k/sft \\
@@ -185,7 +185,7 @@ def train_policy(cfg: PPOConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     return run_cli(PPOConfig, train_policy, argv,
-                   description="NL-Gradient PPO (token-level rewards from natural-language feedback).")
+                   description="Text2Grad PPO (token-level rewards from natural-language feedback).")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# UltraFeedback policy phase: SFT (TRL SFTTrainer) -> NL-Gradient PPO with the trained reward model [-> DPO baseline].
+# UltraFeedback policy phase: SFT (TRL SFTTrainer) -> Text2Grad PPO with the trained reward model [-> DPO baseline].
 #
 #   bash scripts/train_ultrafeedback.sh                              # real run (configs/ultrafeedback/{sft,ppo,dpo}.yaml)
 #   DEEPSPEED=zero3 bash scripts/train_ultrafeedback.sh              # every phase under accelerate + DeepSpeed ZeRO-3

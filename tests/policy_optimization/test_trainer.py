@@ -1,4 +1,4 @@
-"""NL-Gradient PPO trainer on a tiny CPU model: every mode trains, failures are counted, NaN stops cleanly,
+"""Text2Grad PPO trainer on a tiny CPU model: every mode trains, failures are counted, NaN stops cleanly,
 resume reproduces an uninterrupted run, and a rewarded token becomes more likely."""
 
 from __future__ import annotations
