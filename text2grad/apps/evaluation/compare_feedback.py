@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 from reward_model.metrics import evaluate_feedback
 from text2grad.apps.evaluation.judge import JudgeConfig, PairwiseItem, judge_pairwise, load_prompt, win_rate_summary
-from text2grad.core.config import config_field, ConfigError, parse_config
+from text2grad.core.config import ConfigError, config_field, parse_config
 from text2grad.core.data import DataError, load_records
 from text2grad.core.feedback import Feedback
 
