@@ -43,6 +43,7 @@ __all__ = [
     "smollm2_path",
     "real_tokenizer",
     "real_tokenizer_path",
+    "describe",
 ]
 
 FORMAT_VERSION = 3  # bump when a tokenizer conversion changes, so cached folders are rebuilt
@@ -231,7 +232,7 @@ def _tiktoken_to_fast(
     takes a pre-token that is itself a token whole. A byte-level BPE whose merges are ordered by the rank of
     the merged token (``ignore_merges`` for the whole-token rule) does the same.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     ranks = _read_tiktoken(path)
@@ -251,10 +252,9 @@ def _tiktoken_to_fast(
     )
     backend.decoder = decoders.ByteLevel()
     start = len(ranks)
-    from tokenizers import AddedToken
-
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-    assert backend.token_to_id(special[0]) == start, "special tokens must follow the base vocabulary"
+    if backend.token_to_id(special[0]) != start:
+        raise RuntimeError(f"{path.name}: special tokens must follow the {start} base tokens")
     byte_level = processors.ByteLevel(trim_offsets=False)
     if add_bos and bos is not None:
         bos_id = backend.token_to_id(bos)
@@ -283,7 +283,7 @@ def _sentencepiece_to_fast(path: Path, template: str | None):
         raise AssetMissingError("converting the Mistral tokenizer needs sentencepiece: run `pip install sentencepiece==0.2.3`")
     import sentencepiece
     from tokenizers import normalizers, processors
-    from transformers import LlamaTokenizer
+    from transformers import LlamaTokenizer, PreTrainedTokenizerFast
 
     sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
     vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
@@ -306,8 +306,6 @@ def _sentencepiece_to_fast(path: Path, template: str | None):
     )
     # Saved as a plain fast tokenizer: reloading it as a LlamaTokenizer would rebuild the normalizer and
     # pre-tokenizer from that class's settings and change the ids of text with leading or repeated spaces.
-    from transformers import PreTrainedTokenizerFast
-
     fast = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", clean_up_tokenization_spaces=False
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from text2grad.core.assets import smollm2_path
 from text2grad.core.config import config_field
 
 __all__ = ["QuickstartConfig", "PRESETS", "Preset", "resolve"]
@@ -154,8 +155,6 @@ def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
         out = replace(out, **{name: [*flags, *getattr(out, name)]})
     for name in ("sft_model", "policy_model", "rm_base_model"):
         if getattr(out, name) == SMOLLM2:  # converted from the installed GGUF once, then cached
-            from text2grad.core.assets import smollm2_path
-
             out = replace(out, **{name: str(smollm2_path())})
     if out.ppo_seed is None:
         out = replace(out, ppo_seed=out.seed)
