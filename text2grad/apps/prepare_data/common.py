@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -108,10 +107,6 @@ def conversation_reply(messages: Any) -> str | None:
     if not answers or not isinstance(answers[-1].get("content"), str):
         return None
     return answers[-1]["content"]
-
-
-def stable_digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
 def write_outputs(output_dir: str | Path, files: Mapping[str, list[dict[str, Any]]], report: dict[str, Any]) -> Path:
