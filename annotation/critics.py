@@ -183,7 +183,8 @@ class ReferenceSummaryCritic:
             if self.reference_field not in rec or rec[self.reference_field] is None:
                 raise ValueError(
                     f"record {i} has no {self.reference_field!r} field for the reference critic; it has {sorted(rec)}. "
-                    "Set feedback_source_kwargs.reference_field (or map a field with field_map)."
+                    "Set the critic kwarg reference_field (feedback_source_kwargs in PPO, critic_kwargs in annotation) "
+                    "or map a field with field_map."
                 )
             self._add(str(rec["prompt"]), str(rec[self.reference_field]))
 
