@@ -22,6 +22,8 @@ rate, gradient norm, eval loss) is appended to ``metrics.jsonl`` in the output d
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -32,6 +34,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 import torch
+from accelerate.state import PartialState
+from accelerate.utils import DistributedType
+from peft import LoraConfig, get_peft_model
+from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from reward_model.serialization import (
     DEFAULT_INSTRUCTION,
@@ -265,7 +271,6 @@ def _build_model(cfg: RewardModelConfig):
         model.config.use_cache = False
     if not cfg.use_lora:
         return model
-    from peft import LoraConfig, get_peft_model
 
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [m for m in cfg.lora_target_modules if m not in names]
@@ -331,9 +336,6 @@ def _allow_deepspeed_on_cpu() -> None:
     communication backend and sets up a world of one process, so every rank trains alone. DeepSpeed itself
     runs its CPU ranks over a gloo process group; this tells accelerate the same. GPU runs never get here.
     """
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType
-
     if getattr(PartialState._prepare_backend, "_text2grad_cpu", False):
         return
     original = PartialState._prepare_backend
@@ -350,8 +352,6 @@ def _allow_deepspeed_on_cpu() -> None:
 
 def _checkpointing_kwargs(args_cls, enabled: bool) -> dict[str, bool]:
     """transformers 5 renamed ``gradient_checkpointing`` to ``activation_checkpointing``; pass whichever exists."""
-    import inspect
-
     if not enabled:
         return {}
     params = inspect.signature(args_cls.__init__).parameters
@@ -364,8 +364,6 @@ def _warmup_kwargs(args_cls, ratio: float) -> dict[str, float]:
     transformers 5 dropped ``warmup_ratio`` and reads a float ``warmup_steps`` below 1 as a ratio, but 4.x takes
     ``warmup_steps`` as a step count (0.05 steps = no warmup), so the ratio must go to ``warmup_ratio`` there.
     """
-    import dataclasses
-
     fields = {f.name: f for f in dataclasses.fields(args_cls)} if dataclasses.is_dataclass(args_cls) else {}
     legacy = fields.get("warmup_ratio")
     if legacy is not None and "deprecated" not in str(legacy.metadata.get("help", "")).lower():
@@ -375,8 +373,6 @@ def _warmup_kwargs(args_cls, ratio: float) -> dict[str, float]:
 
 def training_arguments(cfg: RewardModelConfig):
     """The `transformers.TrainingArguments` for ``cfg`` (building them registers a ZeRO-3 DeepSpeed config)."""
-    from transformers import TrainingArguments
-
     return TrainingArguments(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
@@ -409,8 +405,6 @@ def training_arguments(cfg: RewardModelConfig):
 
 def train(cfg: RewardModelConfig) -> dict[str, Any]:
     """Run training and save the result in ``cfg.output_dir``. Returns the final training metrics."""
-    from transformers import Trainer, TrainerCallback, set_seed
-
     if not cfg.train_file:
         raise ConfigError("train_file is required (annotated JSONL from the annotation phase)")
     is_main = int(os.environ.get("RANK", "0")) == 0
@@ -423,9 +417,6 @@ def train(cfg: RewardModelConfig) -> dict[str, Any]:
     args = training_arguments(cfg)
     set_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="right")
-    if is_main:
-        Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
-        save_config(cfg, Path(cfg.output_dir) / CONFIG_FILENAME)  # marks the directory as this run's from the start
     train_set, dropped = build_dataset(cfg, tokenizer, cfg.train_file, cfg.train_split, cfg.limit)
     eval_set = None
     if cfg.eval_file:
