@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from tqdm.auto import tqdm
+
 from annotation.config import AnnotationConfig
 from annotation.critics import (
     CriticResult,
@@ -541,8 +543,6 @@ async def _annotate_all(
     secret: str | None,
     snapshot: Callable[[], None] | None = None,
 ) -> None:
-    from tqdm.auto import tqdm
-
     stats = _SpanStats()
     reasons: Counter[str] = Counter()
     pending = iter(todo)

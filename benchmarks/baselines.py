@@ -44,6 +44,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the phase CLIs import "benchmarks.baselines:DenseFactCritic" by name
     sys.path.insert(0, str(ROOT))
@@ -153,8 +155,6 @@ def _trainer_curve(run_dir: Path, cfg: QuickstartConfig, eval_fn, start: dict[st
 
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
     torch.set_num_threads(args.threads)
     base = QuickstartConfig(preset=args.preset, output_dir=str(Path(args.output_dir) / "shared"), seed=args.task_seed,
                             modes=["nl_gradient"])

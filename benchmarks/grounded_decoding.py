@@ -16,6 +16,13 @@ import argparse
 import platform
 import time
 
+import torch
+
+from reward_model.inference import GenerativeRewardModel
+from reward_model.metrics import evaluate_feedback
+from text2grad.core.data import iter_jsonl
+from text2grad.core.feedback import Feedback
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -26,12 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)
 
-    import torch
 
-    from reward_model.inference import GenerativeRewardModel
-    from text2grad.core.data import iter_jsonl
-    from text2grad.core.feedback import Feedback
-    from reward_model.metrics import evaluate_feedback
 
     records = list(iter_jsonl(args.eval_file))
     prompts, responses = [r["prompt"] for r in records], [r["response"] for r in records]

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import resource
 import statistics
 import subprocess
@@ -32,6 +33,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
+import policy_optimization.trainer as trainer_module
+from annotation.critics import ReferenceSummaryCritic
+from policy_optimization.config import PPOConfig
+from policy_optimization.models import ValueModel
+from policy_optimization.trainer import NLGradientPPOTrainer
+from text2grad.core.modeling import build_tiny_llama, train_tokenizer
+
 WORDS = (
     "the author moved to berlin last year and wants a new job but the partner worries about money rent savings "
     "city friends family work weekend plans dog car flat piano bike summer winter school teacher doctor"
@@ -39,8 +49,6 @@ WORDS = (
 
 
 def make_records(n: int) -> list[dict]:
-    import random
-
     rng = random.Random(0)
     out = []
     for i in range(n):
@@ -51,12 +59,6 @@ def make_records(n: int) -> list[dict]:
 
 
 def build_trainer(args: argparse.Namespace, mode: str, out: str):
-    from policy_optimization.config import PPOConfig
-    from annotation.critics import ReferenceSummaryCritic
-    from policy_optimization.models import ValueModel
-    from policy_optimization.trainer import NLGradientPPOTrainer
-    from text2grad.core.modeling import build_tiny_llama, train_tokenizer
-
     records = make_records(64)
     tok = train_tokenizer([r["prompt"] + " " + r["reference"] for r in records], vocab_size=args.vocab, kind="bpe")
     size = dict(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads)
@@ -79,14 +81,10 @@ KEYS = ("time/total", "time/feedback", "time/rewards", "time/generation", "time/
 def worker(args: argparse.Namespace) -> None:
     """``--worker timing``: both modes in this process, steps alternating (machine-load drift hits both alike).
     ``--worker <mode>``: one mode alone, for its peak memory. Prints one JSON line."""
-    import torch
-
     torch.set_num_threads(args.threads)
     if args.clock == "cpu":
         # The trainer times its phases with time.perf_counter; on a shared machine wall-clock time measures the
         # neighbours. CPU time of this process (one thread) measures the work.
-        import policy_optimization.trainer as trainer_module
-
         trainer_module.time.perf_counter = time.process_time
     device = "cuda" if torch.cuda.is_available() else "cpu"
     modes = ("nl_gradient", "scalar") if args.worker == "timing" else (args.worker,)

@@ -22,6 +22,11 @@ import time
 
 import torch
 
+from reward_model.inference import GenerativeRewardModel
+from reward_model.serialization import PLAIN_TEMPLATE
+from text2grad.apps.tiny import make_records
+from text2grad.core.modeling import build_tiny_llama, train_tokenizer
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -38,10 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from reward_model.inference import GenerativeRewardModel
-    from reward_model.serialization import PLAIN_TEMPLATE
-    from text2grad.core.modeling import build_tiny_llama, train_tokenizer
-    from text2grad.apps.tiny import make_records
 
     records = make_records("slf5k", args.n, seed=0)
     prompts, responses = [r["post"] for r in records], [r["summary"] for r in records]

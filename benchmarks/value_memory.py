@@ -23,7 +23,19 @@ import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+
+import torch
+
+from policy_optimization.config import PPOConfig
+from policy_optimization.models import ValueModel
+from policy_optimization.trainer import NLGradientPPOTrainer
+from text2grad.core.assets import smollm2_path
+from text2grad.core.critics import CallableFeedbackSource
+from text2grad.core.feedback import Feedback
+from text2grad.core.generation import apply_chat_template
+from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
 PROMPTS = [
     "Summarize in one sentence: the city council voted to build a new library next to the old train station.",
@@ -51,19 +63,6 @@ def _peak_rss_mb() -> float:
 
 
 def worker(design: str, args: argparse.Namespace) -> dict:
-    import tempfile
-
-    import torch
-
-    from policy_optimization.config import PPOConfig
-    from policy_optimization.models import ValueModel
-    from policy_optimization.trainer import NLGradientPPOTrainer
-    from text2grad.core.assets import smollm2_path
-    from text2grad.core.critics import CallableFeedbackSource
-    from text2grad.core.feedback import Feedback
-    from text2grad.core.generation import apply_chat_template
-    from text2grad.core.modeling import load_causal_lm, load_tokenizer
-
     torch.set_num_threads(args.threads)
     path = str(smollm2_path())
     tokenizer = load_tokenizer(path)
@@ -127,7 +126,6 @@ def main() -> None:
     if args.worker:
         print("RESULT " + json.dumps(worker(args.worker, args)), flush=True)
         return
-    from text2grad.core.assets import smollm2_path
 
     smollm2_path()  # convert once before timing anything
     results = []

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from text2grad.core.config import config_field, literal_choices, range_problems
+from text2grad.core.modeling import resolve_dtype
 
 __all__ = ["PPOConfig", "REWARD_MODES", "SCALAR_SOURCES"]
 
@@ -201,7 +202,6 @@ class PPOConfig:
                           "top_k", "log_samples", "missing_eos_penalty"),
             share=("lora_dropout", "top_p"),
         )
-        from text2grad.core.modeling import resolve_dtype
 
         try:
             resolve_dtype(self.dtype)

@@ -14,7 +14,10 @@ import os
 from typing import Iterator
 
 import torch
-from peft import PeftModel
+from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
+from peft import LoraConfig, PeftModel, get_peft_model
+from trl.models.utils import add_hooks, remove_hooks
 
 from policy_optimization.config import PPOConfig
 
@@ -28,8 +31,6 @@ def is_peft(model) -> bool:
 
 def wrap_lora(policy, config: PPOConfig):
     """``policy`` with a fresh LoRA adapter of the config's rank, alpha, dropout and target modules."""
-    from peft import LoraConfig, get_peft_model
-
     targets = config.lora_target_modules
     target_modules = "all-linear" if list(targets) == ["all-linear"] else list(targets)
     lora = LoraConfig(
@@ -41,9 +42,6 @@ def wrap_lora(policy, config: PPOConfig):
 
 def make_accelerator(config: PPOConfig):
     """An `accelerate.Accelerator` for the config (trackers, gloo for DeepSpeed on CPU)."""
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
-
     if config.report_to != "none":
         needed = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}[config.report_to]
         if not any(importlib.util.find_spec(name) for name in needed):
@@ -91,7 +89,6 @@ def policy_for_generation(model, accelerator, zero_stage: int) -> Iterator[torch
         yield policy
         return
     import deepspeed
-    from trl.models.utils import add_hooks, remove_hooks
 
     with deepspeed.zero.GatheredParameters(list(policy.parameters())):
         remove_hooks(model)

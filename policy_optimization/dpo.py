@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from datasets import Dataset
+from trl import DPOConfig, DPOTrainer
+
 from policy_optimization.sft import (
     HFRunConfig,
     check_output_path,
@@ -48,9 +51,6 @@ class DPORunConfig(HFRunConfig):
 
 
 def run_dpo(cfg: DPORunConfig) -> int:
-    from datasets import Dataset
-    from trl import DPOConfig, DPOTrainer
-
     if not cfg.model_name_or_path or not cfg.dataset_path:
         raise ConfigError("set --model_name_or_path and --dataset_path")
     check_output_path(cfg.output_dir)

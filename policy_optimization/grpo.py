@@ -41,9 +41,17 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import torch
-from trl import GRPOTrainer
+from datasets import Dataset
+from peft import LoraConfig
+from trl import GRPOConfig, GRPOTrainer
 
-from text2grad.core.config import config_field
+from policy_optimization.config import SCALAR_SOURCES
+from policy_optimization.scores import build_score_fn
+from policy_optimization.train import build_prompt_records
+from text2grad.core.config import ConfigError, config_field, parse_config, save_config
+from text2grad.core.critics import build_feedback_source
+from text2grad.core.data import DataError
+from text2grad.core.modeling import end_distributed, load_causal_lm, load_tokenizer
 from text2grad.core.rewards import compute_score_rewards, span_sequence_score
 from text2grad.core.feedback import Feedback
 
@@ -211,17 +219,6 @@ def _score_reward_func(score_fn) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from datasets import Dataset
-    from trl import GRPOConfig
-
-    from policy_optimization.config import SCALAR_SOURCES
-    from policy_optimization.scores import build_score_fn
-    from policy_optimization.train import build_prompt_records
-    from text2grad.core.config import ConfigError, parse_config, save_config
-    from text2grad.core.critics import build_feedback_source
-    from text2grad.core.data import DataError
-    from text2grad.core.modeling import end_distributed, load_causal_lm, load_tokenizer
-
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -245,8 +242,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     peft_config = None
     if cfg.use_lora:
-        from peft import LoraConfig
-
         targets = cfg.lora_target_modules
         peft_config = LoraConfig(
             task_type="CAUSAL_LM", r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,

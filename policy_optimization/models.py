@@ -24,7 +24,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers import AutoModel
+
+from text2grad.core.modeling import resolve_dtype
 
 __all__ = ["ValueModel", "ValueHead", "PolicyAndValue", "disable_dropout"]
 
@@ -62,11 +66,6 @@ class ValueModel(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str | None = "auto") -> "ValueModel":
         """Load a backbone (hub id or directory of a causal LM or of a saved value model) and its head if saved."""
-        from safetensors.torch import load_file
-        from transformers import AutoModel
-
-        from text2grad.core.modeling import resolve_dtype
-
         torch_dtype = resolve_dtype(dtype)
         backbone = AutoModel.from_pretrained(name_or_path, **({"dtype": torch_dtype} if torch_dtype is not None else {}))
         model = cls(backbone)
@@ -77,8 +76,6 @@ class ValueModel(nn.Module):
 
     def save_pretrained(self, save_directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Backbone via ``save_pretrained`` plus ``value_head.safetensors``; loadable with `from_pretrained`."""
-        from safetensors.torch import save_file
-
         out = Path(save_directory)
         out.mkdir(parents=True, exist_ok=True)
         state = state_dict if state_dict is not None else self.state_dict()
@@ -102,8 +99,6 @@ class ValueHead(nn.Module):
 
     def save_pretrained(self, save_directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """``value_head.safetensors`` only (the backbone is the policy, saved next to it)."""
-        from safetensors.torch import save_file
-
         out = Path(save_directory)
         out.mkdir(parents=True, exist_ok=True)
         state = state_dict if state_dict is not None else self.state_dict()
@@ -112,8 +107,6 @@ class ValueHead(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> "ValueHead":
-        from safetensors.torch import load_file
-
         weights = load_file(str(Path(directory) / HEAD_FILE))
         head = cls(weights["weight"].shape[1])
         head.head.load_state_dict(weights)

@@ -19,9 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+from datasets import Dataset
+from peft import LoraConfig
+from trl import SFTConfig, SFTTrainer
+
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, config_field, range_problems
-from text2grad.core.modeling import check_model_path
+from text2grad.core.data import DataError, load_records, record_id, render_template
+from text2grad.core.modeling import check_model_path, load_causal_lm, load_tokenizer
 
 __all__ = ["HFRunConfig", "SFTRunConfig", "main", "lora_config", "training_kwargs", "load_pairs"]
 
@@ -89,8 +95,6 @@ class SFTRunConfig(HFRunConfig):
 
 
 def lora_config(cfg: HFRunConfig):
-    from peft import LoraConfig
-
     targets = list(cfg.lora_target_modules)
     return LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
@@ -100,8 +104,6 @@ def lora_config(cfg: HFRunConfig):
 
 def training_kwargs(cfg: HFRunConfig) -> dict[str, Any]:
     """The transformers TrainingArguments fields both runs share."""
-    import torch
-
     return dict(
         output_dir=cfg.output_dir, learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler_type,
         warmup_steps=cfg.warmup_steps, num_train_epochs=cfg.num_train_epochs, max_steps=cfg.max_steps,
@@ -116,8 +118,6 @@ def training_kwargs(cfg: HFRunConfig) -> dict[str, Any]:
 def load_pairs(cfg: HFRunConfig, templates: dict[str, str]) -> list[dict[str, Any]]:
     """Records rendered into the columns ``templates`` names (e.g. prompt / completion, or prompt / chosen /
     rejected), conversational when ``use_chat_template``."""
-    from text2grad.core.data import DataError, load_records, record_id, render_template
-
     records = load_records(cfg.dataset_path, cfg.dataset_split, cfg.field_map, limit=cfg.max_samples)
     if not records:
         raise DataError(f"{cfg.dataset_path} holds no records")
@@ -133,8 +133,6 @@ def load_pairs(cfg: HFRunConfig, templates: dict[str, str]) -> list[dict[str, An
 def load_model_and_tokenizer(cfg: HFRunConfig):
     """(model, tokenizer, base path for a saved adapter). A start adapter is merged; with ``use_lora`` the
     merged weights are saved once to ``output_dir/base_merged`` so the new adapter has a loadable base."""
-    from text2grad.core.modeling import load_causal_lm, load_tokenizer
-
     tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="right")
     model = load_causal_lm(cfg.model_name_or_path, adapter=cfg.adapter, dtype=cfg.dtype, merge_adapter=True)
     base = cfg.model_name_or_path
@@ -161,9 +159,6 @@ def save_final(trainer, tokenizer, cfg: HFRunConfig, base: str) -> None:
 
 
 def run_sft(cfg: SFTRunConfig) -> int:
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
-
     if not cfg.model_name_or_path or not cfg.dataset_path:
         raise ConfigError("set --model_name_or_path and --dataset_path")
     check_output_path(cfg.output_dir)

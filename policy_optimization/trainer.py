@@ -31,6 +31,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+from transformers import get_scheduler
 
 from policy_optimization.config import PPOConfig
 from policy_optimization.distributed import is_peft, make_accelerator, policy_for_generation, prepare_reference, wrap_lora
@@ -138,8 +141,6 @@ class NLGradientPPOTrainer:
         score_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]] | None = None,
         base_model_path: str | None = None,
     ) -> None:
-        from accelerate.utils import set_seed
-
         self.config = config
         self.tokenizer = tokenizer
         self.feedback_source = feedback_source
@@ -197,7 +198,6 @@ class NLGradientPPOTrainer:
             ],
             weight_decay=config.weight_decay,
         )
-        from transformers import get_scheduler
 
         total_updates = self.num_iterations * config.num_ppo_epochs * config.num_mini_batches
         scheduler = get_scheduler(config.lr_scheduler_type, optimizer, config.warmup_steps, total_updates)
@@ -242,8 +242,6 @@ class NLGradientPPOTrainer:
         ``output_dir/policy`` and ``output_dir/value_model``. Ctrl-C or SIGTERM finish the current iteration,
         save a checkpoint and return (a second Ctrl-C stops at once).
         """
-        from tqdm.auto import tqdm
-
         self._start_run()
         acc = self.accelerator
         metrics: dict[str, float] = {}

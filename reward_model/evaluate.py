@@ -21,12 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
+from tqdm.auto import tqdm
+
+from reward_model.inference import GenerativeRewardModel
+from reward_model.metrics import evaluate_feedback, format_markdown
 from reward_model.serialization import parse_target, record_feedback
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, config_field, config_to_dict
 from text2grad.core.data import DataError, iter_jsonl, load_records, record_id, write_jsonl
 from text2grad.core.feedback import Feedback
-from reward_model.metrics import evaluate_feedback, format_markdown
+from text2grad.core.modeling import load_tokenizer
 from text2grad.core.spans import Boundary, Occurrence, Overlap
 
 __all__ = ["EvalConfig", "evaluate", "main"]
@@ -98,10 +102,6 @@ def _load_predictions(path: str, records: list[dict[str, Any]]) -> list[Feedback
 
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """Run the evaluation and write the report files. Returns the report dictionary."""
-    from tqdm.auto import tqdm
-
-    from text2grad.core.modeling import load_tokenizer
-
     if not cfg.eval_file:
         raise ConfigError("eval_file is required")
     if not cfg.predictions_file and not cfg.model_name_or_path:
@@ -117,8 +117,6 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             raise ConfigError("--predictions_file needs --label_tokenizer (the tokenizer to count tokens with)")
         label_tokenizer = load_tokenizer(cfg.label_tokenizer)
     else:
-        from reward_model.inference import GenerativeRewardModel
-
         overrides = {k: v for k, v in (("instruction", cfg.instruction), ("prompt_format", cfg.prompt_format)) if v}
         rm = GenerativeRewardModel.from_pretrained(
             cfg.model_name_or_path,

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import asdict, dataclass
@@ -29,10 +30,13 @@ from typing import Any, Literal, Sequence
 
 import torch
 import yaml
+from peft import PeftConfig
 
 from reward_model.decoding import grounded_span_processors
 from reward_model.serialization import DEFAULT_INSTRUCTION, PromptFormat, RMInput, fit_rm_input, parse_target
 from text2grad.core.feedback import Feedback
+from text2grad.core.generation import generate
+from text2grad.core.modeling import load_causal_lm, load_tokenizer, resolve_dtype
 
 __all__ = ["GenerativeRewardModel", "RewardModelStats", "json_complete", "cut_at_json", "CONFIG_FILENAME"]
 
@@ -201,8 +205,6 @@ class GenerativeRewardModel:
             **kwargs: GenerativeRewardModel options (max_new_tokens, batch_size, ...); they override
                 what the saved training config says.
         """
-        from text2grad.core.modeling import load_tokenizer
-
         path = Path(path_or_hub_id)
         is_adapter_dir = (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
         adapter_dir = adapter or (str(path) if is_adapter_dir else None)
@@ -224,12 +226,9 @@ class GenerativeRewardModel:
         if backend == "vllm":
             base = path_or_hub_id
             if is_adapter_dir:
-                from peft import PeftConfig
-
                 base = PeftConfig.from_pretrained(str(path)).base_model_name_or_path
             engine = _VLLMEngine(base, adapter_dir, str(tok_source), dtype, vllm_kwargs or {})
             return cls(None, tokenizer, backend="vllm", engine=engine, **options)
-        from text2grad.core.modeling import load_causal_lm
 
         model = load_causal_lm(path_or_hub_id, adapter=adapter, dtype=dtype, merge_adapter=merge_adapter)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -297,8 +296,6 @@ class GenerativeRewardModel:
                 cut = cut_at_json(text) if self.stop_at_json else None
                 results[k] = _Output(cut, True) if cut is not None else _Output(text, finished)
         else:
-            from text2grad.core.generation import generate
-
             for flag in (True, False):  # plain-template and chat-template inputs tokenize differently
                 group = [k for k in order if inputs[k].add_special_tokens is flag]
                 if not group:
@@ -365,15 +362,12 @@ class _VLLMEngine:
                 "backend='vllm' needs the vllm package, which is not installed. Install it on a GPU machine with "
                 "`pip install 'text2grad[vllm]'`, or use backend='hf'."
             ) from exc
-        from text2grad.core.modeling import resolve_dtype
 
         torch_dtype = resolve_dtype(dtype)  # vLLM wants torch's names ("bfloat16"), not the short "bf16"
         vllm_dtype = "auto" if torch_dtype is None else str(torch_dtype).removeprefix("torch.")
         kwargs = dict(model=model, tokenizer=tokenizer, dtype=vllm_dtype)
         self.lora = None
         if adapter:
-            import json
-
             from vllm.lora.request import LoRARequest
 
             rank = int(json.loads((Path(adapter) / "adapter_config.json").read_text()).get("r", 16))

@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from peft import PeftConfig
+
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, config_field
+from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
 __all__ = ["MergeConfig", "merge", "main"]
 
@@ -39,10 +42,6 @@ class MergeConfig:
 
 def merge(cfg: MergeConfig) -> Path:
     """Write the merged model to ``cfg.output_dir`` and return that path."""
-    from peft import PeftConfig
-
-    from text2grad.core.modeling import load_causal_lm, load_tokenizer
-
     adapter = Path(cfg.adapter)
     if not cfg.adapter or not (adapter / "adapter_config.json").is_file():
         raise ConfigError(

@@ -35,9 +35,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from datasets import Dataset
+from peft import LoraConfig, PeftModel
+from transformers import AutoModelForSequenceClassification, set_seed
+from trl import RewardConfig, RewardTrainer
 
+from reward_model.train import _allow_deepspeed_on_cpu, _checkpointing_kwargs, _strip_launcher_args, _warmup_kwargs
 from text2grad.core.config import ConfigError, config_field, load_config, parse_config, save_config
 from text2grad.core.data import DataError, load_records
+from text2grad.core.modeling import end_distributed, load_tokenizer, resolve_dtype
 
 __all__ = [
     "ScalarRMConfig",
@@ -245,10 +251,6 @@ def pairwise_accuracy(scorer: ScalarRewardScorer, pairs: Sequence[dict[str, str]
 
 
 def _load_trained(path: str):
-    from transformers import AutoModelForSequenceClassification
-
-    from text2grad.core.modeling import load_tokenizer, resolve_dtype
-
     root = Path(path)
     cfg_file = root / CONFIG_FILENAME
     if not cfg_file.is_file():
@@ -259,8 +261,6 @@ def _load_trained(path: str):
     dtype = resolve_dtype(cfg.dtype)
     kwargs = {"num_labels": 1, **({"dtype": dtype} if dtype is not None else {})}
     if (root / "adapter_config.json").is_file():
-        from peft import PeftModel
-
         base = AutoModelForSequenceClassification.from_pretrained(cfg.model_name_or_path, **kwargs)
         base.config.pad_token_id = tokenizer.pad_token_id
         model = PeftModel.from_pretrained(base, str(root)).merge_and_unload()
@@ -276,10 +276,6 @@ def _load_trained(path: str):
 
 
 def _reward_config(cfg: ScalarRMConfig):
-    from trl import RewardConfig
-
-    from reward_model.train import _checkpointing_kwargs, _warmup_kwargs
-
     return RewardConfig(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
@@ -308,8 +304,6 @@ def _reward_config(cfg: ScalarRMConfig):
 
 
 def _encode_dataset(cfg: ScalarRMConfig, tokenizer, pairs: Sequence[dict[str, str]]):
-    from datasets import Dataset
-
     enc = lambda p, r: encode_pair_text(tokenizer, p, r, prompt_template=cfg.prompt_template, max_length=cfg.max_length)  # noqa: E731
     rows = [{"chosen_ids": enc(p["prompt"], p["chosen"]), "rejected_ids": enc(p["prompt"], p["rejected"])} for p in pairs]
     return Dataset.from_list(rows)
@@ -317,12 +311,6 @@ def _encode_dataset(cfg: ScalarRMConfig, tokenizer, pairs: Sequence[dict[str, st
 
 def train(cfg: ScalarRMConfig) -> dict[str, Any]:
     """Train on ``cfg.train_file``, save to ``cfg.output_dir`` and return training + held-out metrics."""
-    from transformers import AutoModelForSequenceClassification, set_seed
-    from trl import RewardTrainer
-
-    from reward_model.train import _allow_deepspeed_on_cpu
-    from text2grad.core.modeling import load_tokenizer, resolve_dtype
-
     if not cfg.model_name_or_path:
         raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")
     if not cfg.train_file:
@@ -344,8 +332,6 @@ def train(cfg: ScalarRMConfig) -> dict[str, Any]:
     model.config.pad_token_id = tokenizer.pad_token_id
     peft_config = None
     if cfg.use_lora:
-        from peft import LoraConfig
-
         names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
         targets = [m for m in cfg.lora_target_modules if m in names or m == "all-linear"]
         if not targets:
@@ -377,9 +363,6 @@ def train(cfg: ScalarRMConfig) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from reward_model.train import _strip_launcher_args
-    from text2grad.core.modeling import end_distributed
-
     logging.basicConfig(
         level=logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -12,6 +12,8 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import pytest
 import torch
 
+from text2grad.core.modeling import build_tiny_llama, train_tokenizer  # after the offline switches above
+
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 CORPUS = [
@@ -27,15 +29,11 @@ CORPUS = [
 
 @pytest.fixture(scope="session")
 def bpe_tokenizer():
-    from text2grad.core.modeling import train_tokenizer
-
     return train_tokenizer(CORPUS, vocab_size=400, kind="bpe")
 
 
 @pytest.fixture(scope="session")
 def unigram_tokenizer():
-    from text2grad.core.modeling import train_tokenizer
-
     return train_tokenizer(CORPUS, vocab_size=300, kind="unigram")
 
 
@@ -46,6 +44,4 @@ def any_tokenizer(request, bpe_tokenizer, unigram_tokenizer):
 
 @pytest.fixture
 def tiny_llama(bpe_tokenizer):
-    from text2grad.core.modeling import build_tiny_llama
-
     return build_tiny_llama(bpe_tokenizer, hidden_size=32, num_layers=2, num_heads=2)

@@ -14,9 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from annotation.config import AnnotationConfig
+from reward_model.train import RewardModelConfig
+import policy_optimization.train as ppo
+import reward_model.train as rm
 from text2grad.apps.cli import available
 from text2grad.apps.cli import main as text2grad
-from text2grad.core.config import configure_logging
+from text2grad.core.config import configure_logging, load_config
 
 COMMANDS = sorted(available())
 # Module CLIs that are not subcommands of `text2grad` (or are, under another name).
@@ -117,9 +121,6 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("line, message", BAD_INPUTS, ids=[b[0][:60] for b in BAD_INPUTS])
 def test_bad_inputs_are_refused_with_one_error_format(files, capsys, monkeypatch, line, message):
-    import policy_optimization.train as ppo
-    import reward_model.train as rm
-
     def no_model(*a, **k):
         raise AssertionError("a model was loaded although the input was bad")
 
@@ -152,10 +153,6 @@ def test_quiet_logs_hide_library_noise_and_log_level_info_shows_it():
 
 
 def test_deprecated_spellings_still_work_with_a_warning(caplog):
-    from annotation.config import AnnotationConfig
-    from reward_model.train import RewardModelConfig
-    from text2grad.core.config import load_config
-
     with caplog.at_level(logging.WARNING):
         ann = load_config(AnnotationConfig, overrides={"progress": "false"})
         rm = load_config(RewardModelConfig, overrides={"disable_tqdm": "true", "resume_from_checkpoint": "latest"})

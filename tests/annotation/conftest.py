@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from tests.annotation.annotation_test_utils import SECRET_KEY
 
+from annotation.cli import main
+
 
 @pytest.fixture
 def api_key(monkeypatch) -> str:
@@ -19,8 +21,6 @@ def api_key(monkeypatch) -> str:
 @pytest.fixture
 def run_cli(api_key):
     """Run ``annotation.cli.main`` with common fast settings; returns (exit code, report dict)."""
-    from annotation.cli import main
-
     def run(server, tmp_path: Path, *extra: str, input_path: Path | None = None, output: Path | None = None):
         output = output or tmp_path / "out.jsonl"
         args = [

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
+import datasets
 import pytest
 from tests.annotation.annotation_test_utils import SECRET_KEY, qa_records, read_jsonl, write_jsonl
 from tests.fake_openai import FakeOpenAIServer, Reply, quoting_handler, response_of
+
+from annotation.cli import main
+from annotation.templates import builtin_template
 
 
 def _answer(good, poor, critique="Critique text.", reasoning=True) -> str:
@@ -322,8 +327,6 @@ def test_failed_records_are_skipped_on_rerun_unless_retry_failures(tmp_path, run
 
 
 def test_requests_run_concurrently_up_to_the_limit(tmp_path, run_cli):
-    import threading
-
     write_jsonl(tmp_path / "in.jsonl", qa_records(12))
     lock = threading.Lock()
     active, peak = [0], [0]
@@ -375,8 +378,6 @@ def test_human_feedback_is_the_critique_and_the_llm_grounds_it(tmp_path, run_cli
 
 
 def test_each_dataset_has_cot_and_nocot_templates_that_render():
-    from annotation.templates import builtin_template
-
     record = {"prompt": "PROMPT-TEXT", "response": "RESPONSE-TEXT", "feedback": "FEEDBACK-TEXT", "id": "x"}
     seen = set()
     for dataset in ("slf5k", "ultrafeedback", "kodcode"):
@@ -404,8 +405,6 @@ def test_custom_prompt_template_file(tmp_path, run_cli):
 
 
 def test_json_and_saved_dataset_inputs_with_field_mapping(tmp_path, run_cli):
-    import datasets
-
     rows = [{"uid": f"u{i}", "instruction": f"Q{i}", "answer": f"Line one {i}.\nLine two {i}."} for i in range(3)]
     (tmp_path / "in.json").write_text(json.dumps(rows))
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
@@ -450,8 +449,6 @@ def test_duplicate_ids_are_refused(tmp_path, run_cli, capsys):
 
 
 def test_no_key_and_no_base_url_is_a_clear_error(tmp_path, monkeypatch, capsys):
-    from annotation.cli import main
-
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     write_jsonl(tmp_path / "in.jsonl", qa_records(1))
@@ -460,8 +457,6 @@ def test_no_key_and_no_base_url_is_a_clear_error(tmp_path, monkeypatch, capsys):
 
 
 def test_azure_openai_deployment_url_and_key_header(tmp_path, monkeypatch, capsys):
-    from annotation.cli import main
-
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.setenv("AZURE_OPENAI_API_KEY", SECRET_KEY)
     write_jsonl(tmp_path / "in.jsonl", qa_records(1))
@@ -479,8 +474,6 @@ def test_azure_openai_deployment_url_and_key_header(tmp_path, monkeypatch, capsy
 
 
 def test_progress_bar_shows_rate(tmp_path, api_key, capsys):
-    from annotation.cli import main
-
     write_jsonl(tmp_path / "in.jsonl", qa_records(3))
     with FakeOpenAIServer(quoting_handler) as server:
         rc = main(["--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl"),

@@ -11,7 +11,9 @@ import pytest
 from tests.annotation.annotation_test_utils import SECRET_KEY, read_jsonl, write_jsonl
 from tests.fake_openai import FakeOpenAIServer, Reply, quoting_handler
 
+from annotation.cli import main
 from annotation.code_critic import CodeTestCritic
+from annotation.llm import LLMCritic
 from text2grad.core.critics import extract_code
 from text2grad.core.feedback import Feedback
 
@@ -119,8 +121,6 @@ def test_code_critic_as_a_feedback_source(critic):
 
 
 def test_cli_with_code_tests_critic_on_kodcode_records(tmp_path, capsys):
-    from annotation.cli import main
-
     rows = [
         {"question_id": "k1", "question": "Write add and scale.", "solution": GOOD, "test": TESTS},
         {"question_id": "k2", "question": "Write add and scale.", "solution": GOOD.replace("a + b", "b - a"), "test": TESTS},
@@ -157,8 +157,6 @@ class ShoutCritic:
 
 
 def test_cli_with_a_custom_feedback_source_class(tmp_path):
-    from annotation.cli import main
-
     write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "p", "response": "Hello THERE friend"},
                                         {"id": "b", "prompt": "p", "response": ""}])
     rc = main(["--critic", f"{__name__}:ShoutCritic", "--critic_kwargs", '{"marker": "?"}',
@@ -171,8 +169,6 @@ def test_cli_with_a_custom_feedback_source_class(tmp_path):
 
 
 def test_unknown_critic_class_is_a_clear_error(tmp_path, capsys):
-    from annotation.cli import main
-
     write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "p", "response": "r"}])
     rc = main(["--critic", f"{__name__}:NoSuchCritic", "--input", str(tmp_path / "in.jsonl"),
                "--output", str(tmp_path / "o.jsonl"), "--progress_bar", "false"])
@@ -189,8 +185,6 @@ def _prompt_response(i: int) -> tuple[str, str]:
 
 
 def test_llm_critic_returns_one_feedback_per_pair_in_order(api_key):
-    from annotation.llm import LLMCritic
-
     pairs = [_prompt_response(i) for i in range(5)]
     with FakeOpenAIServer(quoting_handler) as server:
         with LLMCritic(base_url=server.base_url, dataset="ultrafeedback", concurrency=3) as critic:
@@ -203,8 +197,6 @@ def test_llm_critic_returns_one_feedback_per_pair_in_order(api_key):
 
 
 def test_llm_critic_never_raises_and_reports_failures(api_key):
-    from annotation.llm import LLMCritic
-
     def handler(body, n):
         return Reply(status=500) if "First line 1." in body["messages"][-1]["content"] else quoting_handler(body, n)
 
@@ -216,8 +208,6 @@ def test_llm_critic_never_raises_and_reports_failures(api_key):
 
 
 def test_llm_critic_works_from_threads_and_inside_a_running_event_loop(api_key):
-    from annotation.llm import LLMCritic
-
     with FakeOpenAIServer(quoting_handler) as server:
         with LLMCritic(base_url=server.base_url) as critic:
             results: dict[int, list[Feedback]] = {}
@@ -245,8 +235,6 @@ def test_llm_critic_works_from_threads_and_inside_a_running_event_loop(api_key):
 
 
 def test_llm_critic_budget_and_key_masking(api_key):
-    from annotation.llm import LLMCritic
-
     with FakeOpenAIServer(lambda b, n: Reply(status=400, content=f"echo {SECRET_KEY}")) as server:
         with LLMCritic(base_url=server.base_url, max_requests=1) as critic:
             out = critic.feedback(["a", "b"], ["x", "y"])

@@ -10,7 +10,9 @@ import yaml
 from tests.annotation.annotation_test_utils import read_jsonl, write_jsonl
 from tests.fake_openai import FakeOpenAIServer
 from reward_model.serialization import NOCOT_INSTRUCTION, encode_example, parse_target, target_text
+from reward_model.train import RewardModelConfig
 from text2grad.core.feedback import Feedback
+from text2grad.core.rewards import compute_score_rewards
 
 PROMPTS = Path(__file__).resolve().parents[2] / "annotation" / "prompts"
 
@@ -34,8 +36,6 @@ def test_nocot_training_example_teaches_no_critique(bpe_tokenizer):
 
 
 def test_reward_model_config_switches_to_the_nocot_instruction():
-    from reward_model.train import RewardModelConfig
-
     cfg = RewardModelConfig(target_format="nocot")
     assert cfg.instruction == NOCOT_INSTRUCTION and "critique" not in cfg.instruction.lower()
     assert RewardModelConfig(target_format="nocot", instruction="mine").instruction == "mine"
@@ -51,8 +51,6 @@ def test_nocot_prompts_ask_for_spans_without_a_critique():
 
 def test_dense_annotation_labels_the_whole_response(tmp_path, run_cli, bpe_tokenizer):
     """The dense prompt through the real client: its span_scores record becomes good/poor spans over ~all tokens."""
-    from text2grad.core.rewards import compute_score_rewards
-
     post = "Alex moved to Berlin for a job and loves the food there."
     summary = "Alex moved to Berlin for a holiday and loves the food."
     write_jsonl(tmp_path / "in.jsonl", [{"id": "s1", "prompt": post, "response": summary}])

@@ -11,14 +11,13 @@ import pytest
 from tests.annotation.annotation_test_utils import qa_records, read_jsonl, write_jsonl
 from tests.fake_openai import FakeOpenAIServer, Reply, quoting_handler, response_of
 
+from annotation.cli import main
 from annotation.runner import repair_torn_tail
 
 FAST = ["--backoff_base_s", "0.01", "--backoff_max_s", "0.02", "--timeout_s", "5", "--progress_bar", "false"]
 
 
 def _main(args: list[str]) -> int:
-    from annotation.cli import main
-
     return main(args)
 
 

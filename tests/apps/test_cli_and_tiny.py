@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from datasets import load_dataset
 
 from text2grad.apps.cli import SUBCOMMANDS, available, main
 from text2grad.core.data import iter_jsonl
@@ -50,8 +51,6 @@ def _types(value):
 
 @pytest.mark.parametrize("dataset", ["slf5k", "kodcode", "ultrafeedback"])
 def test_tiny_world_writes_the_native_layout(tmp_path, dataset):
-    from datasets import load_dataset
-
     out = make_tiny_world(dataset, tmp_path / dataset, n_train=6, n_eval=2)
     splits, main_split = NATIVE_SPLITS[dataset]
     files = sorted((out / "raw").rglob("*.*"))

@@ -7,10 +7,15 @@ import json
 import shutil
 from pathlib import Path
 
+import datasets
 import pytest
+from datasets import Dataset, DatasetDict
+from tests.fake_openai import FakeOpenAIServer, quoting_handler
 
+from annotation.cli import main as annotate
 from text2grad.apps.cli import main as cli_main
 from text2grad.core.data import iter_jsonl
+from text2grad.core.modeling import build_tiny_llama, train_tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 OUTPUTS = ("annotation_input.jsonl", "sft.jsonl", "rl_prompts.jsonl", "eval.jsonl", "preference_pairs.jsonl")
@@ -31,8 +36,6 @@ def fixture_rows(dataset: str, split: str) -> list[dict]:
 
 def as_parquet(dataset: str, dest: Path, splits: tuple[str, ...]) -> Path:
     """The fixture rows in the hub's parquet layout: dest/data/<split>-00000-of-00001.parquet."""
-    from datasets import Dataset
-
     (dest / "data").mkdir(parents=True)
     for split in splits:
         Dataset.from_list(fixture_rows(dataset, split)).to_parquet(str(dest / "data" / f"{split}-00000-of-00001.parquet"))
@@ -75,8 +78,6 @@ def test_slf5k_from_its_jsonl_files(tmp_path):
 
 
 def test_slf5k_from_save_to_disk_and_parquet_gives_the_same_files(tmp_path):
-    from datasets import Dataset, DatasetDict
-
     rc, reference = prepare(tmp_path, "--dataset", "slf5k", "--input", str(FIXTURES / "slf5k"), out="jsonl")
     assert rc == 0
     saved = tmp_path / "saved"
@@ -91,8 +92,6 @@ def test_slf5k_from_save_to_disk_and_parquet_gives_the_same_files(tmp_path):
 
 
 def test_slf5k_hub_id_reads_the_jsonl_data_files_not_the_loading_script(tmp_path, monkeypatch):
-    import datasets
-
     calls = []
 
     def fake_load_dataset(path, *args, **kwargs):  # no network here: record the call, serve the fixture file
@@ -219,8 +218,6 @@ def test_kodcode_parts_are_disjoint_and_carry_what_the_phases_need(tmp_path):
 
 @pytest.mark.slow
 def test_kodcode_completions_from_a_model(tmp_path):
-    from text2grad.core.modeling import build_tiny_llama, train_tokenizer
-
     corpus = [json.dumps(r) for r in fixture_rows("kodcode", "train")] * 3
     tokenizer = train_tokenizer(corpus, vocab_size=300)
     build_tiny_llama(tokenizer, hidden_size=16, num_layers=1, num_heads=2).save_pretrained(tmp_path / "model")
@@ -305,9 +302,6 @@ def test_missing_input_is_named(tmp_path, capsys):
 def test_kodcode_llm_critic_sees_the_tests_and_the_execution_result(tmp_path):
     """prepare-data's KodCode records through the real annotate CLI and the built-in CoT prompt: every request
     shows the unit tests and that program's own execution result (the failing assertion for a wrong program)."""
-    from annotation.cli import main as annotate
-    from tests.fake_openai import FakeOpenAIServer, quoting_handler
-
     rc, out = prepare(tmp_path, "--dataset", "kodcode", "--input", str(FIXTURES / "kodcode"), "--completions",
                       str(FIXTURES / "kodcode" / "completions.jsonl"), "--fractions", '{"rm": 1.0}')
     assert rc == 0

@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from text2grad.core.config import ConfigError, config_field, load_config, parse_config, save_config
+from text2grad.core.config import ConfigError, config_field, literal_choices, load_config, parse_config, save_config
 
 
 @dataclass
@@ -72,11 +72,6 @@ def test_save_and_reload(tmp_path):
 
 
 def test_literal_choices_lists_each_literal_field_and_none_when_optional():
-    from dataclasses import dataclass
-    from typing import Literal
-
-    from text2grad.core.config import literal_choices
-
     @dataclass
     class Cfg:
         mode: Literal["a", "b"] = "a"

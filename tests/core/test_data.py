@@ -2,6 +2,7 @@
 
 import json
 
+import datasets
 import pytest
 
 from text2grad.core.data import DataError, append_jsonl, iter_jsonl, load_records, record_id, render_template, write_jsonl
@@ -38,8 +39,6 @@ def test_missing_file(tmp_path):
 
 
 def test_datasets_directory(tmp_path):
-    import datasets
-
     datasets.Dataset.from_list([{"prompt": "q", "response": "r"}]).save_to_disk(str(tmp_path / "ds"))
     assert load_records(tmp_path / "ds") == [{"prompt": "q", "response": "r"}]
 

@@ -2,9 +2,11 @@
 
 import pytest
 import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+import torch.distributed as dist
 
 from text2grad.core.generation import generate
-from text2grad.core.modeling import build_tiny_llama, load_causal_lm, load_tokenizer, resolve_dtype
+from text2grad.core.modeling import build_tiny_llama, end_distributed, load_causal_lm, load_tokenizer, resolve_dtype
 
 
 def test_batched_generation_matches_one_at_a_time(bpe_tokenizer, tiny_llama):
@@ -41,8 +43,6 @@ def test_save_and_load_local_paths(tmp_path, bpe_tokenizer, tiny_llama):
 
 
 def test_lora_adapter_round_trip(tmp_path, bpe_tokenizer, tiny_llama):
-    from peft import LoraConfig, PeftModel, get_peft_model
-
     tiny_llama.save_pretrained(tmp_path / "base")
     base = load_causal_lm(str(tmp_path / "base"))  # records its path, as a hub model records its id
     peft_model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
@@ -100,10 +100,6 @@ def test_logits_processors_hook_is_built_per_batch(bpe_tokenizer, tiny_llama):
 
 
 def test_end_distributed_leaves_the_process_group(tmp_path):
-    import torch.distributed as dist
-
-    from text2grad.core.modeling import end_distributed
-
     end_distributed()  # no group: nothing to do
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     assert dist.is_initialized()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from text2grad.core import assets
 from text2grad.core.assets import PACKAGES, AssetMissingError, asset_file, real_tokenizer
 from text2grad.core.feedback import Feedback
 from text2grad.core.generation import apply_chat_template, prompt_add_special_tokens
@@ -64,7 +65,6 @@ def _reference_texts() -> list[str]:
 @pytest.mark.parametrize("family", ["gpt2", "llama3", "qwen"])
 def test_tiktoken_families_encode_exactly_as_tiktoken(tokenizers, family):
     tiktoken = pytest.importorskip("tiktoken")
-    from text2grad.core import assets
 
     ranks = assets._read_tiktoken(asset_file(family))
     pattern = {"gpt2": assets._GPT2_PATTERN, "llama3": assets._LLAMA3_PATTERN, "qwen": assets._QWEN_PATTERN}[family]

@@ -1,5 +1,9 @@
 """Span alignment: quotes -> character intervals -> token labels, on two tokenizer families."""
 
+import copy
+import re
+import unicodedata
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -57,9 +61,6 @@ _ACCENTED = st.text(alphabet="abcé\u00c9 \n\tXY-", min_size=1, max_size=40)
 @settings(max_examples=200, deadline=None)
 @given(_ACCENTED, st.integers(0, 39), st.integers(1, 15), st.sampled_from(["NFC", "NFD"]), st.booleans())
 def test_a_reformatted_substring_is_found_where_it_came_from(text, start, length, form, upper):
-    import re
-    import unicodedata
-
     response = unicodedata.normalize("NFD", text)  # decomposed response, quote in another form/case/spacing
     piece = response[start : start + length]
     if not piece.strip() or unicodedata.combining(piece[0]) or (start + length < len(response) and unicodedata.combining(response[start + length])):
@@ -204,8 +205,6 @@ CHAT_TEMPLATE = (
 
 
 def test_response_inside_a_chat_templated_sequence(any_tokenizer):
-    import copy
-
     tok = copy.deepcopy(any_tokenizer)  # the fixture is shared by the session: template a copy
     tok.chat_template = CHAT_TEMPLATE
     prompt = [{"role": "user", "content": "Summarize the post about the novel."}]

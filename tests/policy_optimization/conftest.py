@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from accelerate.state import AcceleratorState, GradientState
 from tests.policy_optimization.po_testlib import PROMPTS, TINY_PPO
+
+from policy_optimization.config import PPOConfig
+from policy_optimization.models import ValueModel
+from policy_optimization.trainer import NLGradientPPOTrainer
+from text2grad.core.modeling import build_tiny_llama
 
 
 @pytest.fixture
 def make_trainer(bpe_tokenizer, tmp_path):
     """factory(source, *, tokenizer=None, dataset=None, score_fn=None, ref=None, output_dir=None, **config)."""
-    from policy_optimization.config import PPOConfig
-    from policy_optimization.models import ValueModel
-    from policy_optimization.trainer import NLGradientPPOTrainer
-    from text2grad.core.modeling import build_tiny_llama
-
     def factory(source, *, tokenizer=None, dataset=None, score_fn=None, ref=None, output_dir=None, **overrides):
         tok = tokenizer or bpe_tokenizer
         cfg = PPOConfig(**{**TINY_PPO, "output_dir": str(output_dir or tmp_path / "run"), **overrides})
@@ -29,7 +30,6 @@ def make_trainer(bpe_tokenizer, tmp_path):
 def fresh_accelerate_state():
     """accelerate keeps process-wide state (e.g. mixed precision set by a TRL Trainer); start each test clean."""
     yield
-    from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
+import torch
+from safetensors.torch import load_file
+
+from policy_optimization import dpo, sft, train
+from policy_optimization.config import PPOConfig
+from policy_optimization.dpo import DPORunConfig
+from policy_optimization.sft import load_pairs
+from text2grad.apps.tiny import make_tiny_world
+from text2grad.core.data import write_jsonl
+from text2grad.core.modeling import load_causal_lm
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from text2grad.apps.tiny import make_tiny_world
-
     return make_tiny_world("slf5k", tmp_path_factory.mktemp("tiny") / "world", n_train=8, n_eval=2)
 
 
@@ -19,11 +28,6 @@ PROMPT = "Title: {title}\n\n{post}\n\nTL;DR:"
 
 @pytest.mark.slow
 def test_sft_then_ppo_then_dpo_write_loadable_models(world, tmp_path):
-    import torch
-
-    from policy_optimization import dpo, sft, train
-    from text2grad.core.modeling import load_causal_lm
-
     # the files prepare-data wrote from the tiny world's native SLF5K rows
     data, model = str(world / "data" / "rl_prompts.jsonl"), str(world / "model")
     assert sft.main([
@@ -61,7 +65,6 @@ def test_sft_then_ppo_then_dpo_write_loadable_models(world, tmp_path):
         "--learning_rate", "1e-3",
     ]) == 0
     # The one DPO step really trained: LoRA B starts at zero, so a non-zero B and different logits mean an update.
-    from safetensors.torch import load_file
 
     adapter = load_file(str(tmp_path / "dpo" / "adapter_model.safetensors"))
     lora_b = [t for name, t in adapter.items() if "lora_B" in name]
@@ -73,8 +76,6 @@ def test_sft_then_ppo_then_dpo_write_loadable_models(world, tmp_path):
 
 
 def test_train_cli_reports_bad_input_clearly(world, tmp_path, capsys):
-    from policy_optimization import train
-
     base = ["--model_name_or_path", str(world / "model"), "--num_iterations", "1", "--output_dir", str(tmp_path / "o")]
     assert train.main(base + ["--dataset_path", str(tmp_path / "missing.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -90,10 +91,6 @@ def test_train_cli_reports_bad_input_clearly(world, tmp_path, capsys):
 
 def test_train_cli_setup_errors_are_reported_not_raised(world, tmp_path, capsys, monkeypatch):
     """Wrong constructor kwargs (TypeError) and a missing optional package (ImportError) are user errors."""
-    import sys
-
-    from policy_optimization import train
-
     base = [
         "--model_name_or_path", str(world / "model"), "--num_iterations", "1", "--output_dir", str(tmp_path / "o"),
         "--dataset_path", str(world / "data" / "rl_prompts.jsonl"), "--prompt_template", "{post}",
@@ -111,8 +108,6 @@ def test_train_cli_setup_errors_are_reported_not_raised(world, tmp_path, capsys,
 
 
 def test_config_checks_choice_fields_and_save_total_limit_when_built():
-    from policy_optimization.config import PPOConfig
-
     with pytest.raises(ValueError, match=r"report_to must be one of \['none', 'tensorboard', 'wandb'\], got 'tb'"):
         PPOConfig(report_to="tb")
     for field, bad in [("kl_estimator", "k2"), ("reward_scheme", "cosine"), ("boundary", "some"),
@@ -128,8 +123,6 @@ def test_config_checks_choice_fields_and_save_total_limit_when_built():
 
 
 def test_config_rejects_inconsistent_batch_settings():
-    from policy_optimization.config import PPOConfig
-
     with pytest.raises(ValueError, match="divisible by num_mini_batches"):
         PPOConfig(batch_size=6, num_mini_batches=4)
     with pytest.raises(ValueError, match="divisible by gradient_accumulation_steps"):
@@ -141,10 +134,6 @@ def test_config_rejects_inconsistent_batch_settings():
 
 
 def test_dpo_pairs_from_conversation_records(tmp_path):
-    from policy_optimization.dpo import DPORunConfig
-    from policy_optimization.sft import load_pairs
-    from text2grad.core.data import write_jsonl
-
     turn = lambda text: [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": text}]  # noqa: E731
     write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "Q?", "chosen": turn("good"), "rejected": turn("bad")}])
     cfg = DPORunConfig(dataset_path=str(tmp_path / "pairs.jsonl"), use_chat_template=False)

@@ -7,9 +7,16 @@ import json
 import pytest
 import torch
 
+from policy_optimization.config import REWARD_MODES as CONFIG_MODES, PPOConfig
 from text2grad.core.feedback import Feedback, parse_feedback
 from text2grad.core.rewards import REWARD_MODES, compute_score_rewards, labelled_token_share
-from text2grad.core.token_importance import importance_weights, locate_tagged_words, pos_importance_weights
+from text2grad.core.spans import decode_with_offsets
+from text2grad.core.token_importance import (
+    importance_weights,
+    locate_tagged_words,
+    pattern_tagger,
+    pos_importance_weights,
+)
 
 
 def enc(tok, text: str) -> list[int]:
@@ -17,8 +24,6 @@ def enc(tok, text: str) -> list[int]:
 
 
 def test_reward_modes_of_the_config_are_the_ones_rewards_implements():
-    from policy_optimization.config import REWARD_MODES as CONFIG_MODES
-
     assert tuple(CONFIG_MODES) == REWARD_MODES
 
 
@@ -81,8 +86,6 @@ def test_importance_weights_on_a_tagged_sentence():
 
 
 def test_the_offline_pos_tagger_tags_the_sentence_as_expected():
-    from text2grad.core.token_importance import pattern_tagger
-
     assert pattern_tagger()(SENTENCE) == TAGS
 
 
@@ -109,14 +112,10 @@ def test_pos_importance_scales_span_rewards(bpe_tokenizer):
 
 
 def _decoded(tok, ids):
-    from text2grad.core.spans import decode_with_offsets
-
     return decode_with_offsets(tok, ids)
 
 
 def test_ppo_config_reaches_the_weighting():
-    from policy_optimization.config import PPOConfig
-
     assert PPOConfig(reward_weighting="pos_importance").reward_weighting == "pos_importance"
     with pytest.raises(ValueError, match="reward_weighting"):
         PPOConfig(reward_weighting="nouns")

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from datasets import Dataset
 from tests.policy_optimization.po_testlib import PROMPTS
+from trl import GRPOConfig
 
 from text2grad.core.critics import CallableFeedbackSource
-from policy_optimization.grpo import token_advantages
+from policy_optimization.grpo import Text2GradGRPOTrainer, token_advantages
 from text2grad.core.feedback import Feedback
+from text2grad.core.modeling import build_tiny_llama
 
 
 def test_token_advantages_adds_span_rewards_to_the_group_advantage():
@@ -26,12 +29,6 @@ def first_word(prompt: str, response: str) -> Feedback:
 
 @pytest.mark.slow
 def test_grpo_trains_with_token_level_advantages(bpe_tokenizer, tmp_path):
-    from datasets import Dataset
-    from trl import GRPOConfig
-
-    from policy_optimization.grpo import Text2GradGRPOTrainer
-    from text2grad.core.modeling import build_tiny_llama
-
     seen: list[dict] = []
 
     class Recording(Text2GradGRPOTrainer):

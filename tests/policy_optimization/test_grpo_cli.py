@@ -6,13 +6,15 @@ import json
 
 import pytest
 
+from policy_optimization.grpo import main
+from text2grad.apps.tiny import make_tiny_world
+from text2grad.core.modeling import load_causal_lm
+
 PROMPT = "{prompt}"  # rl_prompts.jsonl of `text2grad prepare-data` carries the rendered prompt
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from text2grad.apps.tiny import make_tiny_world
-
     return make_tiny_world("slf5k", tmp_path_factory.mktemp("tiny") / "world", n_train=8, n_eval=2)
 
 
@@ -28,9 +30,6 @@ def grpo_args(world, out, *extra: str) -> list[str]:
 
 @pytest.mark.slow
 def test_grpo_cli_trains_two_steps_with_span_advantages(world, tmp_path):
-    from policy_optimization.grpo import main
-    from text2grad.core.modeling import load_causal_lm
-
     out = tmp_path / "grpo"
     assert main(grpo_args(world, out)) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -46,8 +45,6 @@ def test_grpo_cli_trains_two_steps_with_span_advantages(world, tmp_path):
 
 
 def test_grpo_cli_errors_exit_2_before_loading_a_model(world, tmp_path, capsys):
-    from policy_optimization.grpo import main
-
     assert main(grpo_args(world, tmp_path / "x", "--feedback_source", "no_such_critic")) == 2
     assert "train-grpo: error:" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:  # a bad config value stops in the parser, like every CLI here

@@ -15,6 +15,7 @@ from policy_optimization import train
 from text2grad.core.critics import CallableFeedbackSource
 from text2grad.core.config import ConfigError
 from text2grad.core.feedback import Feedback
+from text2grad.core.modeling import build_tiny_llama
 
 
 class Unreachable:
@@ -29,8 +30,6 @@ class Unreachable:
 
 @pytest.fixture
 def model_dir(tmp_path, bpe_tokenizer):
-    from text2grad.core.modeling import build_tiny_llama
-
     path = tmp_path / "model"
     build_tiny_llama(bpe_tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0).save_pretrained(path)
     bpe_tokenizer.save_pretrained(path)

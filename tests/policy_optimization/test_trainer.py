@@ -3,16 +3,35 @@ resume reproduces an uninterrupted run, and a rewarded token becomes more likely
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
+import signal
 
+import accelerate.tracking
 import pytest
 import torch
+from accelerate.tracking import GeneralTracker
+from accelerate.utils import LoggerType
 from tests.policy_optimization.po_testlib import first_and_last_words
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
-from text2grad.core.critics import CallableFeedbackSource
-from policy_optimization.trainer import FeedbackFailureError, NonFiniteError, find_latest_checkpoint
+from policy_optimization.config import PPOConfig
+from policy_optimization.models import ValueModel
+from reward_model.inference import GenerativeRewardModel
+import policy_optimization.trainer as trainer_module
+from text2grad.core.critics import CallableFeedbackSource, build_feedback_source
+from policy_optimization.trainer import (
+    FeedbackFailureError,
+    NLGradientPPOTrainer,
+    NonFiniteError,
+    find_latest_checkpoint,
+)
 from text2grad.core.feedback import Feedback
+from text2grad.core.modeling import SPECIAL_TOKENS, build_tiny_llama
+from text2grad.core.ppo_math import adaptive_kl_coef
 
 REQUIRED_METRICS = [
     "reward/score_mean", "objective/kl", "objective/kl_coef", "policy/entropy", "policy/clipfrac", "loss/value",
@@ -125,8 +144,6 @@ def test_nonfinite_rewards_stop_with_a_clear_error_and_keep_the_clean_checkpoint
 
 
 def test_nonfinite_loss_is_caught_during_the_update(make_trainer, tmp_path, monkeypatch):
-    import policy_optimization.trainer as trainer_module
-
     trainer = make_trainer(CallableFeedbackSource(first_and_last_words))
     real = trainer_module.value_loss
     monkeypatch.setattr(trainer_module, "value_loss", lambda *a, **k: (real(*a, **k)[0] * float("nan"), real(*a, **k)[1]))
@@ -142,8 +159,6 @@ def test_nonfinite_loss_is_caught_during_the_update(make_trainer, tmp_path, monk
     ids=["whiten_rewards", "entropy_coef", "k3", "grad_accum"],
 )
 def test_less_used_options_train_and_the_kl_controller_follows_its_formula(make_trainer, tmp_path, options):
-    from text2grad.core.ppo_math import adaptive_kl_coef
-
     # A short horizon so the controller visibly moves kl_coef in one iteration.
     trainer = make_trainer(CallableFeedbackSource(first_and_last_words), adaptive_kl=True, kl_horizon=10, **options)
     trainer.train()
@@ -187,12 +202,6 @@ def test_progress_bar_is_shown_on_stderr(make_trainer, capsys):
 def test_report_to_sends_every_numeric_metric_to_the_tracker(make_trainer, tmp_path, monkeypatch):
     """tensorboard is not installed here, so accelerate's tensorboard tracker is replaced by a recorder; the
     trainer's own path (report_to -> Accelerator(log_with=...) -> init_trackers -> log -> end_training) is real."""
-    import importlib.util
-
-    import accelerate.tracking
-    from accelerate.tracking import GeneralTracker
-    from accelerate.utils import LoggerType
-
     class Recorder(GeneralTracker):
         name = "tensorboard"
         requires_logging_directory = True
@@ -291,14 +300,6 @@ def test_lora_reference_is_the_policy_with_the_adapter_disabled(make_trainer, mo
 def test_rewarded_token_becomes_more_likely_and_an_untouched_one_barely_moves(tmp_path):
     """A programmatic critic praises one word wherever it appears; after PPO its probability is up while an
     equally frequent word that is never rewarded keeps its probability."""
-    from policy_optimization.config import PPOConfig
-    from policy_optimization.models import ValueModel
-    from policy_optimization.trainer import NLGradientPPOTrainer
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from text2grad.core.modeling import SPECIAL_TOKENS, build_tiny_llama
-
     # A 16-token word-level vocabulary, so every word is sampled often enough to learn in a few iterations.
     words = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree", "fish", "bird", "rock", "rain"]
     vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + ["\u2581" + w for w in words])}
@@ -345,8 +346,6 @@ def test_rewarded_token_becomes_more_likely_and_an_untouched_one_barely_moves(tm
 
 
 def test_report_to_without_the_package_fails_early_and_clearly(make_trainer, monkeypatch):
-    import importlib.util
-
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith(("tensorboard", "wandb")) else real(name, *a))
     with pytest.raises(ValueError, match="pip install tensorboard"):
@@ -359,10 +358,6 @@ def test_generative_reward_model_as_the_feedback_source(make_trainer, bpe_tokeni
     """The real reward-model class behind the registry name; an untrained model writes no parseable JSON, so
     every sample is a counted feedback error with zero reward: by default the iteration stops before the update,
     with max_feedback_error_rate 1.0 training goes on."""
-    from text2grad.core.critics import build_feedback_source
-    from reward_model.inference import GenerativeRewardModel
-    from text2grad.core.modeling import build_tiny_llama
-
     rm_dir = tmp_path / "rm"
     build_tiny_llama(bpe_tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=3).save_pretrained(rm_dir)
     bpe_tokenizer.save_pretrained(rm_dir)
@@ -379,9 +374,6 @@ def test_generative_reward_model_as_the_feedback_source(make_trainer, bpe_tokeni
 
 
 def test_sigterm_finishes_the_iteration_saves_and_stops(make_trainer, tmp_path):
-    import os
-    import signal
-
     calls = {"n": 0}
 
     def critic_that_gets_killed(prompt, response):

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
+from tests.policy_optimization.po_testlib import PROMPTS, TINY_PPO, first_and_last_words
 
 from policy_optimization.config import PPOConfig
 from policy_optimization.models import PolicyAndValue, ValueHead, ValueModel
 from policy_optimization.trainer import NLGradientPPOTrainer
-from tests.policy_optimization.po_testlib import PROMPTS, TINY_PPO, first_and_last_words
 from text2grad.core.critics import CallableFeedbackSource
 from text2grad.core.modeling import build_tiny_llama
 
@@ -27,8 +28,6 @@ def test_auto_is_shared_for_lora_and_separate_otherwise():
 
 
 def _lora_policy(tokenizer):
-    from peft import LoraConfig, get_peft_model
-
     policy = build_tiny_llama(tokenizer, hidden_size=32, num_layers=2, num_heads=2, seed=0)
     return get_peft_model(policy, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 
 import pytest
+import torch
 
 from tests.reward_model.rm_testlib import corpus, train_args, write_records
+
+from reward_model.train import main
+from text2grad.core.modeling import build_tiny_llama, train_tokenizer
 
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
     """Tiny models train 10x faster on one thread than on two when the CPU is shared (no oversubscription)."""
-    import torch
-
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -23,16 +25,12 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def rm_tokenizer():
-    from text2grad.core.modeling import train_tokenizer
-
     return train_tokenizer(corpus(), vocab_size=400, kind="bpe")
 
 
 @pytest.fixture(scope="session")
 def rm_world(tmp_path_factory, rm_tokenizer):
     """A directory with ``base`` (tiny Llama + tokenizer, saved) and ``train.jsonl`` (the four records)."""
-    from text2grad.core.modeling import build_tiny_llama
-
     root = tmp_path_factory.mktemp("rm_world")
     model = build_tiny_llama(rm_tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=0)
     model.save_pretrained(root / "base")
@@ -44,10 +42,6 @@ def rm_world(tmp_path_factory, rm_tokenizer):
 @pytest.fixture(scope="session")
 def memorized_rm(rm_world):
     """A full fine-tune of the tiny Llama that reproduces the four targets under greedy decoding."""
-    import torch
-
-    from reward_model.train import main
-
     out = rm_world / "memorized"
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # session fixtures run outside the per-test one_torch_thread fixture

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from reward_model.serialization import PLAIN_TEMPLATE, target_text
+from text2grad.core.feedback import Feedback
+
 INSTRUCTION = "Critique the response, then list good and poor spans as JSON."
 
 RECORDS = [
@@ -44,9 +47,6 @@ RECORDS = [
 
 
 def corpus() -> list[str]:
-    from reward_model.serialization import PLAIN_TEMPLATE, target_text
-    from text2grad.core.feedback import Feedback
-
     texts = []
     for r in RECORDS:
         texts.append(PLAIN_TEMPLATE.format(instruction=INSTRUCTION, prompt=r["prompt"], response=r["response"]))

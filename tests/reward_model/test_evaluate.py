@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from tests.reward_model.rm_testlib import RECORDS, write_records
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 from reward_model.evaluate import main
 from text2grad.apps.cli import main as cli_main
 
@@ -37,11 +40,6 @@ def test_evaluate_memorized_model(memorized_rm, rm_world, tmp_path, unigram_toke
 def _word_tokenizer(path):
     """A word-level tokenizer (words and punctuation runs, as ``\w+|[^\w\s]+``) over the records' responses,
     so the token metrics below can be counted by hand; the BPE test tokenizer's merges cannot."""
-    import re
-
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     words = sorted({w for r in RECORDS for w in re.findall(r"\w+|[^\w\s]+", r["response"])})
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from tests.reward_model.rm_testlib import INSTRUCTION, RECORDS
-from reward_model.inference import GenerativeRewardModel, json_complete
+from reward_model.inference import GenerativeRewardModel, cut_at_json, json_complete
 from text2grad.core.critics import FeedbackSource
 from text2grad.core.feedback import Feedback
 from text2grad.core.generation import generate
 from text2grad.core.modeling import build_tiny_llama
 from text2grad.core.rewards import compute_score_rewards
-from text2grad.core.spans import decode_with_offsets, feedback_token_labels, token_offsets
+from text2grad.core.spans import decode_with_offsets, feedback_token_labels
 
 PROMPTS = [r["prompt"] for r in RECORDS]
 RESPONSES = [r["response"] for r in RECORDS]
@@ -115,8 +115,6 @@ def test_generate_stop_fn_cuts_rows_at_the_first_accepting_prefix(rm_tokenizer):
 
 
 def test_cut_at_json_stops_where_the_hf_stop_criterion_would():
-    from reward_model.inference import cut_at_json
-
     obj = '{"good_spans": ["a } b"], "poor_spans": []}'
     assert cut_at_json(f"Fine.\n{obj}\nmore text {{}}") == f"Fine.\n{obj}"  # the quoted } is not the end
     assert cut_at_json(f"Fine.\n{obj}") == f"Fine.\n{obj}"

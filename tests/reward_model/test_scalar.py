@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForSequenceClassification
 
+from policy_optimization.config import SCALAR_SOURCES, PPOConfig
 from reward_model.scalar import (
     CONFIG_FILENAME,
     ScalarRewardScorer,
@@ -19,6 +21,8 @@ from reward_model.scalar import (
     pairwise_loss,
     split_pairs,
 )
+from reward_model.scalar import ScalarRMConfig
+from text2grad.core.critics import load_object
 from text2grad.core.data import DataError
 
 # Hand-written pairs in the layout of `text2grad prepare-data`'s preference_pairs.jsonl.
@@ -78,10 +82,6 @@ def scalar_run(rm_world):
 
 
 def test_training_puts_chosen_above_rejected_on_the_training_pairs(rm_world, rm_tokenizer, scalar_run):
-    from transformers import AutoModelForSequenceClassification
-
-    from reward_model.scalar import ScalarRMConfig
-
     cfg = ScalarRMConfig(model_name_or_path=str(rm_world / "base"), max_length=96)
     torch.manual_seed(0)
     untrained = AutoModelForSequenceClassification.from_pretrained(str(rm_world / "base"), num_labels=1)
@@ -116,9 +116,6 @@ def test_scorer_needs_a_trained_directory(tmp_path):
 
 
 def test_ppo_config_names_the_scalar_reward_model():
-    from policy_optimization.config import SCALAR_SOURCES, PPOConfig
-    from text2grad.core.critics import load_object
-
     assert load_object(SCALAR_SOURCES["scalar_rm"]) is ScalarRewardScorer
     cfg = PPOConfig(reward_mode="scalar", scalar_source="scalar_rm", feedback_source="none")
     assert cfg.scalar_source == "scalar_rm"

@@ -24,6 +24,7 @@ from reward_model.serialization import (
     target_text,
 )
 from text2grad.core.feedback import Feedback, parse_feedback
+from text2grad.core.modeling import build_tiny_llama
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
@@ -130,8 +131,6 @@ def test_collate_masks_each_sample_by_its_own_tokens(rm_tokenizer):
 
 def test_loss_only_counts_target_tokens(rm_tokenizer):
     """Changing the logits at input positions must not change the loss (the mask is what the model sees)."""
-    from text2grad.core.modeling import build_tiny_llama
-
     model = build_tiny_llama(rm_tokenizer, hidden_size=32, num_layers=1, num_heads=2)
     r = RECORDS[0]
     enc = encode_example(rm_tokenizer, r["prompt"], r["response"], record_feedback(r), max_length=512, instruction=INSTRUCTION)

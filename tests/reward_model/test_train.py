@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-
+from safetensors.torch import load_file
 from tests.reward_model.rm_testlib import INSTRUCTION, RECORDS, train_args, write_records
+from transformers import Trainer
+
+import reward_model.train as rm_train
+from reward_model.inference import GenerativeRewardModel
+from reward_model.merge import main as merge_main
 from reward_model.serialization import collate, encode_example, record_feedback
-from reward_model.train import CONFIG_FILENAME, RewardModelConfig, _strip_launcher_args, build_dataset, main
+from reward_model.train import (
+    CONFIG_FILENAME,
+    RewardModelConfig,
+    _strip_launcher_args,
+    _warmup_kwargs,
+    build_dataset,
+    main,
+    training_arguments,
+)
 from text2grad.core.config import ConfigError, load_config
 from text2grad.core.data import DataError
 from text2grad.core.modeling import load_causal_lm, load_tokenizer
@@ -77,7 +91,6 @@ def test_resume_continues_exactly(rm_world):
     assert state["global_step"] == 6
     losses = {h["step"]: h["loss"] for h in state["log_history"] if "loss" in h}
     assert sorted(losses) == [1, 2, 3, 4, 5, 6]
-    from safetensors.torch import load_file
 
     a = load_file(str(straight / "adapter_model.safetensors"))
     b = load_file(str(resumed / "adapter_model.safetensors"))
@@ -95,9 +108,6 @@ def test_resume_from_a_directory_that_is_no_checkpoint_is_an_error(rm_world, tmp
 
 
 def test_merge_matches_the_adapter(rm_world, lora_run, tmp_path):
-    from reward_model.inference import GenerativeRewardModel
-    from reward_model.merge import main as merge_main
-
     merged = tmp_path / "merged"
     assert merge_main(["--adapter", str(lora_run), "--output_dir", str(merged)]) == 0
     for name in ("config.json", "model.safetensors", "tokenizer.json", CONFIG_FILENAME):
@@ -123,8 +133,6 @@ def test_merge_matches_the_adapter(rm_world, lora_run, tmp_path):
 
 
 def test_merge_rejects_a_non_adapter(rm_world, tmp_path, capsys):
-    from reward_model.merge import main as merge_main
-
     assert merge_main(["--adapter", str(rm_world / "base"), "--output_dir", str(tmp_path / "m")]) == 2
     assert "not a LoRA adapter" in capsys.readouterr().err
 
@@ -171,10 +179,6 @@ def test_cli_errors_are_clear(rm_world, tmp_path, capsys):
 
 
 def test_warmup_ratio_becomes_the_scheduler_warmup(tmp_path):
-    from transformers import Trainer
-
-    from reward_model.train import training_arguments
-
     cfg = RewardModelConfig(output_dir=str(tmp_path), warmup_ratio=0.25, learning_rate=1e-2, lr_scheduler_type="linear")
     trainer = Trainer(model=torch.nn.Linear(2, 2), args=training_arguments(cfg))
     trainer.create_optimizer_and_scheduler(num_training_steps=20)
@@ -189,10 +193,6 @@ def test_warmup_ratio_becomes_the_scheduler_warmup(tmp_path):
 
 
 def test_warmup_ratio_goes_where_the_transformers_version_reads_it():
-    import dataclasses
-
-    from reward_model.train import _warmup_kwargs
-
     @dataclasses.dataclass
     class Args4x:  # transformers 4.x: warmup_steps is a step count, the ratio has its own field
         warmup_steps: int = 0
@@ -253,8 +253,6 @@ def _exit_and_err(capsys, argv):
 
 
 def test_output_paths_and_missing_models_are_reported_before_any_model_loads(rm_world, tmp_path, capsys, monkeypatch):
-    import reward_model.train as rm_train
-
     monkeypatch.setattr(rm_train, "_build_model", lambda cfg: (_ for _ in ()).throw(AssertionError("model loaded")))
     (tmp_path / "a_file").write_text("keep me")
     rc, err = _exit_and_err(capsys, train_args(rm_world, tmp_path / "a_file"))

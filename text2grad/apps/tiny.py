@@ -33,8 +33,14 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from datasets import Dataset
+
+from text2grad.apps.prepare_data import main as prepare_data
+from text2grad.apps.prepare_data.kodcode import policy_prompt
 from text2grad.core.cli import guarded
 from text2grad.core.config import CliParser, program_name
+from text2grad.core.data import write_jsonl
+from text2grad.core.modeling import build_tiny_llama, train_tokenizer
 
 __all__ = ["make_records", "make_tiny_world", "write_native", "main"]
 
@@ -131,10 +137,6 @@ def _public(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def write_native(dataset: str, raw_dir: str | Path, n_train: int = 24, n_eval: int = 8, seed: int = 0) -> list[dict[str, Any]]:
     """Write the native files of ``dataset`` under ``raw_dir`` (see the module docstring); returns every row."""
-    from datasets import Dataset
-
-    from text2grad.core.data import write_jsonl
-
     raw = Path(raw_dir)
     if dataset == "slf5k":
         sizes = {"train": n_train, "development": max(2, n_eval // 2), "validation": n_eval, "test": n_eval}
@@ -157,8 +159,6 @@ def write_native(dataset: str, raw_dir: str | Path, n_train: int = 24, n_eval: i
 
 
 def _annotation(dataset: str, row: dict[str, Any], response_kind: str = "") -> dict[str, Any]:
-    from text2grad.apps.prepare_data.kodcode import policy_prompt
-
     if dataset == "slf5k":
         rid, prompt, response = row["id"], row["post"], row["generated_summary_for_feedback"]
     elif dataset == "kodcode":
@@ -179,9 +179,6 @@ def make_tiny_world(dataset: str, output_dir: str | Path, n_train: int = 24, n_e
                     prepare: bool = True) -> Path:
     """Write the tiny model, native data and annotations for ``dataset`` under ``output_dir`` (idempotent), and
     with ``prepare`` run prepare-data on the native data into ``output_dir/data``."""
-    from text2grad.core.data import write_jsonl
-    from text2grad.core.modeling import build_tiny_llama, train_tokenizer
-
     out = Path(output_dir)
     done = out / ".complete"
     stamp = {"dataset": dataset, "seed": seed, "n_train": n_train, "n_eval": n_eval}
@@ -201,8 +198,6 @@ def make_tiny_world(dataset: str, output_dir: str | Path, n_train: int = 24, n_e
         model.save_pretrained(out / "model")
         done.write_text(json.dumps(stamp))
     if prepare and not (out / "data" / "prepare_report.json").exists():
-        from text2grad.apps.prepare_data import main as prepare_data
-
         argv = ["--dataset", dataset, "--input", str(out / "raw"), "--output_dir", str(out / "data"), "--seed", str(seed)]
         if dataset == "kodcode":
             argv += ["--completions", str(out / "completions.jsonl")]

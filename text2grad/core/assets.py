@@ -34,6 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaTokenizer, PreTrainedTokenizerFast
+
 __all__ = [
     "AssetMissingError",
     "PACKAGES",
@@ -144,8 +148,6 @@ def smollm2_path() -> Path:
 def _convert_gguf(gguf: Path, out: Path) -> None:
     if importlib.util.find_spec("gguf") is None:
         raise AssetMissingError("reading the SmolLM2 GGUF file needs the gguf package: run `pip install gguf==0.19.0`")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
@@ -232,9 +234,6 @@ def _tiktoken_to_fast(
     takes a pre-token that is itself a token whole. A byte-level BPE whose merges are ordered by the rank of
     the merged token (``ignore_merges`` for the whole-token rule) does the same.
     """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
     ranks = _read_tiktoken(path)
     to_char = _byte_to_unicode()
     as_text = {tok: "".join(to_char[b] for b in tok) for tok in ranks}
@@ -282,8 +281,6 @@ def _sentencepiece_to_fast(path: Path, template: str | None):
     if importlib.util.find_spec("sentencepiece") is None:
         raise AssetMissingError("converting the Mistral tokenizer needs sentencepiece: run `pip install sentencepiece==0.2.3`")
     import sentencepiece
-    from tokenizers import normalizers, processors
-    from transformers import LlamaTokenizer, PreTrainedTokenizerFast
 
     sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
     vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
@@ -342,8 +339,6 @@ def real_tokenizer_path(family: str) -> Path:
 
 def real_tokenizer(family: str):
     """The real fast tokenizer of ``family``: "gpt2", "llama3", "mistral", "qwen" or "smollm2" (offline, cached)."""
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(str(real_tokenizer_path(family)))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

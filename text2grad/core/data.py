@@ -9,9 +9,12 @@ and the missing field.
 from __future__ import annotations
 
 import json
+import os
 import string
 from pathlib import Path
 from typing import Any, Iterator, Mapping
+
+import datasets
 
 __all__ = ["DataError", "load_records", "write_jsonl", "append_jsonl", "iter_jsonl", "render_template", "record_id"]
 
@@ -98,8 +101,6 @@ def load_records(
 
 
 def _load_hf(source: str, split: str | None) -> list[dict[str, Any]]:
-    import datasets
-
     path = Path(source).expanduser()
     try:
         if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
@@ -140,8 +141,6 @@ def write_jsonl(path: str | Path, records: list[Mapping[str, Any]]) -> None:
 
 def append_jsonl(fh, record: Mapping[str, Any]) -> None:
     """Append one record as a single write of one line, then flush and fsync (crash-safe appends)."""
-    import os
-
     fh.write(json.dumps(record, ensure_ascii=False) + "\n")
     fh.flush()
     os.fsync(fh.fileno())

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+from tqdm.auto import tqdm
+from transformers import LogitsProcessorList, StoppingCriteriaList
 
 __all__ = ["Generation", "generate", "apply_chat_template", "prompt_add_special_tokens"]
 
@@ -104,8 +106,6 @@ def generate(
     outputs: list[Generation] = []
     starts = range(0, len(prompts), batch_size)
     if show_progress:
-        from tqdm.auto import tqdm
-
         starts = tqdm(starts, desc="generate", unit="batch")
     try:
         for start in starts:
@@ -127,12 +127,8 @@ def generate(
                 gen_kwargs.update(stop_strings=list(stop_strings), tokenizer=tokenizer)
             width = enc["input_ids"].shape[1]
             if stop_fn is not None:
-                from transformers import StoppingCriteriaList
-
                 gen_kwargs.update(stopping_criteria=StoppingCriteriaList([_TextStop(tokenizer, width, stop_fn)]))
             if logits_processors is not None:
-                from transformers import LogitsProcessorList
-
                 rows = range(start, start + len(batch))
                 gen_kwargs.update(logits_processor=LogitsProcessorList(list(logits_processors(rows, width))))
             sequences = model.generate(**enc, **gen_kwargs)

@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import Iterable, Literal
 
 import torch
+from peft import PeftConfig, PeftModel
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+import torch.distributed as dist
 
 __all__ = [
     "resolve_dtype",
@@ -47,8 +51,6 @@ def load_tokenizer(name_or_path: str, padding_side: Literal["left", "right"] = "
     Generation wants left padding (so every prompt ends where generation starts); training code that
     needs right padding passes ``padding_side="right"``.
     """
-    from transformers import AutoTokenizer
-
     _check_local_or_hub(name_or_path, "tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, use_fast=True, **kwargs)
     if tokenizer.pad_token is None:
@@ -75,13 +77,9 @@ def load_causal_lm(
         merge_adapter: fold the adapter into the weights (faster inference, no PEFT wrapper).
         trainable_adapter: keep the adapter trainable (to continue training it).
     """
-    from transformers import AutoModelForCausalLM
-
     _check_local_or_hub(name_or_path, "model")
     path = Path(name_or_path)
     if adapter is None and (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
-        from peft import PeftConfig
-
         adapter, name_or_path = str(path), PeftConfig.from_pretrained(str(path)).base_model_name_or_path
         if not name_or_path:
             raise ValueError(
@@ -93,8 +91,6 @@ def load_causal_lm(
         name_or_path, **({"dtype": torch_dtype} if torch_dtype is not None else {}), **kwargs
     )
     if adapter:
-        from peft import PeftModel
-
         model = PeftModel.from_pretrained(model, adapter, is_trainable=trainable_adapter)
         if merge_adapter:
             model = model.merge_and_unload()
@@ -126,9 +122,6 @@ def train_tokenizer(
     kind="unigram" is a SentencePiece-style Unigram model with the Metaspace pre-tokenizer (Llama-2 / T5
     family: spaces become "▁"). Both give exact offset mappings.
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     specials = list(SPECIAL_TOKENS.values())
     if kind == "bpe":
         tok = Tokenizer(models.BPE(unk_token=None))
@@ -163,8 +156,6 @@ def build_tiny_llama(
     seed: int = 0,
 ):
     """A randomly initialised Llama-architecture model sized for CPU tests and the quickstart."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -189,8 +180,6 @@ def end_distributed() -> None:
     left alive can abort a rank during shutdown ("terminate called without an active exception", SIGABRT),
     which fails the whole launch after the work is done and saved.
     """
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from text2grad.apps.tiny import make_tiny_world
 from text2grad.core.config import ConfigError
 from text2grad.core.data import DataError
 from text2grad.apps.evaluation import code as ce
@@ -227,8 +228,6 @@ def kodcode_eval(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from text2grad.apps.tiny import make_tiny_world
-
     return make_tiny_world("kodcode", tmp_path_factory.mktemp("tiny_kodcode"), n_train=4, n_eval=2, prepare=False) / "model"
 
 

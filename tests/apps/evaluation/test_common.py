@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 
 from text2grad.apps.evaluation.common import ContinuationScore, continuation_logprobs, load_policy, markdown_table, write_report
+from text2grad.core.modeling import load_causal_lm
 
 
 def _manual_logprob(model, tokenizer, context: str, continuation: str) -> tuple[float, int]:
@@ -71,8 +73,6 @@ def test_empty_continuation_and_length_mismatch(bpe_tokenizer, tiny_llama):
 
 
 def test_load_policy_from_dir_adapter_and_adapter_only_dir(tmp_path, bpe_tokenizer, tiny_llama):
-    from peft import LoraConfig, get_peft_model
-
     base_dir, adapter_dir = tmp_path / "base", tmp_path / "adapter"
     tiny_llama.save_pretrained(base_dir)
     bpe_tokenizer.save_pretrained(base_dir)
@@ -82,7 +82,6 @@ def test_load_policy_from_dir_adapter_and_adapter_only_dir(tmp_path, bpe_tokeniz
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, tiny_llama.eval()(ids).logits)
 
-    from text2grad.core.modeling import load_causal_lm
 
     peft_model = get_peft_model(load_causal_lm(str(base_dir)), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
     with torch.no_grad():

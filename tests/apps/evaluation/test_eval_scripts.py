@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from tests.fake_openai import FakeOpenAIServer
 
+from text2grad.apps.evaluation.summarization import default_bertscore_model
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -40,7 +42,6 @@ def test_eval_slf5k_script_tiny(tmp_path):
     assert results["judge"]["ties"] == 8 and results["judge"]["win_rate"] == 0.5
     assert (tmp_path / "out" / "predictions.jsonl").is_file()
     # BERTScores from different models are not comparable, so both reports must say which model made this one
-    from text2grad.apps.evaluation.summarization import default_bertscore_model
 
     model_path, layer = default_bertscore_model()
     assert (results["bertscore"]["model"], results["bertscore"]["num_layers"]) == (model_path, layer)

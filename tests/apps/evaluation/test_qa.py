@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from tests.fake_openai import FakeOpenAIServer
 
+from text2grad.apps.evaluation.summarization import SummarizationEvalConfig
+from text2grad.core.config import load_config
 from text2grad.core.data import DataError, iter_jsonl, write_jsonl
-from text2grad.apps.evaluation.qa import MultipleChoiceItem, main, normalize_multiple_choice, score_multiple_choice
+from text2grad.apps.evaluation.qa import (
+    MultipleChoiceItem,
+    QAEvalConfig,
+    main,
+    normalize_multiple_choice,
+    score_multiple_choice,
+)
 
 # One record per accepted layout: hub (choices {text, label}), original ARC (question {stem, choices}),
 # flat (choices [str], integer answer), and numeric labels as some ARC items have.
@@ -225,12 +234,6 @@ def test_alpaca_eval_scores_model_outputs_json_matched_by_instruction(tmp_path):
 
 
 def test_shipped_eval_configs_parse():
-    from pathlib import Path
-
-    from text2grad.core.config import load_config
-    from text2grad.apps.evaluation.qa import QAEvalConfig
-    from text2grad.apps.evaluation.summarization import SummarizationEvalConfig
-
     root = Path(__file__).resolve().parents[3]
     slf5k = load_config(SummarizationEvalConfig, root / "configs/slf5k/eval.yaml", {"data": "d.jsonl", "model": "m"})
     assert slf5k.stop_strings == ["\n\n"] and slf5k.field_map == {"reference": "ideal_human_summary"}

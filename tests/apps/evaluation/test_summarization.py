@@ -6,9 +6,11 @@ import json
 import math
 
 import pytest
+import sacrebleu
 import torch
 from tests.fake_openai import FakeOpenAIServer
 
+from text2grad.apps.evaluation.common import load_policy
 from text2grad.core.data import iter_jsonl, write_jsonl
 from text2grad.apps.evaluation.summarization import (
     bertscore,
@@ -19,6 +21,7 @@ from text2grad.apps.evaluation.summarization import (
     rouge_scores,
     sentence_bleu_scores,
 )
+from text2grad.core.generation import generate
 
 
 def test_rouge_hand_checked():
@@ -39,8 +42,6 @@ def test_rouge_hand_checked():
 
 
 def test_bleu_hand_checked_and_matches_sacrebleu():
-    import sacrebleu
-
     assert bleu(["the cat sat on the mat"], ["the cat sat on the mat"]) == pytest.approx(100.0)
     # all n-gram precisions are 1; brevity penalty exp(1 - 7/6) for a 6-token hypothesis and 7-token reference
     assert bleu(["the cat sat on the mat"], ["the cat sat on the mat today"]) == pytest.approx(100 * math.exp(1 - 7 / 6), abs=1e-3)
@@ -93,9 +94,6 @@ def saved_policy(tmp_path, bpe_tokenizer, tiny_llama):
 
 
 def test_cli_generates_and_scores_with_a_tiny_policy(tmp_path, saved_policy, capsys):
-    from text2grad.apps.evaluation.common import load_policy
-    from text2grad.core.generation import generate
-
     data = tmp_path / "eval.jsonl"
     write_jsonl(data, POSTS)
     out = tmp_path / "out"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -173,8 +174,6 @@ def test_render_summary_omits_none_values():
 
 
 def test_noisy_summary_follows_the_error_rate_and_can_repeat_a_clause():
-    import random
-
     recs = generate_task(TaskConfig(seed=5, n_train=300, n_rl=1, n_eval=1))["train"]
     rng = random.Random(0)
     hard = TaskConfig(p_omit=0.0, p_wrong=0.5)

@@ -16,9 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import torch
+from peft import PeftConfig
+from tqdm.auto import tqdm
+
 from text2grad.core.cli import EXIT_OK
 from text2grad.core.cli import run_cli as run_shared_cli
 from text2grad.core.config import ConfigError
+from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
 __all__ = [
     "load_policy",
@@ -35,7 +40,6 @@ def pick_device(device: str | None = None) -> str:
     """``device`` if given, else "cuda" when a GPU is visible, else "cpu"."""
     if device:
         return device
-    import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -52,8 +56,6 @@ def load_policy(model: str, adapter: str | None = None, dtype: str | None = "aut
     The tokenizer comes from the adapter directory when it holds one (training scripts save the tokenizer
     next to the adapter, possibly with added tokens), else from the base model.
     """
-    from text2grad.core.modeling import load_causal_lm, load_tokenizer
-
     adapter_dir = adapter
     model_path = Path(model).expanduser()
     if adapter is None and (model_path / "adapter_config.json").is_file() and not (model_path / "config.json").is_file():
@@ -62,8 +64,6 @@ def load_policy(model: str, adapter: str | None = None, dtype: str | None = "aut
     if adapter_dir and (Path(adapter_dir) / "tokenizer_config.json").is_file():
         tokenizer_source = adapter_dir
     elif adapter_dir and adapter is None:  # adapter-only directory without a tokenizer: use its base model's
-        from peft import PeftConfig
-
         tokenizer_source = PeftConfig.from_pretrained(adapter_dir).base_model_name_or_path
     policy = load_causal_lm(model, adapter=adapter, dtype=dtype, merge_adapter=True)
     policy.to(pick_device(device)).eval()
@@ -115,8 +115,6 @@ def continuation_logprobs(
     ``max continuation length + 1`` positions' logits are computed (``logits_to_keep``), which keeps memory
     at (B, K, V) instead of (B, T, V) for long prompts and large vocabularies.
     """
-    import torch
-
     if len(contexts) != len(continuations):
         raise ValueError(f"got {len(contexts)} contexts but {len(continuations)} continuations; pass one of each per item")
     if not contexts:
@@ -141,8 +139,6 @@ def continuation_logprobs(
     results: dict[int, ContinuationScore] = {}
     batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
     if show_progress:
-        from tqdm.auto import tqdm
-
         batches = tqdm(batches, desc="log-likelihood", unit="batch")
     with torch.no_grad():
         for batch in batches:

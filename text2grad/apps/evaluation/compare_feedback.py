@@ -27,8 +27,10 @@ from typing import Any, Sequence
 from reward_model.metrics import evaluate_feedback
 from text2grad.apps.evaluation.judge import JudgeConfig, PairwiseItem, judge_pairwise, load_prompt, win_rate_summary
 from text2grad.core.config import ConfigError, config_field, parse_config
+from text2grad.core.critics import build_feedback_source
 from text2grad.core.data import DataError, load_records
 from text2grad.core.feedback import Feedback
+from text2grad.core.modeling import load_tokenizer
 
 __all__ = ["CompareConfig", "render_feedback", "compare_critics", "main"]
 
@@ -94,9 +96,6 @@ def compare_critics(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from text2grad.core.critics import build_feedback_source
-    from text2grad.core.modeling import load_tokenizer
-
     cfg = parse_config(CompareConfig, argv, description="Compare two critics: LLM-judge pairwise win rate + token metrics.")
     try:
         if not cfg.eval_file or not cfg.tokenizer:

@@ -24,10 +24,14 @@ import math
 import os
 import random
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Sequence
+
+import openai
+from tqdm.auto import tqdm
 
 from text2grad.core.data import render_template
 
@@ -135,8 +139,6 @@ def _retry_delay(cfg: JudgeConfig, attempt: int, exc: Exception, rng: random.Ran
 
 
 def _is_retryable(exc: Exception) -> bool:
-    import openai
-
     if isinstance(exc, (openai.APIConnectionError, openai.APITimeoutError, asyncio.TimeoutError)):
         return True
     if isinstance(exc, openai.APIStatusError):
@@ -150,15 +152,11 @@ def _describe(exc: Exception) -> str:
 
 
 async def _complete_all(cfg: JudgeConfig, conversations: Sequence[list[dict]], show_progress: bool) -> list[ChatResult]:
-    import openai
-
     client = openai.AsyncOpenAI(base_url=cfg.base_url, api_key=_api_key(cfg), max_retries=0, timeout=cfg.timeout_s)
     semaphore = asyncio.Semaphore(max(1, cfg.concurrency))
     jitter = random.Random(0)
     bar = None
     if show_progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=len(conversations), desc=f"judge {cfg.model}", unit="req")
 
     async def one(messages: list[dict]) -> ChatResult:
@@ -205,7 +203,6 @@ def chat_completions(cfg: JudgeConfig, conversations: Sequence[list[dict]], show
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro)
-    from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, coro).result()

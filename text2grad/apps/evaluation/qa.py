@@ -46,8 +46,11 @@ from typing import Any, Literal, Sequence
 
 import datasets
 
+from text2grad.apps.evaluation.common import continuation_logprobs, load_policy, run_cli, write_report
+from text2grad.apps.evaluation.judge import JudgeConfig, PairwiseItem, SingleItem, grade_summary, judge_pairwise, judge_single, length_controlled_win_rate, load_prompt, win_rate_summary
 from text2grad.core.config import ConfigError, config_field, save_config
-from text2grad.core.data import DataError, load_records, record_id, write_jsonl
+from text2grad.core.data import DataError, load_records, record_id, render_template, write_jsonl
+from text2grad.core.generation import generate
 
 __all__ = [
     "QAEvalConfig",
@@ -196,9 +199,6 @@ def score_multiple_choice(
     summary: ``{"n", "accuracy" (argmax of summed log-prob), "accuracy_norm" (argmax of per-token mean)}``.
     Each row: id, answer label, both predictions, per-choice ``logprob`` sums and token counts.
     """
-    from text2grad.core.data import render_template
-    from text2grad.apps.evaluation.common import continuation_logprobs
-
     contexts, continuations, owners = [], [], []
     for k, item in enumerate(items):
         prompt = render_template(prompt_template, {"question": item.question}, where=item.id)
@@ -260,8 +260,6 @@ def _load(cfg: QAEvalConfig, required: tuple[str, ...] = ()) -> list[dict]:
 
 
 def _policy(cfg: QAEvalConfig):
-    from text2grad.apps.evaluation.common import load_policy
-
     return load_policy(cfg.model, cfg.adapter, cfg.dtype, cfg.device)
 
 
@@ -309,8 +307,6 @@ def _chat_prompt(tokenizer, messages: list[dict], cfg: QAEvalConfig) -> str:
 
 
 def _generate_turn(model, tokenizer, conversations: list[list[dict]], cfg: QAEvalConfig) -> list[str]:
-    from text2grad.core.generation import generate
-
     templated = cfg.use_chat_template and bool(getattr(tokenizer, "chat_template", None))
     stop = None if templated else ["\nUser:"]
     gens = generate(
@@ -329,8 +325,6 @@ def _generate_turn(model, tokenizer, conversations: list[list[dict]], cfg: QAEva
 
 
 def _judge_config(cfg: QAEvalConfig):
-    from text2grad.apps.evaluation.judge import JudgeConfig
-
     return JudgeConfig(
         model=cfg.judge_model, base_url=cfg.judge_base_url, api_key_env=cfg.judge_api_key_env,
         concurrency=cfg.judge_concurrency, max_retries=cfg.judge_max_retries, max_tokens=cfg.judge_max_tokens,
@@ -364,8 +358,6 @@ def _lookup(table: dict[str, Any], ids: list[str], source: str) -> list[Any]:
 
 def evaluate_alpaca_eval(cfg: QAEvalConfig) -> tuple[dict[str, Any], list[dict], list[dict]]:
     """AlpacaEval 2.0 style pairwise judging against a baseline; returns ``(results, report_rows, per_item_rows)``."""
-    from text2grad.apps.evaluation.judge import PairwiseItem, judge_pairwise, length_controlled_win_rate, load_prompt, win_rate_summary
-
     required = (cfg.instruction_field,) + (() if cfg.baseline_predictions else (cfg.baseline_field,))
     records = _load(cfg, required=required)
     ids = [record_id(r, i) for i, r in enumerate(records)]
@@ -416,8 +408,6 @@ def evaluate_alpaca_eval(cfg: QAEvalConfig) -> tuple[dict[str, Any], list[dict],
 
 def evaluate_mt_bench(cfg: QAEvalConfig) -> tuple[dict[str, Any], list[dict], list[dict]]:
     """MT-Bench style multi-turn answering and 1-10 grading; returns ``(results, report_rows, per_item_rows)``."""
-    from text2grad.apps.evaluation.judge import SingleItem, grade_summary, judge_single, load_prompt
-
     records = _load(cfg)
     ids = [record_id(r, i) for i, r in enumerate(records)]
     turns: list[list[str]] = []
@@ -473,8 +463,6 @@ def _conversation(user_turns: Sequence[str], answers: Sequence[str]) -> list[dic
 
 def evaluate_qa(cfg: QAEvalConfig) -> dict[str, Any]:
     """Run the configured task, write ``<name>.json``, ``<name>.md`` and ``<name>_items.jsonl``; return the results."""
-    from text2grad.apps.evaluation.common import write_report
-
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = cfg.name or cfg.task
@@ -489,8 +477,6 @@ def evaluate_qa(cfg: QAEvalConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from text2grad.apps.evaluation.common import run_cli
-
     return run_cli(QAEvalConfig, evaluate_qa, argv)
 
 

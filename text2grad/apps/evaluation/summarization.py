@@ -33,8 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import sacrebleu
+from rouge_score import rouge_scorer
+
+from text2grad.apps.evaluation.common import continuation_logprobs, load_policy, run_cli, write_report
+from text2grad.apps.evaluation.judge import JudgeConfig, PairwiseItem, judge_pairwise, load_prompt, win_rate_summary
 from text2grad.core.config import ConfigError, config_field, save_config
 from text2grad.core.data import DataError, iter_jsonl, load_records, record_id, render_template, write_jsonl
+from text2grad.core.generation import apply_chat_template, generate
 
 __all__ = [
     "ROUGE_TYPES",
@@ -71,8 +77,6 @@ def rouge_per_item(
     predictions: Sequence[str], references: Sequence[str], rouge_types: Sequence[str] = ROUGE_TYPES, use_stemmer: bool = True
 ) -> list[dict[str, float]]:
     """ROUGE F1 of each prediction against its reference: ``[{"rouge1": f, "rouge2": f, "rougeL": f}, ...]``."""
-    from rouge_score import rouge_scorer
-
     _check_pairs(predictions, references)
     scorer = rouge_scorer.RougeScorer(list(rouge_types), use_stemmer=use_stemmer)
     return [
@@ -91,16 +95,12 @@ def rouge_scores(
 
 def bleu(predictions: Sequence[str], references: Sequence[str]) -> float:
     """Corpus BLEU (sacrebleu defaults: 13a tokenization, exponential smoothing off), 0-100."""
-    import sacrebleu
-
     _check_pairs(predictions, references)
     return float(sacrebleu.corpus_bleu(list(predictions), [list(references)]).score)
 
 
 def sentence_bleu_scores(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
     """Per-item sentence BLEU (sacrebleu, exp smoothing), 0-100; for inspecting items, not for reporting."""
-    import sacrebleu
-
     _check_pairs(predictions, references)
     return [float(sacrebleu.sentence_bleu(p, [r]).score) for p, r in zip(predictions, references)]
 
@@ -176,8 +176,6 @@ def perplexity(
     """Perplexity of ``references`` given ``prompts`` under ``model``:
     ``exp(sum of reference-token NLL / number of reference tokens)`` over all items (token-weighted).
     Start each reference with the separator the model would generate (usually a space)."""
-    from text2grad.apps.evaluation.common import continuation_logprobs
-
     scores = continuation_logprobs(model, tokenizer, prompts, references, batch_size=batch_size, max_length=max_length)
     tokens = sum(s.num_tokens for s in scores)
     if tokens == 0:
@@ -300,8 +298,6 @@ def _aligned(predictions: dict[str, str], ids: list[str], source: str) -> list[s
 
 def evaluate_summarization(cfg: SummarizationEvalConfig) -> dict[str, Any]:
     """Run the configured evaluation, write the reports and predictions, return the results dict."""
-    from text2grad.apps.evaluation.common import write_report
-
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out_dir / f"{cfg.name}_config.yaml")
@@ -317,9 +313,6 @@ def evaluate_summarization(cfg: SummarizationEvalConfig) -> dict[str, Any]:
     model = tokenizer = None
     prompts: list[str] | None = None
     if cfg.model is not None:
-        from text2grad.apps.evaluation.common import load_policy
-        from text2grad.core.generation import apply_chat_template
-
         model, tokenizer = load_policy(cfg.model, cfg.adapter, cfg.dtype, cfg.device)
         prompts = [render_template(cfg.prompt_template, r, where=i) for r, i in zip(records, ids)]
         if cfg.use_chat_template:
@@ -332,8 +325,6 @@ def evaluate_summarization(cfg: SummarizationEvalConfig) -> dict[str, Any]:
         predictions = _aligned(load_predictions(cfg.predictions_file, cfg.prediction_field), ids, cfg.predictions_file)
         source = cfg.predictions_file
     else:
-        from text2grad.core.generation import generate
-
         gens = generate(
             model, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
             do_sample=cfg.do_sample, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -374,8 +365,6 @@ def evaluate_summarization(cfg: SummarizationEvalConfig) -> dict[str, Any]:
             f"BERTScore used {model_label} layer {bs['num_layers']}, no baseline rescaling; compare only with scores from the same model."
         )
     if "perplexity" in cfg.metrics:
-        from text2grad.apps.evaluation.common import continuation_logprobs
-
         scores = continuation_logprobs(
             model, tokenizer, prompts, [cfg.reference_prefix + r for r in references], batch_size=cfg.batch_size,
             max_length=cfg.max_prompt_length + cfg.max_new_tokens, add_special_tokens=add_special,
@@ -410,8 +399,6 @@ def evaluate_summarization(cfg: SummarizationEvalConfig) -> dict[str, Any]:
 
 
 def _run_judge(cfg, records, ids, predictions, references, per_item, out_dir: Path) -> dict[str, Any]:
-    from text2grad.apps.evaluation.judge import JudgeConfig, PairwiseItem, judge_pairwise, load_prompt, win_rate_summary
-
     if cfg.judge_against_reference:
         baseline = references
     else:
@@ -430,8 +417,6 @@ def _run_judge(cfg, records, ids, predictions, references, per_item, out_dir: Pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    from text2grad.apps.evaluation.common import run_cli
-
     return run_cli(SummarizationEvalConfig, evaluate_summarization, argv)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 from text2grad.core.config import ConfigError, config_field
+from text2grad.core.data import write_jsonl
 
 __all__ = [
     "PrepareDataConfig", "OUTPUT_FILES", "split_by_key", "write_outputs", "conversation_reply", "DEFAULT_FRACTIONS",
@@ -112,8 +113,6 @@ def conversation_reply(messages: Any) -> str | None:
 def write_outputs(output_dir: str | Path, files: Mapping[str, list[dict[str, Any]]], report: dict[str, Any]) -> Path:
     """Write every output file (atomically, see `write_jsonl`) and ``prepare_report.json`` last, so a
     report's presence means the directory is complete."""
-    from text2grad.core.data import write_jsonl
-
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "prepare_report.json").unlink(missing_ok=True)

@@ -32,6 +32,11 @@ from typing import Any, Mapping, Sequence
 
 from text2grad.apps.prepare_data.common import PrepareDataConfig, split_by_key
 from text2grad.apps.prepare_data.sources import SchemaError, check_columns, load_split
+from text2grad.core import sandbox
+from text2grad.core.critics import extract_code
+from text2grad.core.data import iter_jsonl
+from text2grad.core.generation import apply_chat_template, generate
+from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
 __all__ = ["prepare", "policy_prompt", "signature_lines", "execution_summary", "generate_completions"]
 
@@ -97,8 +102,6 @@ def execution_summary(result: Any) -> tuple[dict[str, Any], str]:
 
 
 def _read_completions(path: str) -> dict[str, list[str]]:
-    from text2grad.core.data import iter_jsonl
-
     if not Path(path).is_file():
         raise SchemaError(f"kodcode: completions file {path} does not exist")
     out: dict[str, list[str]] = {}
@@ -114,9 +117,6 @@ def _read_completions(path: str) -> dict[str, list[str]]:
 
 def generate_completions(cfg: PrepareDataConfig, prompts: Mapping[str, str]) -> dict[str, list[str]]:
     """``completions_per_question`` samples of ``completions_model`` for each prompt (keyed like ``prompts``)."""
-    from text2grad.core.generation import apply_chat_template, generate
-    from text2grad.core.modeling import load_causal_lm, load_tokenizer
-
     tokenizer = load_tokenizer(cfg.completions_model, padding_side="left")
     model = load_causal_lm(cfg.completions_model, adapter=cfg.completions_adapter, dtype=cfg.dtype, merge_adapter=True)
     model.eval()
@@ -135,9 +135,6 @@ def generate_completions(cfg: PrepareDataConfig, prompts: Mapping[str, str]) -> 
 
 def _run_all(programs: Sequence[tuple[str, str]], cfg: PrepareDataConfig) -> list[Any]:
     """Run each (response, tests) in the sandbox; the code is the response's first Python block."""
-    from text2grad.core.critics import extract_code
-    from text2grad.core import sandbox
-
     def one(item: tuple[str, str]) -> Any:
         response, tests = item
         return sandbox.run_tests(extract_code(response), tests, timeout_s=cfg.test_timeout_s,

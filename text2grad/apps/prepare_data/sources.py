@@ -17,10 +17,13 @@ Every failure is a `SchemaError` whose message names the dataset, the split, wha
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+import datasets
 
 __all__ = ["SchemaError", "SplitData", "load_split", "list_splits", "check_columns"]
 
@@ -74,8 +77,6 @@ def list_splits(source: str) -> list[str] | None:
     """The splits a local source has (None for a hub id: asking would need the network)."""
     path = Path(source).expanduser()
     if path.is_dir() and (path / "dataset_dict.json").exists():
-        import json
-
         return list(json.loads((path / "dataset_dict.json").read_text())["splits"])
     if path.is_dir():
         return sorted(_data_files(path))
@@ -85,8 +86,6 @@ def list_splits(source: str) -> list[str] | None:
 
 
 def _load_files(files: Sequence[Path]) -> Any:
-    import datasets
-
     if len(files) == 1 and files[0].is_dir():
         folder = files[0]
         if (folder / "dataset_info.json").exists():
@@ -106,8 +105,6 @@ def _load_files(files: Sequence[Path]) -> Any:
 
 def load_split(dataset: str, source: str, split: str, main_split: str, limit: int | None = None) -> SplitData:
     """Rows of ``split`` of ``dataset`` from ``source`` (hub id or local copy, see the module docstring)."""
-    import datasets
-
     path = Path(source).expanduser()
     if path.is_dir() and (path / "dataset_dict.json").exists():
         dd = datasets.load_from_disk(str(path))
@@ -150,8 +147,6 @@ def _known_other_splits(dataset: str, main_split: str) -> set[str]:
 
 
 def _load_hub(dataset: str, repo: str, split: str) -> Any:
-    import datasets
-
     try:
         if dataset in _JSONL_REPOS:
             return datasets.load_dataset("json", data_files=f"hf://datasets/{repo}/{split}.jsonl", split="train")

@@ -15,6 +15,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import torch
+
 from text2grad.apps.evaluation.summarization import bleu, rouge_scores
 from text2grad.apps.quickstart.task import fact_accuracy
 from text2grad.core.generation import Generation, generate
@@ -42,8 +44,6 @@ KEY_PACKAGES = ("torch", "transformers", "tokenizers", "accelerate", "numpy", "s
 def generate_responses(model_path: Path, prompts: list[str], max_new_tokens: int, do_sample: bool, seed: int,
                        batch_size: int = 64) -> list[Generation]:
     """Summaries of ``prompts`` by the policy at ``model_path``, with their exact token ids."""
-    import torch
-
     tokenizer = load_tokenizer(str(model_path))
     model = load_causal_lm(str(model_path)).eval()
     torch.manual_seed(seed)

@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from text2grad.core.config import config_field
 from text2grad.core.critics import feedback_per_pair
+from text2grad.core.data import load_records, write_jsonl
 from text2grad.core.feedback import Feedback
 
 __all__ = [
@@ -281,8 +282,6 @@ def config_fingerprint(obj: Any) -> str:
 
 def write_task(cfg: TaskConfig, out_dir: str | Path) -> dict[str, Path]:
     """Write ``train.jsonl``, ``rl.jsonl`` and ``eval.jsonl`` under ``out_dir``; returns their paths."""
-    from text2grad.core.data import write_jsonl
-
     out = Path(out_dir)
     paths = {}
     for split, records in generate_task(cfg).items():
@@ -461,8 +460,6 @@ class FactCritic:
     """
 
     def __init__(self, data_path: str | Sequence[str] | None = None, records: Sequence[Mapping[str, Any]] | None = None):
-        from text2grad.core.data import load_records
-
         paths = [data_path] if isinstance(data_path, (str, Path)) else list(data_path or [])
         all_records = list(records or [])
         for path in paths:

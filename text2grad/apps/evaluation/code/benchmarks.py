@@ -175,8 +175,6 @@ def load_problems(benchmark: str, data: str | None = None, limit: int | None = N
 
 
 def _release_problem(benchmark: str, rec: dict[str, Any], task: EvalPlusTask) -> CodeProblem:
-    from text2grad.apps.evaluation.code.evalplus_release import check_test_module
-
     prompt = rec["prompt"]
     # evalplus: program = prompt + completion (or the sample's whole "solution"); the reference likewise
     return CodeProblem(str(rec["task_id"]), prompt, check_test_module(), prompt + rec["canonical_solution"],
