@@ -1,4 +1,5 @@
-"""The per-dataset annotation scripts run end to end offline (TEXT2GRAD_TINY=1)."""
+"""The per-dataset annotation scripts run end to end offline (TEXT2GRAD_TINY=1) on the hand-written rows in each
+dataset's real layout (tests/fixtures/<dataset>): prepare-data, then annotation, exactly as on the real data."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 )
 def test_annotation_script_tiny_mode(tmp_path, dataset, critic, source):
     env = {**os.environ, "TEXT2GRAD_TINY": "1", "TINY_DIR": str(tmp_path), "CRITIC": critic,
-           "PYTHON": sys.executable}
+           "PYTHON": sys.executable, "INPUT": str(REPO / "tests" / "fixtures" / dataset)}
     env.pop("OPENAI_API_KEY", None)  # the offline run must not need (or send) a key
     proc = subprocess.run(["bash", f"scripts/annotate_{dataset}.sh", "--concurrency", "4"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
