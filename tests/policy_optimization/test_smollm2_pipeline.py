@@ -1,0 +1,132 @@
+"""Every phase once on a real pretrained model: SmolLM2-135M-Instruct (offline, `text2grad.core.assets`) with its
+chat template. Annotation with a programmatic critic, a LoRA reward model trained a few steps that generates
+parsed feedback, and one PPO iteration with LoRA through the real trainer and the shared-backbone value head.
+
+Kept to a couple of minutes on 2 CPU cores: a handful of prompts, short responses, a few optimizer steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+import annotation.cli
+import policy_optimization.train
+import policy_optimization.trainer as trainer_module
+import reward_model.train
+from reward_model.inference import GenerativeRewardModel
+from text2grad.apps.quickstart.task import TaskConfig, generate_task, noisy_summary
+from text2grad.core.assets import smollm2_path
+from text2grad.core.data import write_jsonl
+from text2grad.core.generation import apply_chat_template
+
+# ~2 min on 2 idle cores; the timeout is generous because CI machines may be shared
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+CRITIC = "text2grad.apps.quickstart.task:FactCritic"
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    path = smollm2_path()
+    return path, AutoTokenizer.from_pretrained(str(path))
+
+
+def test_every_phase_on_smollm2(smollm2, tmp_path, monkeypatch):
+    model_path, tokenizer = smollm2
+    splits = generate_task(TaskConfig(seed=3, n_train=8, n_rl=2, n_eval=1))
+    data = tmp_path / "data"
+    for name, records in splits.items():
+        write_jsonl(data / f"{name}.jsonl", records)
+
+    # Phase 1: annotation by the programmatic FactCritic (exact quotes of right and wrong facts)
+    rng, noisy = random.Random(0), TaskConfig(p_omit=0.2, p_wrong=0.4)
+    to_annotate = [
+        {"id": f"{r['id']}-{k}", "prompt": r["prompt"], "response": noisy_summary(rng, r["facts"], noisy)}
+        for r in splits["train"] for k in range(2)
+    ]
+    write_jsonl(tmp_path / "to_annotate.jsonl", to_annotate)
+    assert annotation.cli.main([
+        "--input", str(tmp_path / "to_annotate.jsonl"), "--output", str(tmp_path / "annotations.jsonl"),
+        "--critic", CRITIC, "--critic_kwargs", json.dumps({"data_path": str(data / "train.jsonl")}),
+        "--field_map", json.dumps({"prompt": "prompt", "response": "response"}),
+    ]) == 0
+    annotated = _read_jsonl(tmp_path / "annotations.jsonl")
+    assert len(annotated) == len(to_annotate) and sum(bool(r["poor_spans"]) for r in annotated) > 0
+
+    # Phase 2: a LoRA reward model on SmolLM2, its chat template as the prompt format
+    rm_dir = tmp_path / "rm"
+    assert reward_model.train.main([
+        "--model_name_or_path", str(model_path), "--train_file", str(tmp_path / "annotations.jsonl"),
+        "--output_dir", str(rm_dir), "--use_lora", "true", "--lora_r", "8", "--lora_alpha", "16",
+        "--prompt_format", "chat", "--max_length", "256", "--max_steps", "3", "--learning_rate", "2e-3",
+        "--per_device_train_batch_size", "2", "--logging_steps", "1", "--save_steps", "1000000", "--seed", "0",
+        "--dtype", "fp32", "--disable_tqdm", "true",
+    ]) == 0
+    assert (rm_dir / "adapter_model.safetensors").is_file()
+    rm = GenerativeRewardModel.from_pretrained(str(rm_dir), max_new_tokens=32, batch_size=2, grounded_spans=True)
+    probe = splits["rl"][:2]
+    feedbacks = rm.feedback([r["prompt"] for r in probe], [r["completion"] for r in probe])
+    assert len(feedbacks) == 2 and all(fb.raw for fb in feedbacks)  # generated text went through the parser
+    for fb, rec in zip(feedbacks, probe):
+        # grounded decoding: whatever the model quotes is an exact substring of the response under review
+        assert all(q in rec["completion"] for q in (*fb.good_spans, *fb.poor_spans))
+    del rm
+
+    # Phase 3: one PPO iteration, LoRA policy, chat-templated prompts, the reward model as feedback source
+    sampled: list = []
+    real_generate = trainer_module.generate
+
+    def recording_generate(*args, **kwargs):
+        generations = real_generate(*args, **kwargs)
+        sampled.extend(generations)
+        return generations
+
+    monkeypatch.setattr(trainer_module, "generate", recording_generate)
+    ppo_dir = tmp_path / "ppo"
+    assert policy_optimization.train.main([
+        "--model_name_or_path", str(model_path), "--dataset_path", str(data / "rl.jsonl"),
+        "--prompt_template", "{prompt}", "--use_chat_template", "true", "--use_lora", "true", "--lora_r", "8",
+        "--lora_alpha", "16", "--feedback_source", "reward_model",
+        "--feedback_source_kwargs", json.dumps({"path": str(rm_dir), "max_new_tokens": 32, "batch_size": 2, "grounded_spans": True}),
+        "--output_dir", str(ppo_dir), "--num_iterations", "1", "--batch_size", "2", "--num_mini_batches", "1",
+        "--num_ppo_epochs", "1", "--response_length", "8", "--learning_rate", "1e-3", "--temperature", "1.0",
+        "--dtype", "fp32", "--save_steps", "0", "--log_samples", "2", "--progress_bar", "false",
+        "--max_feedback_error_rate", "1.0", "--seed", "0",
+    ]) == 0
+
+    metrics = _read_jsonl(ppo_dir / "metrics.jsonl")
+    assert len(metrics) == 1
+    for key in ("loss/policy", "loss/value", "objective/kl", "reward/score_mean", "policy/entropy"):
+        assert math.isfinite(metrics[0][key]), key
+
+    # The adapter moved away from its initialisation (LoRA B starts at zero).
+    adapter = load_file(str(ppo_dir / "policy" / "adapter_model.safetensors"))
+    lora_b = [t for name, t in adapter.items() if "lora_B" in name]
+    assert lora_b and any(float(t.abs().sum()) > 0 for t in lora_b)
+    assert (ppo_dir / "value_model" / "value_head.safetensors").is_file()  # shared backbone: only a head
+
+    # Exact ids: each prompt is the chat template rendered once (SmolLM2's ChatML writes no BOS; the system
+    # turn's <|im_start|> opens it once), and the logged responses are the decoded sampled ids.
+    assert len(sampled) == 2
+    rendered = {tuple(tokenizer(apply_chat_template(tokenizer, r["prompt"]), add_special_tokens=False)["input_ids"]): r
+                for r in splits["rl"]}
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    for g in sampled:
+        assert tuple(g.prompt_ids) in rendered
+        assert g.prompt_ids[0] == im_start and g.prompt_ids.count(im_start) == 3  # system, user, assistant
+        assert g.prompt_ids[-3:] == tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+        assert 1 <= len(g.response_ids) <= 8
+        assert g.text == tokenizer.decode(g.response_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    logged = {s["response"] for s in _read_jsonl(ppo_dir / "samples.jsonl")}
+    assert logged == {g.text for g in sampled}
