@@ -1,7 +1,9 @@
 """One way to configure every trainer: a dataclass, a YAML file over its defaults, CLI flags over the YAML.
 
 Each trainer defines one dataclass whose fields carry their help text, declared with `config_field` (the one
-config idiom of the repository; a config lives in its package's ``config.py`` or a ``<name>_config.py`` module)::
+config idiom of the repository). A config that several modules read lives in its own module (``annotation/config.py``,
+``policy_optimization/config.py``, ``quickstart/quickstart_config.py``); a config only its CLI reads sits beside
+that CLI's ``main``::
 
     @dataclass
     class RewardModelConfig:
