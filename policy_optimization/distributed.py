@@ -11,6 +11,7 @@ import contextlib
 import copy
 import importlib.util
 import os
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -21,7 +22,7 @@ from trl.models.utils import add_hooks, remove_hooks
 
 from policy_optimization.config import PPOConfig
 
-__all__ = ["is_peft", "wrap_lora", "make_accelerator", "prepare_reference", "policy_for_generation"]
+__all__ = ["is_peft", "wrap_lora", "make_accelerator", "prepare_reference", "policy_for_generation", "save_policy_and_value"]
 
 
 def is_peft(model) -> bool:
@@ -96,3 +97,24 @@ def policy_for_generation(model, accelerator, zero_stage: int) -> Iterator[torch
             yield policy
         finally:
             add_hooks(model)
+
+
+def save_policy_and_value(accelerator, model, tokenizer, out: Path, adapter_base: str | None) -> None:
+    """Write ``out/policy`` (LoRA adapter, or full model) with the tokenizer, and ``out/value_model``, from the
+    prepared `PolicyAndValue` ``model``. ``adapter_base`` is recorded as the adapter's base model. Must be called
+    on every process (ZeRO-3 gathers the weights)."""
+    state = accelerator.get_state_dict(model)
+    if not accelerator.is_main_process:
+        accelerator.wait_for_everyone()
+        return
+    unwrapped = accelerator.unwrap_model(model)
+    policy_state = {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
+    value_state = {k[len("value_model."):]: v for k, v in state.items() if k.startswith("value_model.")}
+    policy = unwrapped.policy
+    if adapter_base:
+        for peft_config in policy.peft_config.values():
+            peft_config.base_model_name_or_path = str(adapter_base)
+    policy.save_pretrained(out / "policy", state_dict=policy_state)
+    tokenizer.save_pretrained(out / "policy")
+    unwrapped.value_model.save_pretrained(out / "value_model", state_dict=value_state)
+    accelerator.wait_for_everyone()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -21,7 +22,7 @@ from text2grad.core.rewards import ScoreRewards
 
 __all__ = [
     "Rollout", "SUM_KEYS", "batch_stats", "chunks", "collect_feedback", "collect_scores", "derived_rates",
-    "feedback_errors", "pack_rollout", "sample_records",
+    "feedback_errors", "feedback_failure_message", "pack_rollout", "sample_records",
 ]
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,18 @@ def feedback_errors(feedbacks: Sequence[Feedback], responses: Sequence[str]) -> 
     """The error of every non-empty response whose feedback failed (an empty response is the policy's doing,
     not the feedback source's, and is counted separately)."""
     return [fb.error or "feedback failed" for fb, r in zip(feedbacks, responses) if r.strip() and not fb.ok]
+
+
+def feedback_failure_message(
+    iteration: int, n_errors: int, n_samples: int, max_rate: float, cause: str, latest_checkpoint: Path | None
+) -> str:
+    """Why PPO stopped: the iteration's feedback failed on more than ``max_rate`` of its samples."""
+    return (
+        f"iteration {iteration}: feedback failed for {n_errors} of {n_samples} samples ({n_errors / n_samples:.0%}), "
+        f"above max_feedback_error_rate={max_rate}; first cause: {cause}. Nothing of this iteration was trained on. "
+        "Fix the feedback source (is its server reachable?), then rerun with --resume auto (continues from "
+        f"{latest_checkpoint or 'the start'}), or raise --max_feedback_error_rate."
+    )
 
 
 def pack_rollout(generations: list[Generation], pad_token_id: int, device) -> Rollout:

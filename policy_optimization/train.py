@@ -25,16 +25,8 @@ from typing import Any, Sequence
 from policy_optimization.config import SCALAR_SOURCES, PPOConfig
 from policy_optimization.models import ValueModel
 from policy_optimization.scores import build_score_fn
-from policy_optimization.trainer import (
-    CONFIG_FILE,
-    RESUMABLE_KEYS,
-    RUN_FILES,
-    STATE_FILE,
-    FeedbackFailureError,
-    NLGradientPPOTrainer,
-    NonFiniteError,
-)
-from text2grad.core import run_dir
+from policy_optimization.checkpoints import open_ppo_run
+from policy_optimization.trainer import FeedbackFailureError, NLGradientPPOTrainer, NonFiniteError
 from text2grad.core.cli import EXIT_NONFINITE, EXIT_OK, RunFailed, print_error, run_cli
 from text2grad.core.config import ConfigError
 from text2grad.core.critics import build_feedback_source
@@ -100,13 +92,7 @@ def load_models(cfg: PPOConfig, tokenizer):
 def check_run_dir(cfg: PPOConfig) -> None:
     """The output directory rules (`text2grad.core.run_dir`), checked before any model loads: no file in
     its place, no earlier run unless resumed or overwritten, and a resumed checkpoint's config matches."""
-    resume_from = run_dir.resolve_resume(cfg.resume, cfg.output_dir, STATE_FILE)
-    auto = (cfg.resume or "").strip().lower() == "auto"
-    run_dir.check_output_dir(cfg.output_dir, overwrite=cfg.overwrite_output_dir or auto, resuming=resume_from is not None,
-                             run_files=RUN_FILES)
-    if resume_from is not None:
-        run_dir.check_resume_config(resume_from / CONFIG_FILE, cfg, accept=cfg.accept_config_changes,
-                                    ignore=RESUMABLE_KEYS, output_dir=cfg.output_dir, step=0, write=False)
+    open_ppo_run(cfg, write=False)
 
 
 def build_trainer(cfg: PPOConfig) -> NLGradientPPOTrainer:

@@ -22,10 +22,8 @@ gathered for generation).
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -35,8 +33,24 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
+from policy_optimization.checkpoints import (
+    CONFIG_FILE,
+    STATE_FILE,
+    TrainerState,
+    find_latest_checkpoint,
+    open_ppo_run,
+    read_trainer_state,
+    write_checkpoint_files,
+)
 from policy_optimization.config import PPOConfig
-from policy_optimization.distributed import is_peft, make_accelerator, policy_for_generation, prepare_reference, wrap_lora
+from policy_optimization.distributed import (
+    is_peft,
+    make_accelerator,
+    policy_for_generation,
+    prepare_reference,
+    save_policy_and_value,
+    wrap_lora,
+)
 from policy_optimization.models import PolicyAndValue, ValueHead, ValueModel, disable_dropout
 from policy_optimization.rollout import (
     SUM_KEYS,
@@ -47,6 +61,7 @@ from policy_optimization.rollout import (
     collect_scores,
     derived_rates,
     feedback_errors,
+    feedback_failure_message,
     pack_rollout,
     sample_records,
 )
@@ -71,40 +86,12 @@ __all__ = ["NLGradientPPOTrainer", "NonFiniteError", "FeedbackFailureError", "Tr
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "trainer_state.json"
-CONFIG_FILE = "ppo_config.yaml"
-# Files of a run in output_dir besides its checkpoints: a fresh run refuses (or with overwrite removes) them.
-RUN_FILES = (CONFIG_FILE, run_dir.METRICS_FILE, "samples.jsonl", run_dir.CHANGES_FILE)
-# Config keys a resumed run may change without --accept_config_changes: how long and how visibly it runs.
-RESUMABLE_KEYS = (
-    "resume", "overwrite_output_dir", "accept_config_changes", "output_dir", "num_iterations", "total_episodes",
-    "save_steps", "save_total_limit", "progress_bar", "report_to", "run_name", "log_samples", "log_level",
-    "max_feedback_error_rate",
-)
-
-
 class NonFiniteError(RuntimeError):
     """NaN or inf in rewards, values, advantages or the loss; ``checkpoint-<step>-nonfinite`` was saved before raising."""
 
 
 class FeedbackFailureError(RuntimeError):
     """More than ``max_feedback_error_rate`` of an iteration's samples got no feedback; nothing was trained on it."""
-
-
-@dataclass
-class TrainerState:
-    """Everything besides weights, optimizer, scheduler and RNG that a resumed run needs."""
-
-    step: int = 0  # completed PPO iterations
-    episodes: int = 0  # responses sampled so far, over all processes
-    kl_coef: float = 0.0
-    data_epoch: int = 0
-    data_pos: int = 0  # position in the epoch's permutation of the prompts
-
-
-def find_latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The ``checkpoint-<step>`` directory with the highest step that holds a trainer state, or None."""
-    return run_dir.find_latest_checkpoint(output_dir, STATE_FILE)
 
 
 class NLGradientPPOTrainer:
@@ -517,13 +504,10 @@ class NLGradientPPOTrainer:
             logger.warning("iteration %d: %d of %d samples got no feedback (%.0f%%); first cause: %s",
                            iteration, counts["errors"], counts["samples"], 100 * rate, cause)
         if rate > self.config.max_feedback_error_rate:
-            latest = find_latest_checkpoint(self.output_dir)
-            raise FeedbackFailureError(
-                f"iteration {iteration}: feedback failed for {int(counts['errors'])} of {int(counts['samples'])} samples "
-                f"({rate:.0%}), above max_feedback_error_rate={self.config.max_feedback_error_rate}; first cause: {cause}. "
-                "Nothing of this iteration was trained on. Fix the feedback source (is its server reachable?), then "
-                f"rerun with --resume auto (continues from {latest or 'the start'}), or raise --max_feedback_error_rate."
-            )
+            raise FeedbackFailureError(feedback_failure_message(
+                iteration, int(counts["errors"]), int(counts["samples"]), self.config.max_feedback_error_rate, cause,
+                find_latest_checkpoint(self.output_dir),
+            ))
 
     def _stop_requested_anywhere(self) -> bool:
         flag = torch.tensor([1.0 if self._stop_requested else 0.0], device=self.accelerator.device)
@@ -552,8 +536,7 @@ class NLGradientPPOTrainer:
         path = self.output_dir / (name or f"checkpoint-{self.state.step}")
         acc.save_state(str(path))
         if acc.is_main_process:
-            (path / STATE_FILE).write_text(json.dumps({**self.state.__dict__, "num_processes": acc.num_processes}, indent=2))
-            save_config(self.config, path / CONFIG_FILE)
+            write_checkpoint_files(path, self.state, self.config, acc.num_processes)
             if rotate and self.config.save_total_limit:
                 run_dir.rotate_checkpoints(self.output_dir, self.config.save_total_limit)
         acc.wait_for_everyone()
@@ -567,15 +550,7 @@ class NLGradientPPOTrainer:
         if not (path / STATE_FILE).is_file():
             raise FileNotFoundError(f"{path} is not a checkpoint of this trainer (no {STATE_FILE})")
         self.accelerator.load_state(str(path))
-        saved = json.loads((path / STATE_FILE).read_text())
-        if saved.get("num_processes", self.accelerator.num_processes) != self.accelerator.num_processes:
-            logger.warning(
-                "checkpoint was written by %s processes, resuming with %s: the data order and RNG streams differ",
-                saved.get("num_processes"), self.accelerator.num_processes,
-            )
-        for key in TrainerState.__dataclass_fields__:
-            if key in saved:
-                setattr(self.state, key, type(getattr(self.state, key))(saved[key]))
+        self.state = read_trainer_state(path, self.accelerator.num_processes)
         self._saved_step = self.state.step
 
     def save_model(self, output_dir: str | Path) -> None:
@@ -584,23 +559,8 @@ class NLGradientPPOTrainer:
         ``text2grad.core.modeling.load_causal_lm(output_dir/"policy")`` loads the policy (for an adapter, its
         ``base_model_name_or_path`` names the base). Must be called on every process (ZeRO-3 gathers weights).
         """
-        acc = self.accelerator
-        state = acc.get_state_dict(self.model)
-        if not acc.is_main_process:
-            acc.wait_for_everyone()
-            return
-        out = Path(output_dir)
-        unwrapped = acc.unwrap_model(self.model)
-        policy_state = {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
-        value_state = {k[len("value_model."):]: v for k, v in state.items() if k.startswith("value_model.")}
-        policy = unwrapped.policy
-        if self.is_peft and self.base_model_path:
-            for peft_config in policy.peft_config.values():
-                peft_config.base_model_name_or_path = str(self.base_model_path)
-        policy.save_pretrained(out / "policy", state_dict=policy_state)
-        self.tokenizer.save_pretrained(out / "policy")
-        unwrapped.value_model.save_pretrained(out / "value_model", state_dict=value_state)
-        acc.wait_for_everyone()
+        save_policy_and_value(self.accelerator, self.model, self.tokenizer, Path(output_dir),
+                              self.base_model_path if self.is_peft else None)
 
     # ---------------------------------------------------------------------------------------------
     # Run setup
@@ -610,24 +570,11 @@ class NLGradientPPOTrainer:
         """Resume (checking the saved config) or start fresh (refusing to mix with an earlier run), and start
         trackers; the output-directory rules are `text2grad.core.run_dir`'s."""
         cfg, acc = self.config, self.accelerator
-        resume_from = run_dir.resolve_resume(cfg.resume, self.output_dir, STATE_FILE)
-        if resume_from is not None:
-            saved_step = int(json.loads((resume_from / STATE_FILE).read_text()).get("step", 0))
-            run_dir.check_resume_config(
-                resume_from / CONFIG_FILE, cfg, accept=cfg.accept_config_changes, ignore=RESUMABLE_KEYS,
-                output_dir=self.output_dir, step=saved_step, write=acc.is_main_process,
-            )
-            self.load_checkpoint(resume_from)
-            if acc.is_main_process:
-                run_dir.truncate_jsonl(self.output_dir / run_dir.METRICS_FILE, "iteration", self.state.step)
-                run_dir.truncate_jsonl(self.output_dir / "samples.jsonl", "iteration", self.state.step)
-            logger.info("resumed from %s at iteration %d", resume_from, self.state.step)
-        elif self.state.step == 0:
-            # --resume auto with no checkpoint yet is a fresh start: the earlier attempt's logs go.
-            auto = (cfg.resume or "").strip().lower() == "auto"
-            run_dir.check_output_dir(self.output_dir, overwrite=cfg.overwrite_output_dir or auto, resuming=False, run_files=RUN_FILES)
-            if acc.is_main_process:
-                run_dir.clear_earlier_run(self.output_dir, RUN_FILES)
+        if self.state.step == 0:  # (a trainer stepped by hand before train() keeps its state)
+            resume_from = open_ppo_run(cfg, is_main=acc.is_main_process)
+            if resume_from is not None:
+                self.load_checkpoint(resume_from)
+                logger.info("resumed from %s at iteration %d", resume_from, self.state.step)
         acc.wait_for_everyone()
         if acc.is_main_process:
             save_config(cfg, self.output_dir / CONFIG_FILE)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import logging
 import math
 import os
@@ -307,21 +306,12 @@ _CHECKPOINT_MARKER = "trainer_state.json"  # what transformers writes into every
 
 
 def prepare_run_dir(cfg: RewardModelConfig, is_main: bool) -> Path | None:
-    """The output-directory rules (`text2grad.core.run_dir`), applied before any model loads; returns the
-    checkpoint to resume from (None: a fresh run, after removing an earlier one's files when overwriting)."""
-    resume = run_dir.resolve_resume(cfg.resume, cfg.output_dir, _CHECKPOINT_MARKER)
-    auto = (cfg.resume or "").strip().lower() == "auto"
-    run_dir.check_output_dir(cfg.output_dir, overwrite=cfg.overwrite_output_dir or auto, resuming=resume is not None,
-                             run_files=RUN_FILES)
-    if resume is not None:
-        step = int(json.loads((resume / _CHECKPOINT_MARKER).read_text()).get("global_step", 0))
-        run_dir.check_resume_config(resume / CONFIG_FILENAME, cfg, accept=cfg.accept_config_changes,
-                                    ignore=RESUMABLE_KEYS, output_dir=cfg.output_dir, step=step, write=is_main)
-        if is_main:
-            run_dir.truncate_jsonl(Path(cfg.output_dir) / run_dir.METRICS_FILE, "step", step)
-    elif is_main:
-        run_dir.clear_earlier_run(cfg.output_dir, RUN_FILES)
-    return resume
+    """The output-directory rules (`text2grad.core.run_dir.open_run`), applied before any model loads; returns
+    the checkpoint to resume from (None: a fresh run, after removing an earlier one's files when overwriting)."""
+    return run_dir.open_run(
+        cfg.output_dir, cfg, marker=_CHECKPOINT_MARKER, config_file=CONFIG_FILENAME, run_files=RUN_FILES,
+        resumable_keys=RESUMABLE_KEYS, step_key="global_step", is_main=is_main,
+    )
 
 
 # --------------------------------------------------------------------------------------------------

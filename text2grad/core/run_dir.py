@@ -41,6 +41,7 @@ __all__ = [
     "find_latest_checkpoint",
     "graceful_stop",
     "list_checkpoints",
+    "open_run",
     "resolve_resume",
     "rotate_checkpoints",
     "truncate_jsonl",
@@ -183,6 +184,46 @@ def check_resume_config(
         logger.warning("resuming at step %d with a changed config: %s", step, listed)
         append_jsonl(Path(output_dir) / CHANGES_FILE, {"step": step, "checkpoint": str(path.parent), "changes": diffs})
     return diffs
+
+
+def open_run(
+    output_dir: str | Path,
+    cfg: Any,
+    *,
+    marker: str,
+    config_file: str,
+    run_files: Sequence[str],
+    resumable_keys: Sequence[str],
+    step_key: str,
+    logs: Sequence[str] = (METRICS_FILE,),
+    log_key: str = "step",
+    is_main: bool = True,
+    write: bool = True,
+) -> Path | None:
+    """Apply every rule above for a trainer whose config has ``resume``, ``overwrite_output_dir`` and
+    ``accept_config_changes``; returns the checkpoint to resume from, or None for a fresh start.
+
+    ``marker`` is the file every checkpoint of the trainer holds (its step under ``step_key``), ``config_file`` the
+    config saved beside it; ``logs`` are JSONL files cut back to the checkpoint's step (by ``log_key``). With
+    ``write=False`` nothing is changed on disk (a check before the models load); otherwise the main process
+    records accepted config changes, cuts the logs or removes an earlier run being overwritten.
+    """
+    resume = resolve_resume(cfg.resume, output_dir, marker)
+    if resume is None:
+        # --resume auto with no checkpoint yet is a fresh start: the earlier attempt's logs go.
+        auto = (cfg.resume or "").strip().lower() == "auto"
+        check_output_dir(output_dir, overwrite=cfg.overwrite_output_dir or auto, resuming=False, run_files=run_files)
+        if write and is_main:
+            clear_earlier_run(output_dir, run_files)
+        return None
+    check_output_dir(output_dir, overwrite=False, resuming=True, run_files=run_files)
+    step = int(json.loads((resume / marker).read_text()).get(step_key, 0))
+    check_resume_config(resume / config_file, cfg, accept=cfg.accept_config_changes, ignore=resumable_keys,
+                        output_dir=output_dir, step=step, write=write and is_main)
+    if write and is_main:
+        for name in logs:
+            truncate_jsonl(Path(output_dir) / name, log_key, step)
+    return resume
 
 
 def append_jsonl(path: str | Path, record: Mapping[str, Any]) -> None:
