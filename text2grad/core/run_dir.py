@@ -53,6 +53,7 @@ METRICS_FILE = "metrics.jsonl"
 CHANGES_FILE = "config_changes.jsonl"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _NO_RESUME = ("", "none", "null", "false", "no")
+_RUN_CONTROL_KEYS = ("resume", "overwrite_output_dir", "accept_config_changes")  # how to start, never what to train
 
 
 def list_checkpoints(output_dir: str | Path, marker: str | None = None) -> list[tuple[int, Path]]:
@@ -170,7 +171,7 @@ def check_resume_config(
         logger.warning("%s is missing: the resumed run's config cannot be compared with the checkpoint's", path)
         return {}
     saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    diffs = config_differences(saved, config_to_dict(cfg), ignore)
+    diffs = config_differences(saved, config_to_dict(cfg), (*ignore, *_RUN_CONTROL_KEYS))
     if not diffs:
         return {}
     listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in diffs.items())
