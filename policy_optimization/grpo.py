@@ -48,6 +48,7 @@ from trl import GRPOConfig, GRPOTrainer
 from policy_optimization.config import SCALAR_SOURCES
 from policy_optimization.scores import build_score_fn
 from policy_optimization.train import build_prompt_records
+from text2grad.core.cli import print_error
 from text2grad.core.config import ConfigError, config_field, parse_config, save_config
 from text2grad.core.critics import build_feedback_source
 from text2grad.core.data import DataError
@@ -238,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             reward_funcs = _score_reward_func(build_score_fn(spec, cfg.scalar_source_kwargs, records=items))
         model = load_causal_lm(cfg.model_name_or_path, adapter=cfg.adapter, dtype=cfg.dtype, merge_adapter=True)
     except (ConfigError, DataError, FileNotFoundError, ValueError, TypeError, ImportError) as exc:
-        print(f"train-grpo: error: {exc}", file=sys.stderr)
+        print_error(str(exc))
         return 2
     peft_config = None
     if cfg.use_lora:

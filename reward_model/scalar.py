@@ -41,6 +41,7 @@ from transformers import AutoModelForSequenceClassification, set_seed
 from trl import RewardConfig, RewardTrainer
 
 from reward_model.train import _allow_deepspeed_on_cpu, _checkpointing_kwargs, _strip_launcher_args, _warmup_kwargs
+from text2grad.core.cli import print_error
 from text2grad.core.config import ConfigError, config_field, load_config, parse_config, save_config
 from text2grad.core.data import DataError, load_records
 from text2grad.core.modeling import end_distributed, load_tokenizer, resolve_dtype
@@ -376,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("set --train_file (preference_pairs.jsonl from `text2grad prepare-data`)")
         metrics = train(cfg)
     except (ConfigError, DataError, FileNotFoundError) as exc:
-        print(f"reward_model.scalar: error: {exc}", file=sys.stderr)
+        print_error(str(exc))
         return 2
     if int(os.environ.get("RANK", "0")) == 0:
         acc = metrics.get("eval_accuracy")

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 from reward_model.metrics import evaluate_feedback
 from text2grad.apps.evaluation.judge import JudgeConfig, PairwiseItem, judge_pairwise, load_prompt, win_rate_summary
+from text2grad.core.cli import print_error
 from text2grad.core.config import ConfigError, config_field, parse_config
 from text2grad.core.critics import build_feedback_source
 from text2grad.core.data import DataError, load_records
@@ -110,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             critic = build_feedback_source(source, kwargs, records=records)
             feedback[name] = list(critic.feedback(prompts, responses))
     except (ConfigError, DataError, FileNotFoundError, ValueError, TypeError) as exc:
-        print(f"compare-feedback: error: {exc}", file=sys.stderr)
+        print_error(str(exc))
         return 2
     judge = JudgeConfig(model=cfg.judge_model, base_url=cfg.base_url, api_key_env=cfg.api_key_env, concurrency=cfg.concurrency)
     report, judgments = compare_critics(records, feedback["candidate"], feedback["baseline"], tokenizer, judge, template, cfg.seed)

@@ -19,15 +19,13 @@ column(s) [...]; it has columns [...]`` on stderr and exit status 2.
 from __future__ import annotations
 
 import json
-import logging
-import sys
 from typing import Any, Sequence
 
 from text2grad.apps.prepare_data import kodcode, slf5k, ultrafeedback
 from text2grad.apps.prepare_data.common import OUTPUT_FILES, PrepareDataConfig, write_outputs
 from text2grad.apps.prepare_data.sources import SchemaError
-from text2grad.core.config import ConfigError, config_to_dict, parse_config
-from text2grad.core.data import DataError
+from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.config import ConfigError, config_to_dict
 
 __all__ = ["PrepareDataConfig", "SchemaError", "OUTPUT_FILES", "prepare", "main"]
 
@@ -45,18 +43,19 @@ def prepare(cfg: PrepareDataConfig) -> dict[str, Any]:
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_config(PrepareDataConfig, argv, prog="text2grad prepare-data")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+def run_prepare(cfg: PrepareDataConfig) -> int:
     try:
         report = prepare(cfg)
-    except (SchemaError, ConfigError, DataError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except SchemaError as exc:
+        raise ConfigError(str(exc)) from None
     counts = ", ".join(f"{name} {n}" for name, n in report["files"].items())
     print(f"prepared {cfg.dataset} in {cfg.output_dir}: {counts}")
     if cfg.dataset == "kodcode":
         print(f"kodcode programs: {report['passing']} passing, {report['failing']} failing "
               f"({json.dumps(report['programs'])})")
     print(f"report: {cfg.output_dir}/prepare_report.json")
-    return 0
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(PrepareDataConfig, run_prepare, argv)

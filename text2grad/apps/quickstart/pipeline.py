@@ -27,7 +27,6 @@ import json
 import os
 import random
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -46,7 +45,8 @@ from text2grad.apps.quickstart.results import (
     results_table,
 )
 from text2grad.apps.quickstart.task import TaskConfig, config_fingerprint, corpus_texts, generate_task, noisy_summary
-from text2grad.core.config import parse_config, save_config
+from text2grad.core.cli import EXIT_OK, RunFailed, run_cli
+from text2grad.core.config import ConfigError, save_config
 from text2grad.core.critics import load_object
 from text2grad.core.data import iter_jsonl, write_jsonl
 from text2grad.core.modeling import build_tiny_llama, train_tokenizer
@@ -530,11 +530,15 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     return summary
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_config(QuickstartConfig, argv)
+def run_quickstart(cfg: QuickstartConfig) -> int:
     try:
         run(cfg)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"quickstart: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    except ValueError as exc:  # a bad setting (ConfigError, DataError among them)
+        raise ConfigError(str(exc)) from None
+    except RuntimeError as exc:  # a phase failed: the work did not get done
+        raise RunFailed(str(exc)) from None
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(QuickstartConfig, run_quickstart, argv)
