@@ -144,8 +144,7 @@ def _ms(xs: list[float]) -> str:
 
 def markdown(configs: dict[str, list[dict]]) -> str:
     cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout.split(":")[-1].strip()
-    lines = [f"Machine: {os.cpu_count()} CPUs (`nproc`), {cpu}, Python {platform.python_version()}, "
-             f"torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}.", "",
+    lines = [f"Machine: {os.cpu_count()} CPUs (`nproc`), {cpu}, Python {platform.python_version()}.", "",
              "| configuration | seeds | SFT | scalar, last | Text2Grad, last | T2G - scalar, last (ahead in) | "
              "scalar, early-stopped | Text2Grad, early-stopped | T2G - scalar, early-stopped (ahead in) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]

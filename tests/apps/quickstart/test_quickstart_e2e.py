@@ -1,25 +1,77 @@
-"""A reduced quickstart end to end (``--preset ci``): every phase runs through its real CLI, the artifacts exist,
-the numbers are finite, a second run reuses the cached policy and reward model, and a third run pointed at given
-data, policy and reward model skips the phases that would build them."""
+"""The reduced quickstart end to end (``--preset ci``): every phase runs through its real CLI, the numbers equal
+the committed ones (tests/apps/quickstart/expected_ci_results.json), the report opens in a real headless browser,
+a second run reuses the cached policy and reward model, and a third run pointed at given data, policy and reward
+model skips the phases that would build them.
+
+The expected numbers are those of the locked install (constraints.txt) with one torch thread. After a deliberate
+change of numbers (a dependency, the trainer, the presets), regenerate them with
+``TEXT2GRAD_UPDATE_EXPECTED=1 python -m pytest tests/apps/quickstart/test_quickstart_e2e.py`` and commit the file.
+"""
 
 from __future__ import annotations
 
 import glob
 import json
 import math
+import os
+from pathlib import Path
+from typing import Any
 
+import matplotlib.image
 import pytest
+import torch
 
+from tests.apps.quickstart.browser import render_dom, screenshot
 from text2grad.apps.quickstart import main
+from text2grad.apps.quickstart.quickstart_config import PRESETS
+from text2grad.apps.quickstart.results import read_lock
+
+EXPECTED = Path(__file__).with_name("expected_ci_results.json")
+# Metrics that measure the machine, not the computation.
+_VOLATILE = ("time/", "throughput", "seconds", "memory", "rss")
+
+
+def deterministic_numbers(out: Path) -> dict[str, Any]:
+    """What a ci run computes that does not depend on the machine's speed: the eval table and curves, every PPO
+    metric per iteration (losses, KL, rewards, entropy, lengths), and the reward model's held-out confusion counts.
+    Floats are rounded to 6 decimals (the JSON files store more digits than any table shows)."""
+    summary = json.loads((out / "results.json").read_text())
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float):
+            return None if math.isnan(x) else round(x, 6)
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items() if not any(t in k for t in _VOLATILE)}
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return x
+
+    ppo = {m: [clean(json.loads(l)) for l in (out / f"ppo-{m}" / "metrics.jsonl").read_text().splitlines()]
+           for m in summary["curves"]}
+    rm = summary["reward_model_eval"]
+    return clean({
+        "results": summary["results"], "curves": summary["curves"], "ppo_metrics": ppo,
+        "reward_model": {"json_validity_rate": rm["json_validity_rate"], "token_confusion": rm["token_confusion"]["counts"]},
+        "logprob_shift": summary["logprob_shift"],
+    })
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.mark.slow
-def test_ci_preset_runs_every_phase_and_writes_the_report(tmp_path, capsys):
+def test_ci_preset_runs_every_phase_matches_the_committed_numbers_and_reads_in_a_browser(tmp_path, capsys, one_thread):
     out, cache = tmp_path / "run", tmp_path / "cache"
-    argv = ["--preset", "ci", "--output_dir", str(out), "--cache_dir", str(cache), "--ppo_iterations", "2",
-            "--eval_every", "1", "--n_report_samples", "3"]
+    argv = ["--preset", "ci", "--output_dir", str(out), "--cache_dir", str(cache), "--n_report_samples", "3"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
+    ci = PRESETS["ci"]
+    its = list(range(0, ci["ppo_iterations"] + 1, ci["eval_every"]))
 
     # the run ends with the results table and the paths of the PNG and the HTML report
     assert "| SFT policy |" in printed and "| scalar PPO |" in printed and "| Text2Grad (NL-gradient PPO) |" in printed
@@ -27,23 +79,56 @@ def test_ci_preset_runs_every_phase_and_writes_the_report(tmp_path, capsys):
     for n in range(1, 8):
         assert f"[{n}/7]" in printed
 
+    # the numbers are the committed ones (same lock, same code): compare everything deterministic
+    got = deterministic_numbers(out)
+    if os.environ.get("TEXT2GRAD_UPDATE_EXPECTED") == "1":
+        EXPECTED.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    expected = json.loads(EXPECTED.read_text())
+    assert got["results"] == expected["results"]
+    assert got["curves"] == expected["curves"]
+    assert got["reward_model"] == expected["reward_model"]
+    assert got["ppo_metrics"] == expected["ppo_metrics"]
+    assert got == expected
+
+    # the versions that produced it are in the results file
+    summary = json.loads((out / "results.json").read_text())
+    versions = summary["versions"]
+    assert versions["packages"]["torch"] == torch.__version__ and versions["python"]
+    assert versions["lock_file"] == "constraints.txt" and versions["lock_sha256"]
+    pins = read_lock()
+    assert versions["packages"]["transformers"] == pins["transformers"]  # the lock was installed
+    assert versions["differs_from_lock"] == {}
+
     png = (out / "report" / "curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert (out / "report" / "rm_confusion.png").read_bytes()[:4] == b"\x89PNG"
     page = (out / "report" / "index.html").read_text()
     assert page.count("<h3>") == 3 and "reward model critique" in page and "class='tokens'" in page
     assert "http://" not in page and "https://" not in page  # self-contained
+    assert "<pre>{" not in page  # the reward-model evaluation is tables, not a JSON dump
 
-    summary = json.loads((out / "results.json").read_text())
-    assert set(summary["results"]) == {"sft", "nl_gradient", "scalar"}
+    # a real browser builds the page with every section, and draws it
+    dom = render_dom(out / "report" / "index.html")
+    for anchor, title in (("results", "Results"), ("reward-model", "Reward model on held-out annotations"),
+                          ("logprob", "Mean change of token log-probability"), ("curves", "Curves"),
+                          ("samples", "Samples"), ("provenance", "Versions and commands")):
+        assert f'id="{anchor}"' in dom and title in dom, anchor
+    assert "How to read it." in dom and "poor first" in dom
+    assert versions["environment_sha256"] in dom and "python -m policy_optimization.train" in dom
+    assert 'src="curves.png"' in dom and 'src="rm_confusion.png"' in dom
+    shot = screenshot(out / "report" / "index.html", tmp_path / "report.png")
+    pixels = matplotlib.image.imread(str(shot))
+    assert pixels.shape[0] >= 3000 and pixels.shape[1] >= 1200
+    assert float(pixels[..., :3].std()) > 0.05  # drawn content, not a blank page
+
     for name, scores in summary["results"].items():
         for key in ("fact_score", "fact_recall", "rouge1", "rougeL", "bleu"):
             assert math.isfinite(scores[key]), (name, key)
     for mode in ("nl_gradient", "scalar"):
         curve = summary["curves"][mode]
-        assert [p["iteration"] for p in curve] == [0, 1, 2]
-        assert all(math.isfinite(p["fact_score"]) for p in curve)
+        assert [p["iteration"] for p in curve] == its
         metrics = [json.loads(l) for l in (out / f"ppo-{mode}" / "metrics.jsonl").read_text().splitlines()]
-        assert [m["iteration"] for m in metrics] == [1, 2]  # chunked PPO resumed instead of restarting
+        assert [m["iteration"] for m in metrics] == list(range(1, its[-1] + 1))  # chunked PPO resumed, not restarted
         assert all(math.isfinite(m["objective/kl"]) and math.isfinite(m["reward/score_mean"]) for m in metrics)
         assert (out / f"ppo-{mode}" / "policy" / "config.json").is_file()
     # the two modes start from the same SFT policy, so their iteration-0 evaluations agree exactly
@@ -53,7 +138,8 @@ def test_ci_preset_runs_every_phase_and_writes_the_report(tmp_path, capsys):
     commands = (out / "commands.sh").read_text().splitlines()
     command = {m: next(l for l in commands if f"python -m {m} " in l)
                for m in ("policy_optimization.sft", "reward_model.train", "policy_optimization.train")}
-    assert "--max_steps 12 " in command["policy_optimization.sft"] and "--save_steps 6 " in command["policy_optimization.sft"]
+    assert f"--max_steps {ci['sft_steps']} " in command["policy_optimization.sft"]
+    assert f"--save_steps {ci['sft_steps'] // 2} " in command["policy_optimization.sft"]
     assert "/policy " in command["policy_optimization.train"] and "/sft " in command["reward_model.train"]
     # grounded span decoding: every quote the reward model wrote is in the response; the free report is kept too
     assert summary["reward_model_eval"]["unmatched_span_rate"] == 0.0
@@ -62,11 +148,33 @@ def test_ci_preset_runs_every_phase_and_writes_the_report(tmp_path, capsys):
     assert all(s in a["response"] for a in annotations for s in a["good_spans"] + a["poor_spans"])
     assert (out / "commands.sh").read_text().count("python -m ") >= 5
 
-    # a second run reuses the cached SFT policy and reward model
-    assert main(argv + ["--modes", "nl_gradient", "--ppo_iterations", "1"]) == 0
+    # a second run reuses the cached SFT policy and reward model, with both defences on: early stopping on the
+    # validation split and a reward-model refresh on the first chunk's rollouts
+    second = tmp_path / "second"
+    assert main(["--preset", "ci", "--output_dir", str(second), "--cache_dir", str(cache), "--n_report_samples", "1",
+                 "--modes", "nl_gradient", "--ppo_iterations", "2", "--eval_every", "1",
+                 "--early_stopping", "true", "--rm_refresh", "true", "--rm_refresh_steps", "4"]) == 0
     printed = capsys.readouterr().out
     assert "using cached SFT policy" in printed and "using cached reward model" in printed
     assert "policy_optimization.sft" not in printed
+    summary = json.loads((second / "results.json").read_text())
+    sel = summary["selection"]["nl_gradient"]
+    curve = summary["curves"]["nl_gradient"]
+    val = [v["fact_score"] for v in sel["validation"]]
+    assert [v["iteration"] for v in sel["validation"]] == [0, 1, 2] == [p["iteration"] for p in curve]
+    best = val.index(max(val))  # the first best point wins
+    assert sel["selected_iteration"] == best
+    assert summary["results"]["nl_gradient"] == {k: v for k, v in curve[best].items() if k != "iteration"}
+    run_dir = second / "ppo-nl_gradient"
+    assert (run_dir / ("selected_policy" if best else "policy") / "config.json").is_file()
+    # the refresh: the critic annotated chunk 1's rollouts, the next chunk used the refreshed reward model
+    assert sel["reward_models"][1] == str(run_dir / "rm-refresh-1" / "model") != sel["reward_models"][0]
+    refreshed = [json.loads(l) for l in (run_dir / "rm-refresh-1" / "annotations.jsonl").read_text().splitlines()]
+    assert len(refreshed) == ci["ppo_batch_size"] and all(r["id"].startswith("it1-") for r in refreshed)
+    assert (run_dir / "rm-refresh-1" / "model" / "config.json").is_file()
+    changes = (run_dir / "config_changes.jsonl").read_text()
+    assert "rm-refresh-1" in changes  # the trainer logged the new feedback source on resume
+    assert (second / "data" / "val.jsonl").is_file()
 
     # pointing phases at given data and models skips generation, SFT, annotation and reward-model training
     (policy_dir,) = glob.glob(str(cache / "policy-*" / "policy"))

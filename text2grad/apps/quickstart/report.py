@@ -332,16 +332,15 @@ def _logprob_section(shift: Mapping[str, Mapping[str, float]], by_position: Mapp
                         [(p, *(f"{_signed(b[k]['mean'])} (n={b[k]['n']})" if k in b else "no tokens" for k in keys))
                          for p, b in by_position.items()]))
     parts.append(
-        "<p class='note'><b>How to read it.</b> The first token of a poor quote is where the policy decides to "
-        "write the wrong fact; once it has started (a name, then its role), the following tokens are nearly "
-        "forced by the context, and raising or lowering them changes little about what the policy writes. A "
-        "policy that learned from span rewards avoids wrong facts by lowering the <i>first</i> poor token (or the "
-        "unlabelled tokens that lead into it), so the 'poor first' column is the one that tests the method; the "
-        "'poor inside' tokens can even gain probability, because making the continuation of an already-started "
-        "phrase more fluent is credited by the value baseline. The same greedy summaries are the SFT policy's "
-        "most likely text, so every token starts near log p = 0 and can mostly only fall: compare the columns "
-        "with each other, not with zero. The investigation with measurements (GAE lambda, advantage whitening, "
-        "KL) is in benchmarks/README.md, section 'Why poor tokens can gain probability'.</p>")
+        "<p class='note'><b>How to read it.</b> The first token of a poor quote is where the policy chooses to "
+        "write the wrong fact; the tokens inside the quote are continuations, nearly forced once it has started (a "
+        "name, then its role), so span rewards act mostly through the first token. Every token here is the SFT "
+        "policy's greedy choice, so it starts near log p = 0 and can mostly only fall: compare the columns with "
+        "each other, not with zero. With GAE lambda near 1 (PPO's default 0.95, gamma 1) a token's advantage is "
+        "dominated by the rewards of the tokens after it, so a poor token followed by correct facts is credited "
+        "for them and need not fall; with lambda 0 each token's advantage is its own reward against the value "
+        "step, and the first poor tokens fall clearly (measured, with alignment, whitening and KL ruled out, in "
+        "benchmarks/README.md, 'Why poor tokens could gain probability').</p>")
     return "".join(parts)
 
 
