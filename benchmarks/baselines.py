@@ -174,8 +174,11 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     eval_records = list(iter_jsonl(data["eval"]))
     sft, rm_base = qs.stage_policy(cfg, data)
     rm, rm_report = qs.stage_reward_model(cfg, data, sft, rm_base, shared / "text2grad_rm", stages)
-    dense_cfg = replace(cfg, critic="benchmarks.baselines:DenseFactCritic")
-    dense_rm, dense_report = qs.stage_reward_model(dense_cfg, data, sft, rm_base, shared / "dense_rm", stages)
+    if args.dense_reward_model:  # an already trained dense reward model (e.g. from an earlier run of this script)
+        dense_rm, dense_report = Path(args.dense_reward_model), {}
+    else:
+        dense_cfg = replace(cfg, critic="benchmarks.baselines:DenseFactCritic", reward_model=None)
+        dense_rm, dense_report = qs.stage_reward_model(dense_cfg, data, sft, rm_base, shared / "dense_rm", stages)
     stages.finish()
     timings["sft + generative reward models"] = time.perf_counter() - t0
 
@@ -325,6 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scalar_rm_steps", type=int, default=300, help="optimizer steps of the scalar reward model")
     parser.add_argument("--scalar_rm_lr", type=float, default=5e-4, help="learning rate of the scalar reward model")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--dense_reward_model", default=None,
+                        help="an already trained dense reward model (with quickstart_overrides' reward_model/sft_model/data_dir "
+                             "this reuses an earlier run's models)")
     parser.add_argument("--quickstart_overrides", default="{}",
                         help='JSON of QuickstartConfig fields over the preset, e.g. \'{"sft_steps": 200, "n_eval": 32}\'')
     parser.add_argument("--output_dir", default="runs/bench_baselines")
