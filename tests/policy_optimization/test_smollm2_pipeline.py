@@ -100,9 +100,12 @@ def test_every_phase_on_smollm2(smollm2, tmp_path, monkeypatch):
         "--lora_alpha", "16", "--feedback_source", "reward_model",
         "--feedback_source_kwargs", json.dumps({"path": str(rm_dir), "max_new_tokens": 32, "batch_size": 2, "grounded_spans": True}),
         "--output_dir", str(ppo_dir), "--num_iterations", "1", "--batch_size", "2", "--num_mini_batches", "1",
-        "--num_ppo_epochs", "1", "--response_length", "8", "--learning_rate", "1e-3", "--temperature", "1.0",
+        "--num_ppo_epochs", "1", "--response_length", "6", "--learning_rate", "1e-3", "--temperature", "1.0",
         "--dtype", "fp32", "--save_steps", "0", "--log_samples", "2", "--progress_bar", "false",
         "--max_feedback_error_rate", "1.0", "--seed", "0",
+        # a reward model trained 3 steps rarely writes a complete JSON yet (such samples score zero, counted); the
+        # penalty on responses cut at response_length (set in every per-dataset config) keeps the rewards non-zero
+        "--missing_eos_penalty", "1.0",
     ]) == 0
 
     metrics = _read_jsonl(ppo_dir / "metrics.jsonl")
@@ -126,7 +129,7 @@ def test_every_phase_on_smollm2(smollm2, tmp_path, monkeypatch):
         assert tuple(g.prompt_ids) in rendered
         assert g.prompt_ids[0] == im_start and g.prompt_ids.count(im_start) == 3  # system, user, assistant
         assert g.prompt_ids[-3:] == tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
-        assert 1 <= len(g.response_ids) <= 8
+        assert 1 <= len(g.response_ids) <= 6
         assert g.text == tokenizer.decode(g.response_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     logged = {s["response"] for s in _read_jsonl(ppo_dir / "samples.jsonl")}
     assert logged == {g.text for g in sampled}
