@@ -138,6 +138,7 @@ def main() -> None:
         if proc.returncode or not lines:
             sys.exit(f"worker {design} failed:\n{proc.stderr[-4000:]}")
         results.append(json.loads(lines[-1][len("RESULT "):]))
+        print(f"{design}: {json.dumps(results[-1])}", flush=True)  # as soon as it is known
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}; "
           f"batch {args.batch_size}, {args.response_length} new tokens, {args.iterations} iterations, LoRA r=16, fp32")
     keys = list(results[0])
