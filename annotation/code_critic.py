@@ -208,7 +208,7 @@ class CodeTestCritic:
             if rec.get(self.tests_field) is None:
                 raise ValueError(
                     f"record {i} has no {self.tests_field!r} field for the unit-test critic; it has {sorted(rec)}. "
-                    "Set the critic kwarg tests_field (feedback_source_kwargs in PPO, critic_kwargs in annotation) "
+                    "Set the critic kwarg tests_field (critic_kwargs, in annotation and PPO alike) "
                     "or map a field with field_map."
                 )
             table[str(rec["prompt"])] = str(rec[self.tests_field])

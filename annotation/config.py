@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from text2grad.core.config import config_field, range_problems
 from text2grad.core.critics import CRITICS as REGISTERED_CRITICS
@@ -12,7 +12,7 @@ from text2grad.core.critics import CRITICS as REGISTERED_CRITICS
 __all__ = ["AnnotationConfig", "DATASETS", "CRITICS", "DEFAULT_FIELD_MAPS", "REQUIRED_FIELDS"]
 
 DATASETS = ("slf5k", "ultrafeedback", "kodcode")
-# The critic registry's names (the same in PPO's feedback_source) plus 'human', which only annotation has: the
+# The critic registry's names (the same in PPO's critic) plus 'human', which only annotation has: the
 # record's own human feedback, grounded in exact spans by the LLM.
 CRITICS = (*REGISTERED_CRITICS, "human")
 
@@ -36,8 +36,6 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
 @dataclass
 class AnnotationConfig:
     """Annotate (prompt, response) records with a critique and good/poor spans (Text2Grad phase 1)."""
-
-    DEPRECATED_NAMES: ClassVar[dict[str, str]] = {"progress": "progress_bar"}
 
     # --- data -------------------------------------------------------------------------------------
     input: str = config_field(
@@ -81,7 +79,7 @@ class AnnotationConfig:
     # --- critic -----------------------------------------------------------------------------------
     critic: str = config_field(
         "llm",
-        "The critic that writes the feedback (same names as PPO's --feedback_source): 'llm' (an "
+        "The critic that writes the feedback (same names as PPO's --critic): 'llm' (an "
         "OpenAI-compatible model critiques the response), 'human' (the record's human feedback is the "
         "critique; the LLM grounds it in exact spans), 'code_tests' (run the response against the "
         "record's unit tests in the sandbox), 'reference' (agreement with the record's reference "

@@ -1,7 +1,7 @@
 """The critics of the annotation run, behind one record-level interface (`RecordCritic`).
 
 A *critic* writes `Feedback` (critique + exact good/poor quotes); every critic in the repository is
-selected by the same names in annotation (``--critic``) and PPO (``--feedback_source``) through the one
+selected by the same names in annotation and PPO (``--critic`` in both) through the one
 registry in `text2grad.core.critics`. This module holds:
 
 - `LLMAnnotator`: an LLM writes the critique and the spans from the dataset's prompt template
@@ -183,7 +183,7 @@ class ReferenceSummaryCritic:
             if self.reference_field not in rec or rec[self.reference_field] is None:
                 raise ValueError(
                     f"record {i} has no {self.reference_field!r} field for the reference critic; it has {sorted(rec)}. "
-                    "Set the critic kwarg reference_field (feedback_source_kwargs in PPO, critic_kwargs in annotation) "
+                    "Set the critic kwarg reference_field (critic_kwargs, in annotation and PPO alike) "
                     "or map a field with field_map."
                 )
             self._add(str(rec["prompt"]), str(rec[self.reference_field]))

@@ -7,7 +7,7 @@ Methods (each starts from the same SFT policy of the quickstart pipeline, `text2
 
 =================  =================================================================================================
 ``text2grad``      PPO, ``--reward_mode nl_gradient``, span rewards from the generative reward model (the method)
-``scalar_rm_ppo``  PPO, ``--reward_mode scalar --scalar_source scalar_rm --feedback_source none``: the score of a
+``scalar_rm_ppo``  PPO, ``--reward_mode scalar --scalar_source scalar_rm --critic none``: the score of a
                    Bradley-Terry reward model (`reward_model.scalar`) trained on preference pairs, at the last token
 ``dense``          PPO, ``--reward_mode dense``, span rewards from a reward model trained on *dense* annotations
                    (`DenseFactCritic`: every clause of the summary labelled; the measured labelled-token share is
@@ -234,7 +234,7 @@ def _run_method(method, seed, seed_cfg, seed_dir, cfg, data, sft, rm, dense_rm, 
         mode = {"text2grad": "nl_gradient", "scalar_rm_ppo": "scalar", "dense": "dense"}[method]
         extra = []
         if method == "scalar_rm_ppo":
-            extra = ["--feedback_source", "none", "--scalar_source", "scalar_rm",
+            extra = ["--critic", "none", "--scalar_source", "scalar_rm",
                      "--scalar_source_kwargs", json.dumps({"path": str(scalar_rm)})]
         run = qs.stage_ppo(replace(seed_cfg, ppo_args=extra), data, sft, dense_rm if method == "dense" else rm,
                            seed_dir, mode, eval_fn)

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _rm_from_commands(commands: str) -> str:
-    return json.loads(commands.split("--feedback_source_kwargs '", 1)[1].split("'", 1)[0])["path"]
+    return json.loads(commands.split("--critic_kwargs '", 1)[1].split("'", 1)[0])["path"]
 
 
 if __name__ == "__main__":

@@ -86,12 +86,12 @@ class PPOConfig:
     )
 
     # ---- feedback and rewards ----------------------------------------------------------------------
-    feedback_source: str = config_field(
+    critic: str = config_field(
         "reward_model",
         "reward_model | llm | code_tests | reference | package.module:ClassName (the critic registry, text2grad/core/critics.py); 'none' "
         "only with reward_mode scalar and a scalar_source other than quote_count (the scalar baseline needs no critic).",
     )
-    feedback_source_kwargs: dict[str, Any] = config_field({}, "Keyword arguments for the feedback source's constructor.")
+    critic_kwargs: dict[str, Any] = config_field({}, "Keyword arguments for the critic's constructor, e.g. {\"path\": \"runs/slf5k/reward_model\"}.")
     reward_mode: Literal["nl_gradient", "scalar", "dense", "score_spread", "mixed"] = config_field(
         "nl_gradient",
         "nl_gradient: span token rewards (the method); scalar: one sequence score at the last token (PPO baseline; "
@@ -243,9 +243,9 @@ class PPOConfig:
             problems.append(
                 f"scalar_source must be one of {list(SCALAR_SOURCES)} or 'package.module:function', got {self.scalar_source!r}"
             )
-        if self.feedback_source == "none" and (self.reward_mode != "scalar" or self.scalar_source == "quote_count"):
+        if self.critic == "none" and (self.reward_mode != "scalar" or self.scalar_source == "quote_count"):
             problems.append(
-                "feedback_source 'none' only works with reward_mode scalar and a scalar_source other than quote_count "
+                "critic 'none' only works with reward_mode scalar and a scalar_source other than quote_count "
                 "(every other mode reads spans from the feedback)"
             )
         if self.value_model == "shared_backbone" and self.value_model_name_or_path:

@@ -22,7 +22,7 @@ source is asked once per completion (the default reward function and the token a
 From the command line (`GRPORunConfig`; YAML in configs/<dataset>/grpo.yaml, flags override it)::
 
     python -m policy_optimization.grpo --config configs/slf5k/grpo.yaml \
-        --feedback_source reward_model --feedback_source_kwargs '{"path": "runs/slf5k/reward_model"}'
+        --critic reward_model --critic_kwargs '{"path": "runs/slf5k/reward_model"}'
     text2grad train-grpo --config ...                       # the same
     accelerate launch --config_file configs/accelerate/deepspeed_zero3.yaml -m policy_optimization.grpo --config ...
     python -m policy_optimization.grpo --config ... --use_vllm true --vllm_mode colocate    # GPU: vLLM rollouts
@@ -161,8 +161,8 @@ class GRPORunConfig:
     system_prompt: str | None = config_field(None, "System message for the chat template.")
     max_samples: int | None = config_field(None, "Use only the first N records.")
 
-    feedback_source: str = config_field("reward_model", "Critic name (text2grad.core.critics) or package.module:ClassName.")
-    feedback_source_kwargs: dict[str, Any] = config_field({}, "Keyword arguments of the critic.")
+    critic: str = config_field("reward_model", "Critic name (text2grad.core.critics) or package.module:ClassName.")
+    critic_kwargs: dict[str, Any] = config_field({}, "Keyword arguments of the critic.")
     scalar_source: str = config_field(
         "quote_count",
         "Sequence reward of the group baseline: quote_count = (#good - #poor) / (#good + #poor) of the feedback; "
@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"scalar_source must be quote_count, scalar_rm or package.module:function, got {cfg.scalar_source!r}")
         tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="left")
         items = build_prompt_records(cfg, tokenizer)
-        source = build_feedback_source(cfg.feedback_source, cfg.feedback_source_kwargs, records=items)
+        source = build_feedback_source(cfg.critic, cfg.critic_kwargs, records=items)
         reward_funcs = None
         if cfg.scalar_source != "quote_count":
             spec = SCALAR_SOURCES.get(cfg.scalar_source) or cfg.scalar_source

@@ -2,7 +2,7 @@
 
     python -m policy_optimization.train --config configs/slf5k/ppo.yaml \\
         --model_name_or_path meta-llama/Llama-3.1-8B-Instruct --adapter outputs/slf5k/sft \\
-        --feedback_source reward_model --feedback_source_kwargs '{"path": "outputs/slf5k/reward_model"}'
+        --critic reward_model --critic_kwargs '{"path": "outputs/slf5k/reward_model"}'
 
     accelerate launch --config_file configs/accelerate/deepspeed_zero3.yaml -m policy_optimization.train --config ...
 
@@ -110,12 +110,12 @@ def build_trainer(cfg: PPOConfig) -> NLGradientPPOTrainer:
         items = build_prompt_records(cfg, tokenizer)
         seen_by_source = [{**it, "prompt": it["feedback_prompt"]} for it in items]
         try:
-            if cfg.feedback_source == "none":  # scalar baseline: the score function is the whole reward
+            if cfg.critic == "none":  # scalar baseline: the score function is the whole reward
                 source = NoFeedback()
             else:
-                source = build_feedback_source(cfg.feedback_source, cfg.feedback_source_kwargs, records=seen_by_source)
+                source = build_feedback_source(cfg.critic, cfg.critic_kwargs, records=seen_by_source)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{exc} (check --feedback_source and --feedback_source_kwargs)") from None
+            raise ConfigError(f"{exc} (check --critic and --critic_kwargs)") from None
         score_fn = None
         if cfg.scalar_source != "quote_count":
             spec = SCALAR_SOURCES.get(cfg.scalar_source) or cfg.scalar_source
@@ -129,20 +129,20 @@ def build_trainer(cfg: PPOConfig) -> NLGradientPPOTrainer:
         raise
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    except ImportError as exc:  # e.g. openai for feedback_source llm, peft for use_lora
+    except ImportError as exc:  # e.g. openai for critic llm, peft for use_lora
         fix = f"pip install {exc.name.split('.')[0]}" if exc.name else "install the missing package"
         raise ConfigError(
-            f"{exc}. The chosen feedback_source, scalar_source or model options need a package that is not "
+            f"{exc}. The chosen critic, scalar_source or model options need a package that is not "
             f"installed: {fix}"
         ) from None
     except TypeError as exc:
         # Setup only builds objects from the config, so a TypeError here almost always means wrong
-        # feedback_source_kwargs / scalar_source_kwargs for a constructor. The traceback stays available with
+        # critic_kwargs / scalar_source_kwargs for a constructor. The traceback stays available with
         # debug logging in case it is a bug after all; errors during training are never caught like this.
         logger.debug("setup raised TypeError", exc_info=True)
         raise ConfigError(
-            f"{exc}. Check feedback_source_kwargs / scalar_source_kwargs against the constructor of "
-            f"{cfg.feedback_source!r} / {cfg.scalar_source!r}"
+            f"{exc}. Check critic_kwargs / scalar_source_kwargs against the constructor of "
+            f"{cfg.critic!r} / {cfg.scalar_source!r}"
         ) from None
 
 

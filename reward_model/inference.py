@@ -247,7 +247,7 @@ class GenerativeRewardModel:
         path = path or model_name_or_path
         if not path:
             raise ValueError("critic 'reward_model' needs the kwarg path (the trained reward model directory), "
-                             "e.g. feedback_source_kwargs: {path: outputs/slf5k/reward_model}")
+                             "e.g. critic_kwargs: {path: outputs/slf5k/reward_model}")
         if "device" not in kwargs and "LOCAL_RANK" in os.environ and torch.cuda.is_available():
             kwargs["device"] = f"cuda:{int(os.environ['LOCAL_RANK'])}"
         return cls.from_pretrained(path, **kwargs)

@@ -30,7 +30,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, Sequence
 
 import torch
 from accelerate.state import PartialState
@@ -178,11 +178,6 @@ class RewardModelConfig:
         "Experiment tracker(s): none, tensorboard, wandb (comma-separated).",
     )
     progress_bar: bool = config_field(True, "Show a progress bar over training steps.")
-
-    # old spellings, still accepted with a warning ('latest' is read as 'auto')
-    DEPRECATED_NAMES: ClassVar[dict[str, Any]] = {
-        "resume_from_checkpoint": "resume", "disable_tqdm": ("progress_bar", True),
-    }
 
     def __post_init__(self) -> None:
         problems = range_problems(

@@ -43,7 +43,7 @@ else
     TINY=0
     MODEL="${MODEL:-meta-llama/Llama-3.1-8B-Instruct}"
     REWARD_MODEL="${REWARD_MODEL:-runs/$NAME/reward_model}"
-    SOURCE=(--feedback_source reward_model --feedback_source_kwargs "{\"path\": \"$REWARD_MODEL\"}")
+    SOURCE=(--critic reward_model --critic_kwargs "{\"path\": \"$REWARD_MODEL\"}")
     SFT_SIZE=(); PPO_SIZE=(); DPO_SIZE=(); SRM_SIZE=(); GRPO_SIZE=()
     ACCEL_PREFIX="deepspeed_"
 fi
@@ -88,7 +88,7 @@ for phase in $PHASES; do
             ADAPTER=(--adapter none); [ -d "$OUT/sft" ] && ADAPTER=(--adapter "$OUT/sft")
             "${LAUNCH[@]}" policy_optimization.train --config "configs/$NAME/ppo.yaml" --model_name_or_path "$MODEL" \
                 "${ADAPTER[@]}" --dataset_path "$DATASET" --output_dir "$OUT/ppo_scalar" --reward_mode scalar \
-                --feedback_source none --scalar_source scalar_rm --scalar_source_kwargs "{\"path\": \"$OUT/scalar_rm\"}" \
+                --critic none --scalar_source scalar_rm --scalar_source_kwargs "{\"path\": \"$OUT/scalar_rm\"}" \
                 --feedback_prompt_template "{prompt}" "${PPO_PROMPT[@]}" "${PPO_SIZE[@]}" "${BASELINE_EXTRA[@]}" ;;
         grpo)        # Text2Grad-GRPO with the same feedback source as PPO
             ADAPTER=(--adapter none); [ -d "$OUT/sft" ] && ADAPTER=(--adapter "$OUT/sft")

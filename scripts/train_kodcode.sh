@@ -17,13 +17,13 @@
 # OUT (output root, default runs/kodcode), PHASES (default "ppo"), DEEPSPEED (zero2|zero3),
 # ACCELERATE_CONFIG (overrides the accelerate config DEEPSPEED picks), PYTHON, and PPO_ARGS / SFT_ARGS /
 # DPO_ARGS (extra flags, e.g. PPO_ARGS="--reward_mode scalar"). In tiny mode the feedback comes from the
-# unit tests in the sandbox (feedback_source code_tests, record field "test") and DeepSpeed runs on CPU
+# unit tests in the sandbox (critic code_tests, record field "test") and DeepSpeed runs on CPU
 # (DS_ACCELERATOR=cpu).
 NAME=kodcode
 DEFAULT_PHASES="ppo"
 configure() {  # the dataset-specific part; everything else is in scripts/_train_policy.sh
     if [ "$TINY" = 1 ]; then
-        SOURCE=(--feedback_source code_tests --feedback_source_kwargs '{"tests_field": "test", "timeout_s": 20}')
+        SOURCE=(--critic code_tests --critic_kwargs '{"tests_field": "test", "timeout_s": 20}')
         SFT_PROMPT=(--use_chat_template false); PPO_PROMPT=(--use_chat_template false)
     fi
     if [[ " ${PREPARE_ARGS:-} " != *" --completions "* ]]; then

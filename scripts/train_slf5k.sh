@@ -19,7 +19,7 @@ NAME=slf5k
 DEFAULT_PHASES="sft ppo"
 configure() {  # the dataset-specific part; everything else is in scripts/_train_policy.sh
     if [ "$TINY" = 1 ]; then
-        SOURCE=(--feedback_source reference --feedback_source_kwargs '{"reference_field": "reference"}')
+        SOURCE=(--critic reference --critic_kwargs '{"reference_field": "reference"}')
     fi
 }
 source "$(dirname "${BASH_SOURCE[0]}")/_train_policy.sh"

@@ -19,7 +19,7 @@ NAME=ultrafeedback
 DEFAULT_PHASES="sft ppo"
 configure() {  # the dataset-specific part; everything else is in scripts/_train_policy.sh
     if [ "$TINY" = 1 ]; then
-        SOURCE=(--feedback_source reference --feedback_source_kwargs '{"reference_field": "reference"}')
+        SOURCE=(--critic reference --critic_kwargs '{"reference_field": "reference"}')
         SFT_PROMPT=(--use_chat_template false); PPO_PROMPT=(--use_chat_template false); DPO_PROMPT=(--use_chat_template false)
     fi
 }

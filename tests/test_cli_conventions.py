@@ -5,6 +5,7 @@ and library noise stays out of a quiet run's logs."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -15,14 +16,36 @@ from pathlib import Path
 import pytest
 
 from annotation.config import AnnotationConfig
+from policy_optimization.code_pairs import CodePairsConfig
+from policy_optimization.config import PPOConfig
+from policy_optimization.dpo import DPORunConfig
+from policy_optimization.grpo import GRPORunConfig
+from policy_optimization.sft import SFTRunConfig
+from reward_model.evaluate import EvalConfig
+from reward_model.merge import MergeConfig
+from reward_model.scalar import ScalarRMConfig
 from reward_model.train import RewardModelConfig
 import policy_optimization.train as ppo
 import reward_model.train as rm
 from text2grad.apps.cli import available
 from text2grad.apps.cli import main as text2grad
-from text2grad.core.config import configure_logging, load_config
+from text2grad.apps.evaluation.code.cli import CodeEvalConfig
+from text2grad.apps.evaluation.compare_feedback import CompareConfig
+from text2grad.apps.evaluation.qa import QAEvalConfig
+from text2grad.apps.evaluation.summarization import SummarizationEvalConfig
+from text2grad.apps.prepare_data.common import PrepareDataConfig
+from text2grad.apps.quickstart.quickstart_config import QuickstartConfig
+from text2grad.core.config import RENAMED_KEYS, ConfigError, configure_logging, load_config, renamed_keys
 
 COMMANDS = sorted(available())
+# The config dataclass behind each subcommand.
+CONFIGS = {
+    "quickstart": QuickstartConfig, "prepare-data": PrepareDataConfig, "annotate": AnnotationConfig,
+    "train-rm": RewardModelConfig, "eval-rm": EvalConfig, "merge-rm": MergeConfig, "train-scalar-rm": ScalarRMConfig,
+    "sft": SFTRunConfig, "train-policy": PPOConfig, "train-grpo": GRPORunConfig, "dpo": DPORunConfig,
+    "code-pairs": CodePairsConfig, "eval-summarization": SummarizationEvalConfig, "eval-code": CodeEvalConfig,
+    "eval-qa": QAEvalConfig, "compare-feedback": CompareConfig,
+}
 # Module CLIs that are not subcommands of `text2grad` (or are, under another name).
 MODULES = ["text2grad.annotate", "text2grad.apps.tiny", "annotation.cli", "policy_optimization.train", "reward_model.train"]
 
@@ -115,7 +138,8 @@ BAD_INPUTS = [
     ("sft --dataset_path {t}/in.jsonl --model_name_or_path {t} --output_dir {t}/a_file", "is a file"),
     ("dpo --dataset_path {t}/in.jsonl --per_device_train_batch_size 0", "per_device_train_batch_size must be > 0"),
     ("code-pairs --input {t}/in.jsonl --output {t}/in.jsonl", "is the input file"),
-    ("train-policy --resume_from_checkpoint auto", "unrecognized arguments: --resume_from_checkpoint"),
+    ("train-policy --resume_from_checkpoint auto", "resume_from_checkpoint was renamed to resume"),
+    ("annotate --feedback_source llm", "feedback_source was renamed to critic"),
 ]
 
 
@@ -152,10 +176,47 @@ def test_quiet_logs_hide_library_noise_and_log_level_info_shows_it():
         assert line in loud
 
 
-def test_deprecated_spellings_still_work_with_a_warning(caplog):
-    with caplog.at_level(logging.WARNING):
-        ann = load_config(AnnotationConfig, overrides={"progress": "false"})
-        rm = load_config(RewardModelConfig, overrides={"disable_tqdm": "true", "resume_from_checkpoint": "latest"})
-    assert ann.progress_bar is False and rm.progress_bar is False and rm.resume == "auto"
-    assert "'disable_tqdm' is deprecated; use 'progress_bar' (with the opposite value)" in caplog.text
-    configure_logging("warning")
+def test_every_subcommand_has_its_config_listed_here():
+    assert set(CONFIGS) == set(COMMANDS)
+
+
+def test_renamed_keys_fail_naming_the_new_key_on_the_command_line(capsys):
+    rc, _, err = _run(["train-policy", "--feedback_source", "reward_model"], capsys)
+    assert rc == 2 and "error: feedback_source was renamed to critic" in err and "--critic" in err
+    rc, _, err = _run(["train-grpo", "--feedback-source-kwargs", "{}"], capsys)  # the dashed spelling too
+    assert rc == 2 and "error: feedback_source_kwargs was renamed to critic_kwargs" in err
+    rc, _, err = _run(["train-rm", "--disable_tqdm", "true"], capsys)
+    assert rc == 2 and "disable_tqdm was renamed to progress_bar (with the opposite value" in err
+
+
+def test_renamed_keys_fail_naming_the_new_key_in_a_yaml_file(tmp_path, capsys):
+    (tmp_path / "ppo.yaml").write_text("feedback_source: reward_model\nfeedback_source_kwargs: {path: x}\n")
+    rc, _, err = _run(["train-policy", "--config", str(tmp_path / "ppo.yaml")], capsys)
+    assert rc == 2
+    assert "feedback_source was renamed to critic:" in err and "feedback_source_kwargs was renamed to critic_kwargs" in err
+    assert f"(in {tmp_path / 'ppo.yaml'})" in err
+    with pytest.raises(ConfigError, match="resume_from_checkpoint was renamed to resume"):
+        load_config(RewardModelConfig, overrides={"resume_from_checkpoint": "latest"})
+
+
+def test_every_renamed_key_is_refused_by_every_cli_that_has_its_new_name(capsys):
+    """The one table (`RENAMED_KEYS`) holds for every command: each old key whose new name a command has is
+    refused with exit 2 and a message naming that new key, and no command still has an old key as a field."""
+    checked = 0
+    for command in COMMANDS:
+        cls = CONFIGS[command]
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for old, message in renamed_keys(cls).items():
+            new = next(n for n in RENAMED_KEYS[old].to if n in fields)
+            rc, _, err = _run([command, f"--{old}", "1"], capsys)
+            assert rc == 2 and f"error: {old} was renamed to {new}" in err, (command, old, err)
+            checked += 1
+    assert checked >= 25  # every command has at least its data input, most a progress bar or a critic too
+
+
+def test_the_renamed_table_has_no_live_field_left():
+    """An old spelling is no field of any CLI's config (else that CLI would still answer to two names), except
+    prepare-data's eval_split, which names a split of the source dataset, not held-out records."""
+    live = {(command, old) for command in COMMANDS for old in RENAMED_KEYS
+            if old in {f.name for f in dataclasses.fields(CONFIGS[command])} and "source" in old}
+    assert live == set()

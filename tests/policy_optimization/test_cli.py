@@ -40,7 +40,7 @@ def test_sft_then_ppo_then_dpo_write_loadable_models(world, tmp_path):
     rc = train.main([
         "--model_name_or_path", model, "--adapter", str(tmp_path / "sft"), "--dataset_path", data,
         "--prompt_template", PROMPT, "--feedback_prompt_template", "{post}",
-        "--feedback_source", "reference", "--reward_mode", "mixed", "--scalar_source", "tests.policy_optimization.po_testlib:word_count_score",
+        "--critic", "reference", "--reward_mode", "mixed", "--scalar_source", "tests.policy_optimization.po_testlib:word_count_score",
         "--num_iterations", "2", "--batch_size", "4", "--num_mini_batches", "2", "--num_ppo_epochs", "1",
         "--response_length", "8", "--learning_rate", "1e-3", "--lora_r", "4", "--output_dir", str(tmp_path / "ppo"),
         "--progress_bar", "false",
@@ -80,9 +80,9 @@ def test_train_cli_reports_bad_input_clearly(world, tmp_path, capsys):
     assert train.main(base + ["--dataset_path", str(tmp_path / "missing.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
     data = str(world / "data" / "rl_prompts.jsonl")
-    assert train.main(base + ["--dataset_path", data, "--prompt_template", "{nope}", "--feedback_source", "reference"]) == 2
+    assert train.main(base + ["--dataset_path", data, "--prompt_template", "{nope}", "--critic", "reference"]) == 2
     assert "nope" in capsys.readouterr().err
-    assert train.main(base + ["--dataset_path", data, "--prompt_template", "{post}", "--feedback_source", "no_such_source"]) == 2
+    assert train.main(base + ["--dataset_path", data, "--prompt_template", "{post}", "--critic", "no_such_source"]) == 2
     assert "unknown critic 'no_such_source'" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse: invalid choice for a Literal field
         train.main(base + ["--dataset_path", data, "--reward_mode", "sparse"])
@@ -95,14 +95,14 @@ def test_train_cli_setup_errors_are_reported_not_raised(world, tmp_path, capsys,
         "--model_name_or_path", str(world / "model"), "--num_iterations", "1", "--output_dir", str(tmp_path / "o"),
         "--dataset_path", str(world / "data" / "rl_prompts.jsonl"), "--prompt_template", "{post}",
     ]
-    rc = train.main(base + ["--feedback_source", "reference", "--feedback_source_kwargs", '{"no_such_option": 1}'])
+    rc = train.main(base + ["--critic", "reference", "--critic_kwargs", '{"no_such_option": 1}'])
     err = capsys.readouterr().err
-    assert rc == 2 and "error:" in err and "no_such_option" in err and "feedback_source_kwargs" in err
+    assert rc == 2 and "error:" in err and "no_such_option" in err and "critic_kwargs" in err
     assert "Traceback" not in err
 
     monkeypatch.setitem(sys.modules, "openai", None)  # as if the optional package were not installed
     monkeypatch.delitem(sys.modules, "annotation.llm", raising=False)
-    rc = train.main(base + ["--feedback_source", "llm"])
+    rc = train.main(base + ["--critic", "llm"])
     err = capsys.readouterr().err
     assert rc == 2 and "error:" in err and "pip install openai" in err and "Traceback" not in err
 

@@ -25,7 +25,7 @@ def test_two_process_deepspeed_zero2_and_zero3_ppo(tmp_path):
         str(ROOT / "configs" / "accelerate" / "cpu_deepspeed_zero3.yaml"), "-m", "policy_optimization.train",
         "--config", str(ROOT / "configs" / "slf5k" / "ppo.yaml"), "--model_name_or_path", str(world / "model"),
         "--adapter", "none", "--dataset_path", str(world / "data" / "rl_prompts.jsonl"),
-        "--feedback_source", "reference", "--feedback_source_kwargs", '{"reference_field": "reference"}',
+        "--critic", "reference", "--critic_kwargs", '{"reference_field": "reference"}',
         "--num_iterations", "2", "--batch_size", "4", "--num_mini_batches", "2", "--num_ppo_epochs", "1",
         "--response_length", "12", "--dtype", "auto", "--gradient_checkpointing", "false", "--progress_bar", "false",
         "--output_dir", str(out3),

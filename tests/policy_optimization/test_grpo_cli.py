@@ -21,7 +21,7 @@ def world(tmp_path_factory):
 def grpo_args(world, out, *extra: str) -> list[str]:
     return [
         "--model_name_or_path", str(world / "model"), "--dataset_path", str(world / "data" / "rl_prompts.jsonl"),
-        "--prompt_template", PROMPT, "--feedback_source", "tests.policy_optimization.po_testlib:first_and_last_words",
+        "--prompt_template", PROMPT, "--critic", "tests.policy_optimization.po_testlib:first_and_last_words",
         "--num_generations", "2", "--per_device_train_batch_size", "4", "--max_completion_length", "8",
         "--max_steps", "2", "--learning_rate", "1e-3", "--lora_r", "4", "--output_dir", str(out), "--save_steps", "1000",
         "--seed", "0", *extra,
@@ -45,7 +45,7 @@ def test_grpo_cli_trains_two_steps_with_span_advantages(world, tmp_path):
 
 
 def test_grpo_cli_errors_exit_2_before_loading_a_model(world, tmp_path, capsys):
-    assert main(grpo_args(world, tmp_path / "x", "--feedback_source", "no_such_critic")) == 2
+    assert main(grpo_args(world, tmp_path / "x", "--critic", "no_such_critic")) == 2
     assert capsys.readouterr().err.startswith("error: unknown critic 'no_such_critic'")
     with pytest.raises(SystemExit) as exc:  # a bad config value stops in the parser, like every CLI here
         main(grpo_args(world, tmp_path / "x", "--per_device_train_batch_size", "3"))

@@ -86,7 +86,7 @@ def test_output_dir_that_is_a_file_or_an_earlier_run_is_refused_before_models_lo
 
 
 def test_a_feedback_source_that_fails_stops_the_run_with_exit_1(tmp_path, model_dir, capsys):
-    rc = train.main(_args(tmp_path, model_dir, "--feedback_source", f"{__name__}:Unreachable"))
+    rc = train.main(_args(tmp_path, model_dir, "--critic", f"{__name__}:Unreachable"))
     err = capsys.readouterr().err
     assert rc == 1
     assert "error: stopped: iteration 1: feedback failed for 4 of 4 samples (100%)" in err

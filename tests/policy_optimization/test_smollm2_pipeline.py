@@ -97,8 +97,8 @@ def test_every_phase_on_smollm2(smollm2, tmp_path, monkeypatch):
     assert policy_optimization.train.main([
         "--model_name_or_path", str(model_path), "--dataset_path", str(data / "rl.jsonl"),
         "--prompt_template", "{prompt}", "--use_chat_template", "true", "--use_lora", "true", "--lora_r", "8",
-        "--lora_alpha", "16", "--feedback_source", "reward_model",
-        "--feedback_source_kwargs", json.dumps({"path": str(rm_dir), "max_new_tokens": 32, "batch_size": 2, "grounded_spans": True}),
+        "--lora_alpha", "16", "--critic", "reward_model",
+        "--critic_kwargs", json.dumps({"path": str(rm_dir), "max_new_tokens": 32, "batch_size": 2, "grounded_spans": True}),
         "--output_dir", str(ppo_dir), "--num_iterations", "1", "--batch_size", "2", "--num_mini_batches", "1",
         "--num_ppo_epochs", "1", "--response_length", "6", "--learning_rate", "1e-3", "--temperature", "1.0",
         "--dtype", "fp32", "--save_steps", "0", "--log_samples", "2", "--progress_bar", "false",

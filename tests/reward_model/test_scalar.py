@@ -117,8 +117,8 @@ def test_scorer_needs_a_trained_directory(tmp_path):
 
 def test_ppo_config_names_the_scalar_reward_model():
     assert load_object(SCALAR_SOURCES["scalar_rm"]) is ScalarRewardScorer
-    cfg = PPOConfig(reward_mode="scalar", scalar_source="scalar_rm", feedback_source="none")
+    cfg = PPOConfig(reward_mode="scalar", scalar_source="scalar_rm", critic="none")
     assert cfg.scalar_source == "scalar_rm"
-    with pytest.raises(ValueError, match="feedback_source 'none'"):
-        PPOConfig(reward_mode="nl_gradient", feedback_source="none")
+    with pytest.raises(ValueError, match="critic 'none'"):
+        PPOConfig(reward_mode="nl_gradient", critic="none")
     assert PPOConfig(scalar_source="spans").scalar_source == "quote_count"  # the earlier name still works

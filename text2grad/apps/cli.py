@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval-summarization": ("text2grad.apps.evaluation.summarization", "Evaluate a policy on SLF5K-style summarization."),
     "eval-code": ("text2grad.apps.evaluation.code", "Evaluate a policy on HumanEval/MBPP(+) in the sandbox (pass@k)."),
     "eval-qa": ("text2grad.apps.evaluation.qa", "Evaluate a policy on ARC-Challenge and judged QA (AlpacaEval/MT-Bench style)."),
+    "compare-feedback": ("text2grad.apps.evaluation.compare_feedback", "Compare two critics' feedback: LLM-judge pairwise win rate + token metrics."),
 }
 
 

@@ -41,7 +41,7 @@ import yaml
 
 __all__ = [
     "ConfigError", "CliParser", "config_field", "parse_config", "load_config", "save_config", "config_to_dict", "configure_logging",
-    "invoked_as", "range_problems",
+    "invoked_as", "range_problems", "RENAMED_KEYS", "Renamed", "renamed_keys",
 ]
 
 C = TypeVar("C")
@@ -159,9 +159,10 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: dict[st
             raise ConfigError(f"{path} is not valid YAML: {exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must contain a mapping of field: value, got {type(data).__name__}")
+        _refuse_renamed_keys(cls, data, f" (in {path})")
         values.update(data)
+    _refuse_renamed_keys(cls, overrides or {})
     values.update(overrides or {})
-    values = _apply_deprecated_names(cls, values)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
@@ -176,27 +177,61 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: dict[st
         raise ConfigError(str(exc)) from None
 
 
-def deprecated_names(cls: type) -> dict[str, tuple[str, bool]]:
-    """``{old name: (field, inverted)}`` from the config's ``DEPRECATED_NAMES`` class attribute: old flag and YAML
-    key spellings still accepted (with a warning) after a rename to the house convention. ``inverted`` marks a
-    boolean whose sense flipped (``disable_tqdm`` -> ``progress_bar``)."""
-    raw = getattr(cls, "DEPRECATED_NAMES", {}) or {}
-    return {old: (new if isinstance(new, tuple) else (new, False)) for old, new in raw.items()}  # type: ignore[misc]
+@dataclasses.dataclass(frozen=True)
+class Renamed:
+    """Where an old key went: the first of ``to`` that the config has (``eval_file`` is ``eval_dataset_path`` in a
+    trainer with training and held-out data, ``dataset_path`` in an evaluation whose main input is held-out data),
+    and a note when the value changed meaning too."""
+
+    to: tuple[str, ...]
+    note: str = ""
 
 
-def _apply_deprecated_names(cls: type, values: dict[str, Any]) -> dict[str, Any]:
-    out = dict(values)
-    for old, (new, inverted) in deprecated_names(cls).items():
-        if old not in out:
+# The one table of renamed keys, for every CLI and YAML file: an old spelling fails (exit 2) with a message naming
+# the new key, rather than being taken silently, so a stale YAML or script is fixed once instead of half-working.
+# House spellings: `critic` (+ `_kwargs`) for the thing that writes feedback; `dataset_path` / `dataset_split` for a
+# command's main input records; `eval_dataset_path` / `eval_dataset_split` for held-out data beside them;
+# `progress_bar`; `resume`.
+RENAMED_KEYS: dict[str, Renamed] = {
+    "feedback_source": Renamed(("critic",)),
+    "feedback_source_kwargs": Renamed(("critic_kwargs",)),
+    "candidate_source": Renamed(("candidate_critic",)),
+    "candidate_kwargs": Renamed(("candidate_critic_kwargs",)),
+    "baseline_source": Renamed(("baseline_critic",)),
+    "baseline_kwargs": Renamed(("baseline_critic_kwargs",)),
+    "input": Renamed(("dataset_path",)),
+    "train_file": Renamed(("dataset_path",)),
+    "data": Renamed(("dataset_path",)),
+    "split": Renamed(("dataset_split",)),
+    "train_split": Renamed(("dataset_split",)),
+    "eval_file": Renamed(("eval_dataset_path", "dataset_path")),
+    "eval_split": Renamed(("eval_dataset_split", "dataset_split")),
+    "show_progress": Renamed(("progress_bar",)),
+    "progress": Renamed(("progress_bar",)),
+    "disable_tqdm": Renamed(("progress_bar",), "with the opposite value: progress_bar false"),
+    "resume_from_checkpoint": Renamed(("resume",), "'auto' continues from the latest checkpoint"),
+}
+
+
+def renamed_keys(cls: type) -> dict[str, str]:
+    """``{old key: message}`` for every key of `RENAMED_KEYS` that ``cls`` does not have as a field and whose new
+    name it does have; the message names the new key (``feedback_source was renamed to critic ...``)."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    out = {}
+    for old, renamed in RENAMED_KEYS.items():
+        new = next((n for n in renamed.to if n in fields), None)
+        if old in fields or new is None:
             continue
-        value = out.pop(old)
-        if inverted:
-            value = not _coerce(value, bool, old)
-        if new not in out:
-            out[new] = value
-        logging.getLogger(__name__).warning("'%s' is deprecated; use '%s'%s", old, new,
-                                            " (with the opposite value)" if inverted else "")
+        note = f" ({renamed.note})" if renamed.note else ""
+        out[old] = f"{old} was renamed to {new}{note}: use --{new} on the command line or '{new}:' in a YAML file"
     return out
+
+
+def _refuse_renamed_keys(cls: type, values: dict[str, Any], where: str = "") -> None:
+    messages = renamed_keys(cls)
+    found = [messages[k] for k in values if k in messages]
+    if found:
+        raise ConfigError("; ".join(found) + where)
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
@@ -296,8 +331,9 @@ def build_parser(cls: type, description: str | None = None, prog: str | None = N
             metavar=base.__name__.upper() if isinstance(base, type) else "VALUE",
             help=help_text.replace("%", "%%"),  # argparse formats help with %: a literal % must be doubled
         )
-    for old in deprecated_names(cls):
-        parser.add_argument(f"--{old}", dest=old, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    for old in renamed_keys(cls):  # recognised only to say what they are called now (load_config refuses them)
+        names = [f"--{old}"] + ([f"--{old.replace('_', '-')}"] if "_" in old else [])
+        parser.add_argument(*names, dest=old, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 

@@ -7,7 +7,7 @@ critic implements (one method, ``feedback(prompts, responses) -> list[Feedback]`
 **Text2Grad**; the reward mode value ``nl_gradient`` (and the class name ``NLGradientPPOTrainer``) keep the
 older name for config and API compatibility.
 
-The same names select a critic in the annotation run (``--critic``) and in PPO (``--feedback_source``):
+The same names select a critic in the annotation run, PPO and GRPO (``--critic`` in each):
 
 =====================  ===============================================================================
 ``reward_model``       the trained generative reward model; kwargs ``path`` (or ``model_name_or_path``)

@@ -202,7 +202,7 @@ def span_sequence_score(feedback: Feedback) -> float:
 
 
 class NoFeedback:
-    """The feedback source of the scalar baseline with an external score (``feedback_source: none``).
+    """The feedback source of the scalar baseline with an external score (``critic: none``).
 
     Scalar mode aligns no spans, so it needs no critic: every pair gets an empty, successful `Feedback`
     and the whole reward comes from the score function (e.g. the scalar reward model).

@@ -42,8 +42,8 @@ def test_cot_vs_nocot_judge_win_rate_and_token_metrics(tmp_path, bpe_tokenizer):
     with FakeOpenAIServer(prefers_the_critiqued_feedback) as server:
         rc = main([
             "--eval_file", str(tmp_path / "eval.jsonl"), "--tokenizer", str(tmp_path / "tok"),
-            "--candidate_source", "tests.apps.evaluation.test_compare_feedback:cot_critic",
-            "--baseline_source", "tests.apps.evaluation.test_compare_feedback:nocot_critic",
+            "--candidate_critic", "tests.apps.evaluation.test_compare_feedback:cot_critic",
+            "--baseline_critic", "tests.apps.evaluation.test_compare_feedback:nocot_critic",
             "--base_url", server.base_url, "--judge_model", "judge", "--output_dir", str(tmp_path / "out"),
         ])
     assert rc == 0 and len(server.requests) == 8

@@ -1,7 +1,7 @@
 """Two critics (e.g. the CoT and the no-CoT reward model) compared with the paper's protocol.
 
     python -m text2grad.apps.evaluation.compare_feedback --eval_file runs/slf5k/annotations_validation.jsonl \\
-        --candidate_kwargs '{"path": "runs/slf5k/reward_model"}' --baseline_kwargs '{"path": "runs/slf5k/reward_model_nocot"}' \\
+        --candidate_critic_kwargs '{"path": "runs/slf5k/reward_model"}' --baseline_critic_kwargs '{"path": "runs/slf5k/reward_model_nocot"}' \\
         --tokenizer runs/slf5k/reward_model --judge_model gpt-4o --output_dir runs/slf5k/cot_vs_nocot
 
 Both critics write feedback on every held-out (prompt, response); then
@@ -42,10 +42,10 @@ class CompareConfig:
 
     eval_file: str = config_field("", "Held-out annotation records (prompt, response, critique, good_spans, poor_spans).")
     limit: int | None = config_field(None, "Use only the first N records.")
-    candidate_source: str = config_field("reward_model", "The candidate critic (e.g. the CoT reward model).")
-    candidate_kwargs: dict[str, Any] = config_field({}, "Its keyword arguments, e.g. {\"path\": \"runs/slf5k/reward_model\"}.")
-    baseline_source: str = config_field("reward_model", "The baseline critic (e.g. the no-CoT reward model).")
-    baseline_kwargs: dict[str, Any] = config_field({}, "Its keyword arguments.")
+    candidate_critic: str = config_field("reward_model", "The candidate critic (e.g. the CoT reward model).")
+    candidate_critic_kwargs: dict[str, Any] = config_field({}, "Its keyword arguments, e.g. {\"path\": \"runs/slf5k/reward_model\"}.")
+    baseline_critic: str = config_field("reward_model", "The baseline critic (e.g. the no-CoT reward model).")
+    baseline_critic_kwargs: dict[str, Any] = config_field({}, "Its keyword arguments.")
     tokenizer: str = config_field("", "Tokenizer for the token metrics (e.g. the policy's or a reward model's directory).")
     judge_model: str = config_field("gpt-4o", "Judge model name.")
     base_url: str | None = config_field(None, "OpenAI-compatible endpoint of the judge (default: the OpenAI API).")
@@ -106,8 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tokenizer = load_tokenizer(cfg.tokenizer)
         prompts, responses = [str(r["prompt"]) for r in records], [str(r["response"]) for r in records]
         feedback = {}
-        for name, source, kwargs in (("candidate", cfg.candidate_source, cfg.candidate_kwargs),
-                                     ("baseline", cfg.baseline_source, cfg.baseline_kwargs)):
+        for name, source, kwargs in (("candidate", cfg.candidate_critic, cfg.candidate_critic_kwargs),
+                                     ("baseline", cfg.baseline_critic, cfg.baseline_critic_kwargs)):
             critic = build_feedback_source(source, kwargs, records=records)
             feedback[name] = list(critic.feedback(prompts, responses))
     except (ConfigError, DataError, FileNotFoundError, ValueError, TypeError) as exc:

@@ -447,9 +447,9 @@ def refresh_reward_model(cfg: QuickstartConfig, data: dict[str, Path], rm: Path,
 def _ppo_feedback_args(cfg: QuickstartConfig, data: dict[str, Path], rm: Path) -> list[str]:
     if cfg.ppo_feedback == "critic":
         kwargs = cfg.critic_kwargs if cfg.critic_kwargs is not None else {"data_path": str(data["rl"])}
-        return ["--feedback_source", cfg.critic, "--feedback_source_kwargs", json.dumps(kwargs)]
-    return ["--feedback_source", "reward_model",
-            "--feedback_source_kwargs",
+        return ["--critic", cfg.critic, "--critic_kwargs", json.dumps(kwargs)]
+    return ["--critic", "reward_model",
+            "--critic_kwargs",
             json.dumps({"path": str(rm), "max_new_tokens": 128, "batch_size": 64, "grounded_spans": cfg.grounded_spans})]
 
 
