@@ -23,7 +23,7 @@ from text2grad.apps.quickstart.report import (
     rollout_curves,
     token_logprobs,
 )
-from text2grad.apps.quickstart.results import installed_versions, read_lock, results_table
+from text2grad.apps.quickstart.results import installed_versions, machine_speed, read_lock, results_table
 from text2grad.apps.quickstart.task import FactCritic, TaskConfig, generate_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
@@ -134,6 +134,20 @@ def test_installed_versions_compare_with_the_lock(tmp_path):
     again = installed_versions(lock)
     assert again["environment_sha256"] == v["environment_sha256"] and len(v["environment_sha256"]) == 16
     assert installed_versions(tmp_path / "absent.txt")["lock_file"] is None
+
+
+def test_machine_speed_is_a_positive_matmul_rate_that_follows_the_thread_count():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        speed = machine_speed(size=64, repeats=3, min_seconds=0.01)
+    finally:
+        torch.set_num_threads(before)
+    assert math.isfinite(speed["matmul_gflops"]) and speed["matmul_gflops"] > 0
+    assert speed["matmul_size"] == 64 and speed["torch_threads"] == 1 and speed["cpu_count"] >= 1
+    assert isinstance(speed["cpu"], str) and speed["cpu"]
+    # a 64x64 matmul is 2 * 64**3 flops: the rate is in GFLOP/s, far below 10 TFLOP/s on any CPU thread
+    assert speed["matmul_gflops"] < 10_000
 
 
 def test_validation_split_is_disjoint_and_leaves_the_other_splits_unchanged(tmp_path):

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import platform
 import re
+import statistics
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -28,6 +31,7 @@ __all__ = [
     "generate_responses",
     "evaluate_policy",
     "installed_versions",
+    "machine_speed",
     "read_lock",
     "results_table",
     "print_results",
@@ -48,7 +52,48 @@ def generate_responses(model_path: Path, prompts: list[str], max_new_tokens: int
     model = load_causal_lm(str(model_path)).eval()
     torch.manual_seed(seed)
     return generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                    do_sample=do_sample, temperature=1.0, show_progress=True)
+                    do_sample=do_sample, temperature=1.0, progress_bar=True)
+
+
+def machine_speed(size: int = 256, repeats: int = 7, min_seconds: float = 0.15) -> dict[str, Any]:
+    """This machine's speed on a fixed small fp32 matmul, so a quickstart time from one machine can be compared
+    with another's: a machine with half the GFLOP/s should take about twice as long.
+
+    Times ``size x size @ size x size`` with torch's current thread count, ``repeats`` batches of at least
+    ``min_seconds`` each, and reports the median batch (robust to one interrupted batch).
+    """
+    a = torch.randn(size, size, generator=torch.Generator().manual_seed(0))
+    b = torch.randn(size, size, generator=torch.Generator().manual_seed(1))
+    a @ b  # first call: thread pool start-up and allocation, not speed
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < min_seconds:  # calls per batch, so that a batch lasts ~min_seconds
+        a @ b
+        n += 1
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            a @ b
+        rates.append(2 * size**3 * n / (time.perf_counter() - t0) / 1e9)
+    return {"matmul_gflops": round(statistics.median(rates), 2), "matmul_size": size, "torch_threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(), "cpu": _cpu_name(), "load_average_1min": _load_average()}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):  # not on every platform
+        return None
 
 
 def evaluate_policy(model_path: Path, records: list[dict[str, Any]], max_new_tokens: int) -> tuple[dict[str, float], list[str]]:
@@ -148,6 +193,10 @@ def print_results(summary: Mapping[str, Any]) -> None:
                  else f"matches {versions['lock_file']}" if versions["lock_file"] else "no lock file"))
     print(f"\ntotal time {summary['total_seconds']:.0f} s; stages: "
           + ", ".join(f"{k} {v:.0f}s" for k, v in summary["stage_seconds"].items()))
+    speed = summary.get("machine_speed") or {}
+    if speed:
+        print(f"machine speed: {speed['matmul_gflops']:.1f} GFLOP/s ({speed['matmul_size']}x{speed['matmul_size']} fp32 "
+              f"matmul, {speed['torch_threads']} threads, {speed['cpu']}); load average at start {speed['load_average_1min']}")
     print(f"curves: {summary['png']}\nreport: {summary['html']}")
 
 
