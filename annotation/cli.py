@@ -4,14 +4,14 @@ Examples::
 
     # GPT-4o with the chain-of-thought prompt (key from $OPENAI_API_KEY)
     python -m text2grad.annotate --config configs/ultrafeedback/annotation.yaml \\
-        --input data/uf.jsonl --output runs/uf/annotations.jsonl
+        --dataset_path data/uf.jsonl --output runs/uf/annotations.jsonl
 
     # any OpenAI-compatible server (vLLM, a local server), no-CoT prompt, 32 requests at a time
     python -m text2grad.annotate --config configs/slf5k/annotation.yaml --base_url http://localhost:8000/v1 \\
-        --model meta-llama/Llama-3.1-70B-Instruct --cot false --concurrency 32 --input ... --output ...
+        --model meta-llama/Llama-3.1-70B-Instruct --cot false --concurrency 32 --dataset_path ... --output ...
 
     # unit tests in the sandbox instead of an LLM (no API, no cost)
-    python -m text2grad.annotate --config configs/kodcode/annotation.yaml --critic code_tests --input ... --output ...
+    python -m text2grad.annotate --config configs/kodcode/annotation.yaml --critic code_tests --dataset_path ... --output ...
 
 Rerunning the same command resumes. Exit codes: 0 done (or stopped by a budget; the report says so),
 1 the API refused us or could not be reached (bad key, model or URL; the message names it), 2 bad

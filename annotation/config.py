@@ -38,7 +38,7 @@ class AnnotationConfig:
     """Annotate (prompt, response) records with a critique and good/poor spans (Text2Grad phase 1)."""
 
     # --- data -------------------------------------------------------------------------------------
-    input: str = config_field(
+    dataset_path: str = config_field(
         "",
         "Records to annotate: a .jsonl or .json file, a directory saved with "
         "datasets' save_to_disk, or a Hugging Face hub dataset id.",
@@ -63,7 +63,7 @@ class AnnotationConfig:
         "Which dataset's prompt template and default field mapping to use "
         "(ultrafeedback is the general question-answering template).",
     )
-    split: str = config_field("train", "Split to read from a hub dataset or a DatasetDict.")
+    dataset_split: str = config_field("train", "Split to read from a hub dataset or a DatasetDict.")
     field_map: dict[str, str] = config_field(
         {},
         "JSON object mapping our field names (prompt, response; feedback for --critic human; "

@@ -94,7 +94,7 @@ def load_inputs(cfg: AnnotationConfig) -> list[dict[str, Any]]:
     """The input records, mapped to our field names, each with ``id`` and ``meta`` (its original fields)."""
     field_map = cfg.resolved_field_map()
     required = cfg.required_fields()
-    raw = load_records(cfg.input, split=cfg.split, field_map=field_map, required=required, limit=cfg.limit)
+    raw = load_records(cfg.dataset_path, split=cfg.dataset_split, field_map=field_map, required=required, limit=cfg.limit)
     added = {ours for ours, theirs in field_map.items() if ours != theirs}
     out: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
@@ -102,7 +102,7 @@ def load_inputs(cfg: AnnotationConfig) -> list[dict[str, Any]]:
         rid = record_id(rec, i)
         if rid in seen:
             raise DataError(
-                f"{cfg.input}: records {seen[rid]} and {i} share the id {rid!r}; ids key the resumable output, so "
+                f"{cfg.dataset_path}: records {seen[rid]} and {i} share the id {rid!r}; ids key the resumable output, so "
                 "they must be unique. Deduplicate the input or map a unique field to 'id' with --field_map."
             )
         seen[rid] = i
@@ -323,17 +323,17 @@ def build_critic(
 
 
 def run_annotation(cfg: AnnotationConfig, critic: RecordCritic | None = None) -> RunReport:
-    """Annotate ``cfg.input`` into ``cfg.output`` (see the module doc). Raises DataError/ValueError on bad input
+    """Annotate ``cfg.dataset_path`` into ``cfg.output`` (see the module doc). Raises DataError/ValueError on bad input
     or configuration, before any request is made."""
     check_paths(cfg)
     output, failures = Path(cfg.output), cfg.failures_path
     report = RunReport(
-        input=cfg.input, output=str(output), failures=str(failures), retry_failures=cfg.retry_failures,
+        input=cfg.dataset_path, output=str(output), failures=str(failures), retry_failures=cfg.retry_failures,
         config=config_to_dict(cfg),
     )
     records = load_inputs(cfg)
     if not records:
-        raise DataError(f"{cfg.input} holds no records{' (after --limit)' if cfg.limit else ''}: nothing to annotate")
+        raise DataError(f"{cfg.dataset_path} holds no records{' (after --limit)' if cfg.limit else ''}: nothing to annotate")
     report.records_in_input = len(records)
     earlier = earlier_totals(cfg.report_path, str(output))
 
@@ -394,10 +394,10 @@ def run_annotation(cfg: AnnotationConfig, critic: RecordCritic | None = None) ->
 def check_paths(cfg: AnnotationConfig) -> None:
     """Refuse paths that would lose data, before anything is read or written: the input must never be written
     (it is not one of the outputs), the outputs must be distinct files, and none may be a directory."""
-    if not cfg.input or not cfg.output:
-        raise ValueError("both --input and --output are required")
+    if not cfg.dataset_path or not cfg.output:
+        raise ValueError("both --dataset_path and --output are required")
     outputs = {"--output": Path(cfg.output), "--failures": cfg.failures_path, "--report": cfg.report_path}
-    source = Path(cfg.input)
+    source = Path(cfg.dataset_path)
     seen: dict[Path, str] = {}
     for flag, path in outputs.items():
         if path.is_dir():

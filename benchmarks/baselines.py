@@ -189,11 +189,11 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     scalar_rm = shared / "scalar_rm"
     if not (scalar_rm / "eval_pairwise.json").is_file():
         qs._call("reward_model.scalar", [
-            "--model_name_or_path", str(rm_base), "--train_file", str(shared / "preference_pairs.jsonl"),
+            "--model_name_or_path", str(rm_base), "--dataset_path", str(shared / "preference_pairs.jsonl"),
             "--eval_fraction", "0.1", "--output_dir", str(scalar_rm), "--use_lora", "false", "--prompt_template", "{prompt}",
             "--max_length", "256", "--max_steps", str(args.scalar_rm_steps), "--learning_rate", str(args.scalar_rm_lr),
             "--per_device_train_batch_size", "16", "--logging_steps", "50", "--save_steps", str(10 ** 9),
-            "--disable_tqdm", "true", "--seed", str(cfg.seed),
+            "--progress_bar", "false", "--seed", str(cfg.seed),
         ])
     scalar_report = json.loads((scalar_rm / "eval_pairwise.json").read_text())
     timings["scalar reward model"] = time.perf_counter() - t0

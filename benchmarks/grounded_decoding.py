@@ -1,6 +1,6 @@
 """Grounded span decoding vs free decoding: the same trained reward model on the same held-out annotations.
 
-    python benchmarks/grounded_decoding.py --reward_model <dir> --eval_file <rm_eval.jsonl>
+    python benchmarks/grounded_decoding.py --reward_model <dir> --dataset_path <rm_eval.jsonl>
 
 ``<dir>`` and ``<rm_eval.jsonl>`` come from a quickstart run: ``<cache>/reward_model-*/model`` and
 ``<cache>/reward_model-*/rm_eval.jsonl`` (the cache is ``$TEXT2GRAD_CACHE`` or ~/.cache/text2grad/quickstart).
@@ -27,7 +27,7 @@ from text2grad.core.feedback import Feedback
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reward_model", required=True, help="trained reward model directory")
-    parser.add_argument("--eval_file", required=True, help="held-out annotations (prompt, response, spans)")
+    parser.add_argument("--dataset_path", required=True, help="held-out annotations (prompt, response, spans)")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 
-    records = list(iter_jsonl(args.eval_file))
+    records = list(iter_jsonl(args.dataset_path))
     prompts, responses = [r["prompt"] for r in records], [r["response"] for r in records]
     references = [Feedback.from_dict(r) for r in records]
     rows = {}

@@ -4,7 +4,7 @@ KodCode has no human preferences, so the DPO baseline's pairs are built by execu
 every candidate program for a question runs against the question's unit tests in the sandbox
 (`text2grad.core.sandbox.run_tests`); a program that passes every test is *chosen*, one that fails is *rejected*.
 
-    python -m policy_optimization.code_pairs --input runs/kodcode/candidates.jsonl \\
+    python -m policy_optimization.code_pairs --dataset_path runs/kodcode/candidates.jsonl \\
         --candidate_fields '["solution", "policy_samples", "gpt4o_solution"]' --output runs/kodcode/pairs.jsonl
 
 Candidates come from the record fields named in ``candidate_fields`` (a string or a list of strings each:
@@ -40,7 +40,7 @@ __all__ = ["CodePairsConfig", "build_pairs", "main"]
 class CodePairsConfig:
     """Chosen/rejected program pairs from unit tests run in the sandbox."""
 
-    input: str = config_field("", "Records with a question, unit tests and candidate programs: .jsonl/.json, saved dataset or hub id.")
+    dataset_path: str = config_field("", "Records with a question, unit tests and candidate programs: .jsonl/.json, saved dataset or hub id.")
     output: str = config_field("", "Where the pairs go (JSONL with id, question, chosen, rejected and the verdicts).")
     dataset_split: str = config_field("train", "Split for hub datasets.")
     field_map: dict[str, str] = config_field({}, "Rename record fields, {our_name: their_name}.")
@@ -122,15 +122,15 @@ def build_pairs(records: Sequence[dict[str, Any]], cfg: CodePairsConfig) -> tupl
 
 
 def run_code_pairs(cfg: CodePairsConfig) -> int:
-    if not cfg.input or not cfg.output:
-        raise ConfigError("set --input (records with question, tests and candidates) and --output (the pairs JSONL)")
+    if not cfg.dataset_path or not cfg.output:
+        raise ConfigError("set --dataset_path (records with question, tests and candidates) and --output (the pairs JSONL)")
     output, report_path = Path(cfg.output), Path(cfg.output).with_suffix(".report.json")
     for flag, path in (("--output", output), ("the report", report_path)):
         if path.is_dir():
             raise ConfigError(f"{flag} {path} is a directory; name a file")
-        if path.resolve() == Path(cfg.input).resolve():
+        if path.resolve() == Path(cfg.dataset_path).resolve():
             raise ConfigError(f"{flag} {path} is the input file; the input is never written, choose another --output")
-    records = load_records(cfg.input, split=cfg.dataset_split, field_map=cfg.field_map,
+    records = load_records(cfg.dataset_path, split=cfg.dataset_split, field_map=cfg.field_map,
                            required=(cfg.question_field, cfg.tests_field), limit=cfg.max_samples)
     if not any(_candidates(r, cfg.candidate_fields) for r in records):
         raise DataError(f"no record has a candidate program in the fields {cfg.candidate_fields}; "

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from text2grad.core.config import config_field, literal_choices, range_problems
+from text2grad.core.model_config import ModelConfig
 from text2grad.core.modeling import resolve_dtype
 
 __all__ = ["PPOConfig", "REWARD_MODES", "SCALAR_SOURCES"]
@@ -30,17 +31,15 @@ SCALAR_SOURCES = {
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(ModelConfig):
     """Text2Grad PPO: token-level rewards from natural-language feedback (Text2Grad, Sec. 3.5)."""
 
     # ---- models ------------------------------------------------------------------------------------
-    model_name_or_path: str = config_field("", "Policy base model: hub id or local directory.")
     adapter: str | None = config_field(
         None,
         "LoRA adapter to start from (e.g. the SFT output). It is merged into the base weights; with use_lora "
         "the merged model is saved once to <output_dir>/base_merged so the final PPO adapter has a loadable base.",
     )
-    tokenizer_name_or_path: str | None = config_field(None, "Tokenizer (default: model_name_or_path, or the adapter dir).")
     ref_model_name_or_path: str | None = config_field(
         None,
         "Separate reference policy. Default: the policy with its LoRA adapter disabled (no second copy in memory); "
@@ -58,12 +57,7 @@ class PPOConfig:
         "with a head (value_model_name_or_path). auto: shared_backbone for LoRA runs without "
         "value_model_name_or_path, else separate. Memory of both: benchmarks/README.md.",
     )
-    dtype: str = config_field("auto", "Weights dtype: auto, bf16, fp16 or fp32 (or bfloat16, float16, float32).")
-    use_lora: bool = config_field(True, "Train a LoRA adapter on the policy (peft) instead of all weights.")
-    lora_r: int = config_field(16, "LoRA rank.")
-    lora_alpha: int = config_field(32, "LoRA alpha.")
     lora_dropout: float = config_field(0.0, "LoRA dropout (dropout is disabled during PPO anyway, see README).")
-    lora_target_modules: list[str] = config_field(["all-linear"], "Modules LoRA adapts; ['all-linear'] means every linear layer.")
     gradient_checkpointing: bool = config_field(False, "Gradient checkpointing for the policy and value backbones.")
 
     # ---- data --------------------------------------------------------------------------------------

@@ -48,13 +48,14 @@ from trl import GRPOConfig, GRPOTrainer
 from policy_optimization.config import SCALAR_SOURCES
 from policy_optimization.scores import build_score_fn
 from policy_optimization.train import build_prompt_records
-from text2grad.core.cli import print_error
-from text2grad.core.config import ConfigError, config_field, parse_config, save_config
+from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.config import ConfigError, config_field, save_config
 from text2grad.core.critics import build_feedback_source
 from text2grad.core.data import DataError
 from text2grad.core.modeling import end_distributed, load_causal_lm, load_tokenizer
 from text2grad.core.rewards import compute_score_rewards, span_sequence_score
 from text2grad.core.feedback import Feedback
+from text2grad.core.model_config import ModelConfig
 
 __all__ = ["Text2GradGRPOTrainer", "token_advantages", "GRPORunConfig", "main"]
 
@@ -139,18 +140,11 @@ class Text2GradGRPOTrainer(GRPOTrainer):
 
 
 @dataclass
-class GRPORunConfig:
+class GRPORunConfig(ModelConfig):
     """Text2Grad-GRPO: group-relative advantages plus span rewards per token (no value model)."""
 
-    model_name_or_path: str = config_field("", "Policy base model: hub id or local directory.")
     adapter: str | None = config_field(None, "LoRA adapter to start from (e.g. the SFT output); merged into the base weights.")
-    tokenizer_name_or_path: str | None = config_field(None, "Tokenizer (default: model_name_or_path).")
-    dtype: str = config_field("auto", "Weights dtype: auto, bf16, fp16 or fp32.")
-    use_lora: bool = config_field(True, "Train a LoRA adapter (peft) instead of all weights.")
-    lora_r: int = config_field(16, "LoRA rank.")
-    lora_alpha: int = config_field(32, "LoRA alpha.")
     lora_dropout: float = config_field(0.0, "LoRA dropout.")
-    lora_target_modules: list[str] = config_field(["all-linear"], "Modules LoRA adapts; ['all-linear'] = every linear layer.")
 
     dataset_path: str = config_field("", "Prompts: a .jsonl/.json file, a saved datasets directory, or a hub id.")
     dataset_split: str = config_field("train", "Split for hub datasets.")
@@ -219,17 +213,16 @@ def _score_reward_func(score_fn) -> Any:
     return sequence_score
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _setup(cfg: GRPORunConfig) -> tuple[Any, list[dict[str, Any]], Any, Any, Any]:
+    """(tokenizer, prompt records, critic, sequence reward function or None, model), or a ConfigError / DataError
+    naming what is wrong with the user's settings or data (exit 2 through the shared main)."""
+    if not cfg.model_name_or_path:
+        raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")
+    if not cfg.dataset_path:
+        raise ConfigError("set --dataset_path (a .jsonl/.json file, a saved dataset or a hub id)")
+    if cfg.scalar_source not in ("quote_count", "scalar_rm") and ":" not in cfg.scalar_source:
+        raise ConfigError(f"scalar_source must be quote_count, scalar_rm or package.module:function, got {cfg.scalar_source!r}")
     try:
-        cfg = parse_config(GRPORunConfig, argv, description="Text2Grad-GRPO (group advantages + span rewards per token).")
-        if not cfg.model_name_or_path:
-            raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")
-        if not cfg.dataset_path:
-            raise ConfigError("set --dataset_path (a .jsonl/.json file, a saved dataset or a hub id)")
-        if cfg.scalar_source not in ("quote_count", "scalar_rm") and ":" not in cfg.scalar_source:
-            raise ConfigError(f"scalar_source must be quote_count, scalar_rm or package.module:function, got {cfg.scalar_source!r}")
         tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="left")
         items = build_prompt_records(cfg, tokenizer)
         source = build_feedback_source(cfg.critic, cfg.critic_kwargs, records=items)
@@ -238,9 +231,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec = SCALAR_SOURCES.get(cfg.scalar_source) or cfg.scalar_source
             reward_funcs = _score_reward_func(build_score_fn(spec, cfg.scalar_source_kwargs, records=items))
         model = load_causal_lm(cfg.model_name_or_path, adapter=cfg.adapter, dtype=cfg.dtype, merge_adapter=True)
-    except (ConfigError, DataError, FileNotFoundError, ValueError, TypeError, ImportError) as exc:
-        print_error(str(exc))
-        return 2
+    except (ConfigError, DataError, FileNotFoundError):
+        raise
+    except (ValueError, TypeError, ImportError) as exc:  # a critic/score spec or its kwargs that do not fit
+        raise ConfigError(str(exc)) from None
+    return tokenizer, items, source, reward_funcs, model
+
+
+def train_grpo(cfg: GRPORunConfig) -> int:
+    tokenizer, items, source, reward_funcs, model = _setup(cfg)
     peft_config = None
     if cfg.use_lora:
         targets = cfg.lora_target_modules
@@ -278,7 +277,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fh.write(json.dumps(row) + "\n")
         logger.info("done: %d steps; policy saved to %s", trainer.state.global_step, cfg.output_dir)
     end_distributed()
-    return 0
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(GRPORunConfig, train_grpo, argv,
+                   description="Text2Grad-GRPO (group advantages + span rewards per token).")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, config_field, range_problems
 from text2grad.core.data import DataError, load_records, record_id, render_template
 from text2grad.core.modeling import check_model_path, load_causal_lm, load_tokenizer
+from text2grad.core.model_config import ModelConfig
 
 __all__ = ["HFRunConfig", "SFTRunConfig", "main", "lora_config", "training_kwargs", "load_pairs"]
 
@@ -35,13 +36,10 @@ logger = logging.getLogger("policy_optimization.sft")
 
 
 @dataclass
-class HFRunConfig:
+class HFRunConfig(ModelConfig):
     """Fields shared by the SFT and DPO runs (both drive a transformers Trainer through TRL)."""
 
-    model_name_or_path: str = config_field("", "Base model: hub id or local directory.")
     adapter: str | None = config_field(None, "LoRA adapter to merge into the base before training (e.g. the SFT output for DPO).")
-    tokenizer_name_or_path: str | None = config_field(None, "Tokenizer (default: model_name_or_path).")
-    dtype: str = config_field("auto", "Weights dtype: auto, bf16, fp16 or fp32.")
     dataset_path: str = config_field("", "Training records: .jsonl/.json file, saved dataset directory or hub id.")
     dataset_split: str = config_field("train", "Split for hub datasets.")
     field_map: dict[str, str] = config_field({}, "Rename record fields, {our_name: their_name}.")
@@ -49,11 +47,6 @@ class HFRunConfig:
     use_chat_template: bool = config_field(False, "Use conversational records (the tokenizer's chat template formats them).")
     max_samples: int | None = config_field(None, "Use only the first N records.")
     output_dir: str = config_field("outputs/sft", "Where the model (adapter or full) and tokenizer are saved.")
-    use_lora: bool = config_field(True, "Train a LoRA adapter (peft) instead of all weights.")
-    lora_r: int = config_field(16, "LoRA rank.")
-    lora_alpha: int = config_field(32, "LoRA alpha.")
-    lora_dropout: float = config_field(0.05, "LoRA dropout.")
-    lora_target_modules: list[str] = config_field(["all-linear"], "Modules LoRA adapts; ['all-linear'] = every linear layer.")
     learning_rate: float = config_field(2e-5, "Peak learning rate.")
     lr_scheduler_type: str = config_field("linear", "Scheduler name.")
     warmup_steps: float = config_field(0, "Warm-up: a number of steps, or a ratio of all steps when below 1.")

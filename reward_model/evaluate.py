@@ -1,7 +1,7 @@
 """Evaluate a reward model on held-out annotations (the paper's Table 1 and Appendix C metrics).
 
     python -m reward_model.evaluate --model_name_or_path outputs/slf5k/reward_model \\
-        --eval_file outputs/slf5k/annotations/eval.jsonl --output_dir outputs/slf5k/rm_eval
+        --dataset_path outputs/slf5k/annotations/eval.jsonl --output_dir outputs/slf5k/rm_eval
 
 For every (prompt, response) the model writes a critique and span JSON, which is compared with the
 annotator's feedback by `reward_model.metrics`: JSON-validity rate, unmatched-span rate, token-level
@@ -47,8 +47,8 @@ class EvalConfig:
         "Reward model: training output dir (adapter), merged model, or base model with --adapter.",
     )
     adapter: str | None = config_field(None, "LoRA adapter directory on top of model_name_or_path.")
-    eval_file: str = config_field("", "Annotated held-out data (JSONL/JSON/dataset dir/hub id).")
-    eval_split: str = config_field("validation", "Split when eval_file is a hub dataset.")
+    dataset_path: str = config_field("", "Annotated held-out data (JSONL/JSON/dataset dir/hub id).")
+    dataset_split: str = config_field("validation", "Split when dataset_path is a hub dataset.")
     field_map: dict[str, str] = config_field({}, "Rename fields, {our_name: their_name}.")
     limit: int | None = config_field(None, "Evaluate only the first N records.")
     output_dir: str = config_field("outputs/reward_model_eval", "Where the report files go.")
@@ -102,11 +102,11 @@ def _load_predictions(path: str, records: list[dict[str, Any]]) -> list[Feedback
 
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """Run the evaluation and write the report files. Returns the report dictionary."""
-    if not cfg.eval_file:
-        raise ConfigError("eval_file is required")
+    if not cfg.dataset_path:
+        raise ConfigError("dataset_path is required (held-out annotated records)")
     if not cfg.predictions_file and not cfg.model_name_or_path:
         raise ConfigError("pass --model_name_or_path (a reward model) or --predictions_file (saved critic outputs)")
-    records = load_records(cfg.eval_file, split=cfg.eval_split, field_map=cfg.field_map, required=REQUIRED_FIELDS, limit=cfg.limit)
+    records = load_records(cfg.dataset_path, split=cfg.dataset_split, field_map=cfg.field_map, required=REQUIRED_FIELDS, limit=cfg.limit)
     prompts = [str(r["prompt"]) for r in records]
     responses = [str(r["response"]) for r in records]
     references = [record_feedback(r) for r in records]
@@ -144,7 +144,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
-    title = f"Reward model evaluation: {cfg.predictions_file or cfg.model_name_or_path} on {cfg.eval_file}"
+    title = f"Reward model evaluation: {cfg.predictions_file or cfg.model_name_or_path} on {cfg.dataset_path}"
     (out / "report.md").write_text(format_markdown(report, title=title))
     write_jsonl(
         out / "predictions.jsonl",

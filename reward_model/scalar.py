@@ -17,7 +17,7 @@ response tokens, then EOS; when too long, the prompt is cut from the left (the r
 
 Evaluation: pairwise accuracy (share of held-out pairs whose chosen response scores higher; ties count as
 wrong) and the mean margin, written to ``<output_dir>/eval_pairwise.json``. The held-out pairs are
-``eval_file`` or, without one, an ``eval_fraction`` of the training pairs set aside (seeded).
+``eval_dataset_path`` or, without one, an ``eval_fraction`` of the training pairs set aside (seeded).
 
 In PPO (``--reward_mode scalar --scalar_source scalar_rm --scalar_source_kwargs '{"path": DIR}'``) the
 trained model is the score function, `ScalarRewardScorer`: ``scorer(prompts, responses) -> list[float]``.
@@ -40,10 +40,11 @@ from peft import LoraConfig, PeftModel
 from transformers import AutoModelForSequenceClassification, set_seed
 from trl import RewardConfig, RewardTrainer
 
-from reward_model.train import _allow_deepspeed_on_cpu, _checkpointing_kwargs, _strip_launcher_args, _warmup_kwargs
-from text2grad.core.cli import print_error
-from text2grad.core.config import ConfigError, config_field, load_config, parse_config, save_config
+from reward_model.train import LLAMA_LINEAR_MODULES, _allow_deepspeed_on_cpu, _strip_launcher_args, shared_training_kwargs
+from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.config import ConfigError, config_field, load_config, save_config
 from text2grad.core.data import DataError, load_records
+from text2grad.core.model_config import ModelConfig
 from text2grad.core.modeling import end_distributed, load_tokenizer, resolve_dtype
 
 __all__ = [
@@ -61,31 +62,26 @@ __all__ = [
 logger = logging.getLogger("reward_model.scalar")
 
 CONFIG_FILENAME = "scalar_rm_config.yaml"
-LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 @dataclass
-class ScalarRMConfig:
+class ScalarRMConfig(ModelConfig):
     """Train a Bradley-Terry scalar reward model on preference pairs (the paper's PPO baseline)."""
 
-    model_name_or_path: str = config_field("", "Base model (hub id or local directory); a one-output score head is added.")
-    tokenizer_name_or_path: str | None = config_field(None, "Tokenizer (default: model_name_or_path).")
-    train_file: str = config_field("", "Preference pairs: JSONL/JSON/saved dataset/hub id with prompt, chosen, rejected.")
-    train_split: str = config_field("train", "Split of train_file when it is a hub dataset.")
-    eval_file: str | None = config_field(None, "Held-out pairs (same layout). Default: an eval_fraction of train_file.")
-    eval_split: str = config_field("validation", "Split of eval_file when it is a hub dataset.")
-    eval_fraction: float = config_field(0.1, "Share of train_file held out for pairwise accuracy when eval_file is not set.")
+    dataset_path: str = config_field("", "Preference pairs: JSONL/JSON/saved dataset/hub id with prompt, chosen, rejected.")
+    dataset_split: str = config_field("train", "Split of dataset_path when it is a hub dataset.")
+    eval_dataset_path: str | None = config_field(None, "Held-out pairs (same layout). Default: an eval_fraction of dataset_path.")
+    eval_dataset_split: str = config_field("validation", "Split of eval_dataset_path when it is a hub dataset.")
+    eval_fraction: float = config_field(0.1, "Share of dataset_path held out for pairwise accuracy when eval_dataset_path is not set.")
     field_map: dict[str, str] = config_field({}, "Rename fields, {our_name: their_name}, e.g. {\"prompt\": \"post\"}.")
-    limit: int | None = config_field(None, "Use only the first N pairs of train_file.")
+    limit: int | None = config_field(None, "Use only the first N pairs of dataset_path.")
     prompt_template: str = config_field("{prompt}\n\n", "Text before the response, with {prompt} filled from each pair.")
     max_length: int = config_field(1024, "Max tokens of prompt + response + EOS; the prompt is cut from the left.")
     output_dir: str = config_field("outputs/scalar_rm", "Adapter (or weights), tokenizer, config and eval_pairwise.json.")
 
-    use_lora: bool = config_field(True, "Train a LoRA adapter (the score head is trained in full) or every weight.")
-    lora_r: int = config_field(16, "LoRA rank.")
-    lora_alpha: int = config_field(32, "LoRA alpha.")
-    lora_dropout: float = config_field(0.05, "LoRA dropout.")
-    lora_target_modules: list[str] = config_field(list(LLAMA_LINEAR_MODULES), "Modules that get LoRA adapters.")
+    lora_target_modules: list[str] = config_field(
+        LLAMA_LINEAR_MODULES, "Modules that get LoRA adapters (the one-output score head is trained in full)."
+    )
 
     learning_rate: float = config_field(1e-5, "Peak learning rate.")
     lr_scheduler_type: str = config_field("linear", "transformers scheduler name.")
@@ -98,7 +94,6 @@ class ScalarRMConfig:
     center_rewards_coefficient: float | None = config_field(None, "Weight of mean((r_c + r_r)^2), keeping rewards centred.")
     gradient_checkpointing: bool = config_field(False, "Recompute activations in backward.")
     bf16: bool = config_field(False, "bfloat16 mixed precision.")
-    dtype: str = config_field("auto", "dtype the base weights are loaded in: auto, bf16, fp16, fp32.")
     deepspeed: str | None = config_field(None, "DeepSpeed JSON config, e.g. configs/deepspeed/zero3.json.")
     eval_batch_size: int = config_field(8, "Pairs per batch when computing the pairwise accuracy.")
     save_steps: int = config_field(500, "Save a checkpoint every N optimizer steps.")
@@ -106,7 +101,7 @@ class ScalarRMConfig:
     logging_steps: int = config_field(10, "Log every N steps.")
     seed: int = config_field(42, "Random seed (held-out split, data order, LoRA and head init).")
     report_to: str = config_field("none", "none, tensorboard, wandb (comma-separated).")
-    disable_tqdm: bool = config_field(False, "Hide the progress bar.")
+    progress_bar: bool = config_field(True, "Show a progress bar over training steps.")
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eval_fraction < 1.0:
@@ -278,29 +273,9 @@ def _load_trained(path: str):
 
 def _reward_config(cfg: ScalarRMConfig):
     return RewardConfig(
-        output_dir=cfg.output_dir,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        learning_rate=cfg.learning_rate,
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        **_warmup_kwargs(RewardConfig, 0.0),
-        weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm,
-        num_train_epochs=cfg.num_train_epochs,
-        max_steps=cfg.max_steps,
-        **_checkpointing_kwargs(RewardConfig, cfg.gradient_checkpointing),
-        bf16=cfg.bf16,
-        deepspeed=cfg.deepspeed,
-        save_strategy="steps",
-        save_steps=cfg.save_steps,
-        save_total_limit=cfg.save_total_limit,
-        logging_steps=cfg.logging_steps,
-        report_to=[r for r in cfg.report_to.split(",") if r and r != "none"] or "none",
-        seed=cfg.seed,
-        disable_tqdm=cfg.disable_tqdm,
+        **shared_training_kwargs(RewardConfig, cfg, warmup_ratio=0.0),
         max_length=None,  # encode_pair_text already fits every pair (prompt cut from the left)
         center_rewards_coefficient=cfg.center_rewards_coefficient,
-        dataloader_num_workers=0,
     )
 
 
@@ -311,14 +286,14 @@ def _encode_dataset(cfg: ScalarRMConfig, tokenizer, pairs: Sequence[dict[str, st
 
 
 def train(cfg: ScalarRMConfig) -> dict[str, Any]:
-    """Train on ``cfg.train_file``, save to ``cfg.output_dir`` and return training + held-out metrics."""
+    """Train on ``cfg.dataset_path``, save to ``cfg.output_dir`` and return training + held-out metrics."""
     if not cfg.model_name_or_path:
         raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")
-    if not cfg.train_file:
-        raise ConfigError("set --train_file (preference_pairs.jsonl from `text2grad prepare-data`)")
-    pairs = load_pairs(cfg.train_file, cfg.train_split, cfg.field_map, cfg.limit)
-    if cfg.eval_file:
-        train_pairs, eval_pairs = pairs, load_pairs(cfg.eval_file, cfg.eval_split, cfg.field_map)
+    if not cfg.dataset_path:
+        raise ConfigError("set --dataset_path (preference_pairs.jsonl from `text2grad prepare-data`)")
+    pairs = load_pairs(cfg.dataset_path, cfg.dataset_split, cfg.field_map, cfg.limit)
+    if cfg.eval_dataset_path:
+        train_pairs, eval_pairs = pairs, load_pairs(cfg.eval_dataset_path, cfg.eval_dataset_split, cfg.field_map)
     else:
         train_pairs, eval_pairs = split_pairs(pairs, cfg.eval_fraction, cfg.seed)
     if cfg.deepspeed and os.environ.get("DS_ACCELERATOR") == "cpu" and not torch.cuda.is_available():
@@ -356,35 +331,26 @@ def train(cfg: ScalarRMConfig) -> dict[str, Any]:
             scorer = ScalarRewardScorer(model=unwrapped, tokenizer=tokenizer, config=cfg,
                                         device=str(trainer.accelerator.device), batch_size=cfg.eval_batch_size)
             report = pairwise_accuracy(scorer, eval_pairs)
-            report["source"] = cfg.eval_file or f"{cfg.eval_fraction:.0%} of {cfg.train_file} (seed {cfg.seed})"
+            report["source"] = cfg.eval_dataset_path or f"{cfg.eval_fraction:.0%} of {cfg.dataset_path} (seed {cfg.seed})"
             (Path(cfg.output_dir) / "eval_pairwise.json").write_text(json.dumps(report, indent=2))
             metrics.update({f"eval_{k}": v for k, v in report.items()})
         trainer.save_metrics("train", {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
     return metrics
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    args = _strip_launcher_args(sys.argv[1:] if argv is None else argv)
-    try:
-        cfg = parse_config(ScalarRMConfig, args, description="Scalar (Bradley-Terry) reward model on preference pairs.")
-        if not cfg.model_name_or_path:
-            raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")
-        if not cfg.train_file:
-            raise ConfigError("set --train_file (preference_pairs.jsonl from `text2grad prepare-data`)")
-        metrics = train(cfg)
-    except (ConfigError, DataError, FileNotFoundError) as exc:
-        print_error(str(exc))
-        return 2
+def train_scalar_reward_model(cfg: ScalarRMConfig) -> int:
+    metrics = train(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
         acc = metrics.get("eval_accuracy")
         shown = f", held-out pairwise accuracy {acc:.3f} on {metrics['eval_pairs']} pairs" if acc is not None else ""
         print(f"scalar reward model saved to {cfg.output_dir} ({metrics['train_pairs']} training pairs{shown})")
     end_distributed()
-    return 0
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(ScalarRMConfig, train_scalar_reward_model, _strip_launcher_args(sys.argv[1:] if argv is None else argv),
+                   description="Scalar (Bradley-Terry) reward model on preference pairs.")
 
 
 if __name__ == "__main__":

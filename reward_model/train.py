@@ -51,6 +51,7 @@ from text2grad.core import run_dir
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, config_field, range_problems, save_config
 from text2grad.core.data import DataError, load_records
+from text2grad.core.model_config import ModelConfig
 from text2grad.core.modeling import check_model_path, end_distributed, load_causal_lm, load_tokenizer
 
 __all__ = ["RewardModelConfig", "CONFIG_FILENAME", "build_dataset", "train", "main"]
@@ -63,7 +64,7 @@ LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 
 
 @dataclass
-class RewardModelConfig:
+class RewardModelConfig(ModelConfig):
     """Train the Text2Grad generative reward model (critique + span JSON) with LoRA or full fine-tuning.
 
     Defaults follow the paper's reward-model setting for Llama-3.1-8B-Instruct (its public training
@@ -78,21 +79,17 @@ class RewardModelConfig:
         "meta-llama/Llama-3.1-8B-Instruct",
         "Base model: a hub id or a local directory saved with save_pretrained().",
     )
-    tokenizer_name_or_path: str | None = config_field(
-        None,
-        "Tokenizer to use; defaults to model_name_or_path.",
-    )
-    train_file: str = config_field(
+    dataset_path: str = config_field(
         "",
         "Annotated training data: a JSONL/JSON file (annotation phase output), a save_to_disk "
         "directory or a hub dataset id, with prompt, response, critique, good_spans, poor_spans.",
     )
-    train_split: str = config_field("train", "Split of train_file when it is a hub dataset.")
-    eval_file: str | None = config_field(
+    dataset_split: str = config_field("train", "Split of dataset_path when it is a hub dataset.")
+    eval_dataset_path: str | None = config_field(
         None,
         "Held-out annotated data for the evaluation loss (same layout).",
     )
-    eval_split: str = config_field("validation", "Split of eval_file when it is a hub dataset.")
+    eval_dataset_split: str = config_field("validation", "Split of eval_dataset_path when it is a hub dataset.")
     field_map: dict[str, str] = config_field(
         {},
         "Rename dataset fields, {our_name: their_name}, e.g. {\"prompt\": \"post\"}.",
@@ -122,10 +119,6 @@ class RewardModelConfig:
         "whose response + target cannot fit are dropped (and counted).",
     )
     # ----- LoRA
-    use_lora: bool = config_field(True, "Train a LoRA adapter (true) or every weight (false).")
-    lora_r: int = config_field(16, "LoRA rank.")
-    lora_alpha: int = config_field(32, "LoRA alpha (scaling = alpha / r).")
-    lora_dropout: float = config_field(0.05, "Dropout on the LoRA input.")
     lora_target_modules: list[str] = config_field(
         LLAMA_LINEAR_MODULES, "Module names that get LoRA adapters (comma-separated on the command line)."
     )
@@ -146,10 +139,6 @@ class RewardModelConfig:
     )
     bf16: bool = config_field(False, "Train in bfloat16 mixed precision (Ampere+ GPUs).")
     fp16: bool = config_field(False, "Train in float16 mixed precision.")
-    dtype: str = config_field(
-        "auto",
-        "dtype the base weights are loaded in: auto, bf16, fp16, fp32.",
-    )
     deepspeed: str | None = config_field(
         None,
         "DeepSpeed JSON config, e.g. configs/deepspeed/zero2.json or zero3.json.",
@@ -170,7 +159,7 @@ class RewardModelConfig:
     )
     save_steps: int = config_field(500, "Save a checkpoint every N optimizer steps.")
     save_total_limit: int | None = config_field(2, "Keep at most N checkpoints.")
-    eval_steps: int = config_field(500, "Evaluation loss every N steps (when eval_file is set).")
+    eval_steps: int = config_field(500, "Evaluation loss every N steps (when eval_dataset_path is set).")
     logging_steps: int = config_field(10, "Log the training loss every N steps.")
     seed: int = config_field(42, "Random seed (data order, LoRA init).")
     report_to: str = config_field(
@@ -356,42 +345,52 @@ def _warmup_kwargs(args_cls, ratio: float) -> dict[str, float]:
     return {"warmup_steps": ratio}
 
 
-def training_arguments(cfg: RewardModelConfig):
-    """The `transformers.TrainingArguments` for ``cfg`` (building them registers a ZeRO-3 DeepSpeed config)."""
-    return TrainingArguments(
+def shared_training_kwargs(args_cls, cfg: Any, *, warmup_ratio: float) -> dict[str, Any]:
+    """The `transformers.TrainingArguments` keywords that both reward models (this module's and
+    `reward_model.scalar`'s `RewardConfig`) set the same way from their configs: optimisation, precision,
+    DeepSpeed, checkpoints, logging, seed and the progress bar. ``args_cls`` is the arguments class the
+    keywords are for (transformers 4.x and 5 name warm-up and checkpointing differently)."""
+    return dict(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
-        per_device_eval_batch_size=cfg.per_device_eval_batch_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         learning_rate=cfg.learning_rate,
         lr_scheduler_type=cfg.lr_scheduler_type,
-        **_warmup_kwargs(TrainingArguments, cfg.warmup_ratio),
+        **_warmup_kwargs(args_cls, warmup_ratio),
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,
         num_train_epochs=cfg.num_train_epochs,
         max_steps=cfg.max_steps,
-        **_checkpointing_kwargs(TrainingArguments, cfg.gradient_checkpointing),
+        **_checkpointing_kwargs(args_cls, cfg.gradient_checkpointing),
         bf16=cfg.bf16,
-        fp16=cfg.fp16,
         deepspeed=cfg.deepspeed,
         save_strategy="steps",
         save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit,
-        eval_strategy="steps" if cfg.eval_file else "no",
-        eval_steps=cfg.eval_steps if cfg.eval_file else None,
         logging_steps=cfg.logging_steps,
         report_to=[r for r in cfg.report_to.split(",") if r and r != "none"] or "none",
         seed=cfg.seed,
-        remove_unused_columns=False,  # our examples are already model inputs
         disable_tqdm=not cfg.progress_bar,
         dataloader_num_workers=0,
     )
 
 
+def training_arguments(cfg: RewardModelConfig):
+    """The `transformers.TrainingArguments` for ``cfg`` (building them registers a ZeRO-3 DeepSpeed config)."""
+    return TrainingArguments(
+        **shared_training_kwargs(TrainingArguments, cfg, warmup_ratio=cfg.warmup_ratio),
+        per_device_eval_batch_size=cfg.per_device_eval_batch_size,
+        fp16=cfg.fp16,
+        eval_strategy="steps" if cfg.eval_dataset_path else "no",
+        eval_steps=cfg.eval_steps if cfg.eval_dataset_path else None,
+        remove_unused_columns=False,  # our examples are already model inputs
+    )
+
+
 def train(cfg: RewardModelConfig) -> dict[str, Any]:
     """Run training and save the result in ``cfg.output_dir``. Returns the final training metrics."""
-    if not cfg.train_file:
-        raise ConfigError("train_file is required (annotated JSONL from the annotation phase)")
+    if not cfg.dataset_path:
+        raise ConfigError("dataset_path is required (annotated JSONL from the annotation phase)")
     is_main = int(os.environ.get("RANK", "0")) == 0
     resume = prepare_run_dir(cfg, is_main)
     check_model_path(cfg.model_name_or_path)
@@ -402,10 +401,10 @@ def train(cfg: RewardModelConfig) -> dict[str, Any]:
     args = training_arguments(cfg)
     set_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="right")
-    train_set, dropped = build_dataset(cfg, tokenizer, cfg.train_file, cfg.train_split, cfg.limit)
+    train_set, dropped = build_dataset(cfg, tokenizer, cfg.dataset_path, cfg.dataset_split, cfg.limit)
     eval_set = None
-    if cfg.eval_file:
-        eval_set, eval_dropped = build_dataset(cfg, tokenizer, cfg.eval_file, cfg.eval_split)
+    if cfg.eval_dataset_path:
+        eval_set, eval_dropped = build_dataset(cfg, tokenizer, cfg.eval_dataset_path, cfg.eval_dataset_split)
         dropped += eval_dropped
     if dropped and args.process_index == 0:
         logger.warning("dropped %d record(s) longer than max_length=%d tokens", dropped, cfg.max_length)

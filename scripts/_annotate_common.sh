@@ -33,7 +33,7 @@ if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     COMPLETIONS_MODEL="$WORK/model"             # KodCode's negatives come from the tiny model ...
     PREPARE_ARGS="--max_new_tokens 24 ${PREPARE_ARGS:-}"  # ... writing short programs
     OUTPUT="$WORK/annotations.${CRITIC:-llm}.jsonl"
-    EXTRA+=(--progress false)
+    EXTRA+=(--progress_bar false)
     if [ "$CRITIC" != "code_tests" ]; then
         rm -f "$WORK/fake_openai.url"
         "$PY" "$ROOT/tests/fake_openai.py" --port_file "$WORK/fake_openai.url" &
@@ -55,5 +55,5 @@ fi
 ensure_prepared "$DATASET"
 
 "$PY" -m text2grad.annotate --config "configs/$DATASET/annotation.yaml" \
-    --input "$DATA_DIR/annotation_input.jsonl" --output "$OUTPUT" "${EXTRA[@]}" "$@"
+    --dataset_path "$DATA_DIR/annotation_input.jsonl" --output "$OUTPUT" "${EXTRA[@]}" "$@"
 echo "annotations: $OUTPUT"

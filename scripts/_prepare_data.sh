@@ -19,6 +19,6 @@ ensure_prepared() {
     fi
     local extra=()
     read -r -a extra <<< "${PREPARE_ARGS:-}"
-    "$PY" -m text2grad.apps.prepare_data --dataset "$dataset" --input "$INPUT" --output_dir "$DATA_DIR" \
+    "$PY" -m text2grad.apps.prepare_data --dataset "$dataset" --dataset_path "$INPUT" --output_dir "$DATA_DIR" \
         ${PREPARE_FLAGS[@]+"${PREPARE_FLAGS[@]}"} ${extra[@]+"${extra[@]}"} >&2
 }

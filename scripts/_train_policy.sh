@@ -83,7 +83,7 @@ for phase in $PHASES; do
                 --output_dir "$OUT/dpo" "${SFT_DS[@]}" "${DPO_PROMPT[@]}" "${DPO_SIZE[@]}" "${DPO_EXTRA[@]}" ;;
         scalar_rm)   # the PPO baseline's Bradley-Terry reward model, on the same preference pairs as DPO
             "${HF_LAUNCH[@]}" reward_model.scalar --config "configs/$NAME/scalar_rm.yaml" --model_name_or_path "$MODEL" \
-                --train_file "$DPO_DATASET" --output_dir "$OUT/scalar_rm" "${SFT_DS[@]}" "${SRM_SIZE[@]}" "${BASELINE_EXTRA[@]}" ;;
+                --dataset_path "$DPO_DATASET" --output_dir "$OUT/scalar_rm" "${SFT_DS[@]}" "${SRM_SIZE[@]}" "${BASELINE_EXTRA[@]}" ;;
         ppo_scalar)  # the paper's PPO baseline: scalar reward from the scalar_rm phase at the last token
             ADAPTER=(--adapter none); [ -d "$OUT/sft" ] && ADAPTER=(--adapter "$OUT/sft")
             "${LAUNCH[@]}" policy_optimization.train --config "configs/$NAME/ppo.yaml" --model_name_or_path "$MODEL" \

@@ -21,7 +21,7 @@ EXTRA=()
 if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     WORK="${TINY_DIR:-$(mktemp -d)}"
     "$PY" -m text2grad.apps.tiny --dataset "$DATASET" --output_dir "$WORK" >/dev/null 2>&1
-    EXTRA+=(--model_name_or_path "$WORK/model" --train_file "$WORK/annotations.jsonl" --output_dir "$WORK/reward_model"
+    EXTRA+=(--model_name_or_path "$WORK/model" --dataset_path "$WORK/annotations.jsonl" --output_dir "$WORK/reward_model"
             --max_steps 2 --save_steps 2 --logging_steps 1 --max_length 512 --per_device_train_batch_size 2
             --bf16 false --gradient_checkpointing false --dtype fp32 --progress_bar false)
 fi

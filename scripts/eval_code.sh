@@ -32,7 +32,7 @@ if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     OUTPUT_DIR="${TINY_OUTPUT_DIR:-$TINY_DIR/eval}"
     BENCHMARKS="${TINY_BENCHMARKS:-humaneval kodcode}"
     # a random model: a few problems, short answers, CPU
-    extra=(--limit 4 --max_new_tokens 16 --batch_size 4 --workers 2 --device cpu --use_chat_template false --show_progress false)
+    extra=(--limit 4 --max_new_tokens 16 --batch_size 4 --workers 2 --device cpu --use_chat_template false --progress_bar false)
 fi
 if [ -z "${MODEL:-}" ]; then
     echo "scripts/eval_code.sh: set MODEL (hub id or local path) or TEXT2GRAD_TINY=1" >&2
@@ -49,9 +49,9 @@ for bench in $BENCHMARKS; do
         humaneval_plus) if [ -z "${HUMANEVAL_OVERRIDE_PATH:-}" ]; then echo "skipping humaneval_plus: set HUMANEVAL_OVERRIDE_PATH to a local HumanEvalPlus-v0.1.10.jsonl.gz"; continue; fi ;;
         mbpp_plus) if [ -z "${MBPP_OVERRIDE_PATH:-}" ]; then echo "skipping mbpp_plus: set MBPP_OVERRIDE_PATH to a local MbppPlus-v0.2.0.jsonl.gz"; continue; fi ;;
         mbpp) if [ -z "${MBPP_PATH:-}" ]; then echo "skipping mbpp: set MBPP_PATH to mbpp.jsonl or sanitized-mbpp.json"; continue; fi
-              data_args=(--data "$MBPP_PATH") ;;
+              data_args=(--dataset_path "$MBPP_PATH") ;;
         kodcode) if [ -z "${KODCODE_EVAL:-}" ]; then echo "skipping kodcode: set KODCODE_EVAL to a JSONL of question/solution/test records"; continue; fi
-                 data_args=(--data "$KODCODE_EVAL") ;;
+                 data_args=(--dataset_path "$KODCODE_EVAL") ;;
         *) echo "scripts/eval_code.sh: unknown benchmark '$bench'" >&2; exit 2 ;;
     esac
     echo "== $bench"

@@ -23,10 +23,10 @@ if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     "$PYTHON" -m text2grad.apps.tiny --dataset slf5k --output_dir "$TINY_DIR/slf5k"
     MODEL="${MODEL:-$TINY_DIR/slf5k/model}"
     DATA="${DATA:-$TINY_DIR/slf5k/data/eval.jsonl}"
-    extra+=(--max_new_tokens 12 --batch_size 4 --device cpu --show_progress false)
+    extra+=(--max_new_tokens 12 --batch_size 4 --device cpu --progress_bar false)
 fi
 : "${DATA:?set DATA to the eval data (a .jsonl/.json file or a hub id), or TEXT2GRAD_TINY=1}"
-args=(--config "$CONFIG" --data "$DATA" --output_dir "$OUTPUT_DIR")
+args=(--config "$CONFIG" --dataset_path "$DATA" --output_dir "$OUTPUT_DIR")
 if [ -n "${PREDICTIONS:-}" ]; then
     args+=(--predictions_file "$PREDICTIONS")
     if [ -z "${MODEL:-}" ]; then args+=(--metrics rouge,bleu,bertscore); fi  # perplexity needs the policy

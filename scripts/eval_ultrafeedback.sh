@@ -47,7 +47,7 @@ PY
     ARC_DATA="${ARC_DATA:-$world/data/arc_tiny.jsonl}"
     ALPACA_DATA="${ALPACA_DATA:-$world/data/alpaca_tiny.jsonl}"
     MTBENCH_DATA="${MTBENCH_DATA:-$world/data/mt_bench_tiny.jsonl}"
-    extra+=(--max_new_tokens 12 --batch_size 4 --device cpu --show_progress false)
+    extra+=(--max_new_tokens 12 --batch_size 4 --device cpu --progress_bar false)
 fi
 : "${MODEL:?set MODEL to the policy (hub id or directory), or TEXT2GRAD_TINY=1}"
 common=(--config "$CONFIG" --model "$MODEL" --output_dir "$OUTPUT_DIR")
@@ -60,8 +60,8 @@ if [ -n "${JUDGE_MODEL:-}" ]; then
 fi
 
 if [ -n "${ARC_DATA:-}" ]; then
-    arc=(--task arc --data "$ARC_DATA")
-    if [ ! -e "$ARC_DATA" ]; then arc+=(--data_config "${ARC_CONFIG:-ARC-Challenge}" --split "${ARC_SPLIT:-test}"); fi
+    arc=(--task arc --dataset_path "$ARC_DATA")
+    if [ ! -e "$ARC_DATA" ]; then arc+=(--dataset_config "${ARC_CONFIG:-ARC-Challenge}" --dataset_split "${ARC_SPLIT:-test}"); fi
     "$PYTHON" -m text2grad.apps.evaluation.qa "${common[@]}" "${arc[@]}" "${extra[@]}" "$@"
 else
     echo "[eval_ultrafeedback] ARC skipped: set ARC_DATA (e.g. allenai/ai2_arc or a JSONL file)"
@@ -71,12 +71,12 @@ if [ ${#judge[@]} -eq 0 ]; then
     exit 0
 fi
 if [ -n "${ALPACA_DATA:-}" ]; then
-    "$PYTHON" -m text2grad.apps.evaluation.qa "${common[@]}" --task alpaca_eval --data "$ALPACA_DATA" "${judge[@]}" "${extra[@]}" "$@"
+    "$PYTHON" -m text2grad.apps.evaluation.qa "${common[@]}" --task alpaca_eval --dataset_path "$ALPACA_DATA" "${judge[@]}" "${extra[@]}" "$@"
 else
     echo "[eval_ultrafeedback] AlpacaEval skipped: set ALPACA_DATA (JSON/JSONL with instruction and output)"
 fi
 if [ -n "${MTBENCH_DATA:-}" ]; then
-    "$PYTHON" -m text2grad.apps.evaluation.qa "${common[@]}" --task mt_bench --data "$MTBENCH_DATA" "${judge[@]}" "${extra[@]}" "$@"
+    "$PYTHON" -m text2grad.apps.evaluation.qa "${common[@]}" --task mt_bench --dataset_path "$MTBENCH_DATA" "${judge[@]}" "${extra[@]}" "$@"
 else
     echo "[eval_ultrafeedback] MT-Bench skipped: set MTBENCH_DATA (JSONL with turns)"
 fi

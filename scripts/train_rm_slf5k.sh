@@ -3,7 +3,7 @@
 #   bash scripts/train_rm_slf5k.sh                               # one device: python -m reward_model.train
 #   NUM_GPUS=8 bash scripts/train_rm_slf5k.sh                    # DeepSpeed ZeRO-3 on 8 GPUs
 #   NUM_GPUS=8 DS_CONFIG=configs/deepspeed/zero2.json bash scripts/train_rm_slf5k.sh   # ZeRO-2
-#   bash scripts/train_rm_slf5k.sh --train_file my.jsonl --learning_rate 2e-5          # flags override the YAML
+#   bash scripts/train_rm_slf5k.sh --dataset_path my.jsonl --learning_rate 2e-5          # flags override the YAML
 #   TEXT2GRAD_TINY=1 bash scripts/train_rm_slf5k.sh              # offline smoke run: generated tiny model + data
 # Settings: configs/slf5k/reward_model.yaml. Output: runs/slf5k/reward_model (adapter, tokenizer, config).
 # The body is shared: scripts/_train_rm.sh.

@@ -67,7 +67,7 @@ def _commands() -> list[tuple[str, str, list[str]]]:
                     continue
                 rest = re.split(r"\s#|`|\|", rest)[0]  # a trailing shell comment or the end of a table cell
                 tokens = shlex.split(rest)
-                # "..." elides arguments; it stays only as the value of a flag ("--input ...")
+                # "..." elides arguments; it stays only as the value of a flag ("--dataset_path ...")
                 args = [t for k, t in enumerate(tokens) if t != "..." or (k and tokens[k - 1].startswith("--"))]
                 # inline prose naming a module ("`python -m text2grad.apps.tiny` writes ...") is not a command to parse
                 if not (inline and not args):
@@ -86,7 +86,7 @@ def test_every_readme_documents_commands():
     documented = {readme for readme, _, _ in COMMANDS}
     assert documented == set(READMES), f"no `python -m` command found in {set(READMES) - documented}"
     assert len(COMMANDS) >= 30
-    assert ("README.md", "reward_model.evaluate", ["--model_name_or_path", "runs/slf5k/reward_model", "--eval_file",
+    assert ("README.md", "reward_model.evaluate", ["--model_name_or_path", "runs/slf5k/reward_model", "--dataset_path",
             "runs/slf5k/annotations_validation.jsonl", "--output_dir", "runs/slf5k/rm_eval"]) in COMMANDS
 
 
@@ -138,7 +138,8 @@ def test_readme_command_parses(readme, module, args, monkeypatch, capsys):
     else:
         pytest.fail(f"{module}.main returned without parsing its arguments with argparse")
     # argparse accepts unambiguous prefixes ("--data" for "--data_path"); a README should spell flags out in full
-    options = {s for action in parsers[-1]._actions for s in action.option_strings}
+    # hidden options (help=SUPPRESS) are the renamed keys, which exist only to say their new name
+    options = {s for action in parsers[-1]._actions if action.help != argparse.SUPPRESS for s in action.option_strings}
     for token in args:
         flag = token.split("=", 1)[0]
         if flag.startswith("--"):

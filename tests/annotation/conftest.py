@@ -24,7 +24,7 @@ def run_cli(api_key):
     def run(server, tmp_path: Path, *extra: str, input_path: Path | None = None, output: Path | None = None):
         output = output or tmp_path / "out.jsonl"
         args = [
-            "--input", str(input_path or tmp_path / "in.jsonl"),
+            "--dataset_path", str(input_path or tmp_path / "in.jsonl"),
             "--output", str(output),
             "--base_url", server.base_url,
             "--backoff_base_s", "0.01",

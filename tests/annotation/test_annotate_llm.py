@@ -452,7 +452,7 @@ def test_no_key_and_no_base_url_is_a_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     write_jsonl(tmp_path / "in.jsonl", qa_records(1))
-    rc = main(["--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl"), "--progress_bar", "false"])
+    rc = main(["--dataset_path", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl"), "--progress_bar", "false"])
     assert rc == 2 and "OPENAI_API_KEY" in capsys.readouterr().err
 
 
@@ -462,7 +462,7 @@ def test_azure_openai_deployment_url_and_key_header(tmp_path, monkeypatch, capsy
     write_jsonl(tmp_path / "in.jsonl", qa_records(1))
     with FakeOpenAIServer(quoting_handler) as server:
         endpoint = server.base_url[: -len("/v1")]
-        rc = main(["--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl"), "--progress_bar", "false",
+        rc = main(["--dataset_path", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl"), "--progress_bar", "false",
                    "--azure", "true", "--azure_endpoint", endpoint, "--azure_api_version", "2024-06-01",
                    "--model", "my-gpt4o-deployment"])
     assert rc == 0
@@ -476,7 +476,7 @@ def test_azure_openai_deployment_url_and_key_header(tmp_path, monkeypatch, capsy
 def test_progress_bar_shows_rate(tmp_path, api_key, capsys):
     write_jsonl(tmp_path / "in.jsonl", qa_records(3))
     with FakeOpenAIServer(quoting_handler) as server:
-        rc = main(["--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl"),
+        rc = main(["--dataset_path", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl"),
                    "--base_url", server.base_url])
     err = capsys.readouterr().err
     assert rc == 0 and "annotate" in err and "3/3" in err and "rec/s" in err

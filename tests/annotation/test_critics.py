@@ -126,7 +126,7 @@ def test_cli_with_code_tests_critic_on_kodcode_records(tmp_path, capsys):
         {"question_id": "k2", "question": "Write add and scale.", "solution": GOOD.replace("a + b", "b - a"), "test": TESTS},
     ]
     write_jsonl(tmp_path / "kc.jsonl", rows)
-    rc = main(["--config", str(REPO / "configs/kodcode/annotation.yaml"), "--critic", "code_tests", "--input", str(tmp_path / "kc.jsonl"),
+    rc = main(["--config", str(REPO / "configs/kodcode/annotation.yaml"), "--critic", "code_tests", "--dataset_path", str(tmp_path / "kc.jsonl"),
                "--output", str(tmp_path / "out.jsonl"), "--progress_bar", "false", "--test_timeout_s", "4"])
     assert rc == 0
     out = {r["id"]: r for r in read_jsonl(tmp_path / "out.jsonl")}
@@ -160,7 +160,7 @@ def test_cli_with_a_custom_feedback_source_class(tmp_path):
     write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "p", "response": "Hello THERE friend"},
                                         {"id": "b", "prompt": "p", "response": ""}])
     rc = main(["--critic", f"{__name__}:ShoutCritic", "--critic_kwargs", '{"marker": "?"}',
-               "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl"), "--progress_bar", "false"])
+               "--dataset_path", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl"), "--progress_bar", "false"])
     assert rc == 0
     (rec,) = read_jsonl(tmp_path / "o.jsonl")
     assert (rec["critique"], rec["good_spans"], rec["poor_spans"], rec["source"]) == ("Shouting?", ["Hello"], ["THERE"], "ShoutCritic")
@@ -170,7 +170,7 @@ def test_cli_with_a_custom_feedback_source_class(tmp_path):
 
 def test_unknown_critic_class_is_a_clear_error(tmp_path, capsys):
     write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "p", "response": "r"}])
-    rc = main(["--critic", f"{__name__}:NoSuchCritic", "--input", str(tmp_path / "in.jsonl"),
+    rc = main(["--critic", f"{__name__}:NoSuchCritic", "--dataset_path", str(tmp_path / "in.jsonl"),
                "--output", str(tmp_path / "o.jsonl"), "--progress_bar", "false"])
     assert rc == 2 and "no attribute 'NoSuchCritic'" in capsys.readouterr().err
 

@@ -25,7 +25,7 @@ def test_unreachable_server_stops_fast_naming_the_url(tmp_path, api_key, capsys)
     write_jsonl(tmp_path / "in.jsonl", qa_records(6))
     out = tmp_path / "out.jsonl"
     # port 9 (discard) has no listener here: every connection is refused
-    rc = _main(["--input", str(tmp_path / "in.jsonl"), "--output", str(out), "--base_url", "http://127.0.0.1:9/v1",
+    rc = _main(["--dataset_path", str(tmp_path / "in.jsonl"), "--output", str(out), "--base_url", "http://127.0.0.1:9/v1",
                 "--concurrency", "2", "--max_api_retries", "50", *FAST])
     err = capsys.readouterr().err
     assert rc == 1
@@ -56,7 +56,7 @@ def test_a_rerun_that_skips_failed_records_says_so(tmp_path, run_cli, capsys, ca
 
 def test_empty_input_is_an_error_and_writes_nothing(tmp_path, api_key, capsys):
     (tmp_path / "in.jsonl").write_text("")
-    rc = _main(["--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl"),
+    rc = _main(["--dataset_path", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl"),
                 "--base_url", "http://127.0.0.1:9/v1", *FAST])
     assert rc == 2 and "error:" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
@@ -75,7 +75,7 @@ def test_paths_that_would_lose_data_are_refused_before_anything_is_written(tmp_p
     source = write_jsonl(tmp_path / "in.jsonl", qa_records(2))
     before = source.read_bytes()
     fill = lambda s: s.format(input=source, tmp=tmp_path)  # noqa: E731
-    rc = _main(["--input", str(source), *[fill(a) for a in extra], "--base_url", "http://127.0.0.1:9/v1", *FAST])
+    rc = _main(["--dataset_path", str(source), *[fill(a) for a in extra], "--base_url", "http://127.0.0.1:9/v1", *FAST])
     err = capsys.readouterr().err
     assert rc == 2 and f"error: {fill(message)}" in err
     assert source.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]

@@ -53,11 +53,11 @@ def test_annotation_run_drives_a_registry_critic_by_name(tmp_path):
         {"id": "b", "prompt": "post b", "response": "A cat sat on the mat.", "ref_text": "A cat sat on a sofa."},
     ]
     write_jsonl(tmp_path / "in.jsonl", rows[:1])
-    rc = main(["--critic", "reference", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl")])
+    rc = main(["--critic", "reference", "--dataset_path", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl")])
     assert rc == 0
     (rec,) = read_jsonl(tmp_path / "o.jsonl")
     assert (rec["good_spans"], rec["poor_spans"], rec["source"]) == (["Taylor moved to", "and wants a new job"], ["Kyoto"], "ReferenceSummaryCritic")
     # a record without the field the critic needs is a configuration error before anything runs
     write_jsonl(tmp_path / "in2.jsonl", rows[1:])
-    rc = main(["--critic", "reference", "--input", str(tmp_path / "in2.jsonl"), "--output", str(tmp_path / "o2.jsonl")])
+    rc = main(["--critic", "reference", "--dataset_path", str(tmp_path / "in2.jsonl"), "--output", str(tmp_path / "o2.jsonl")])
     assert rc == 2 and not (tmp_path / "o2.jsonl").exists()

@@ -30,7 +30,7 @@ def _slow(delay_s: float):
 def _start(server: FakeOpenAIServer, tmp_path: Path) -> subprocess.Popen:
     env = {**os.environ, "OPENAI_API_KEY": SECRET_KEY, "PYTHONUNBUFFERED": "1"}
     env.pop("OPENAI_BASE_URL", None)
-    cmd = [sys.executable, "-m", "text2grad.annotate", "--input", str(tmp_path / "in.jsonl"),
+    cmd = [sys.executable, "-m", "text2grad.annotate", "--dataset_path", str(tmp_path / "in.jsonl"),
            "--output", str(tmp_path / "out.jsonl"), "--base_url", server.base_url, "--concurrency", "4",
            "--progress_bar", "false"]
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -48,7 +48,7 @@ def as_parquet(dataset: str, dest: Path, splits: tuple[str, ...]) -> Path:
 
 
 def test_slf5k_from_its_jsonl_files(tmp_path):
-    rc, out = prepare(tmp_path, "--dataset", "slf5k", "--input", str(FIXTURES / "slf5k"))
+    rc, out = prepare(tmp_path, "--dataset", "slf5k", "--dataset_path", str(FIXTURES / "slf5k"))
     assert rc == 0
     train = {r["id"]: r for r in fixture_rows("slf5k", "train")}
     annotation = read(out, "annotation_input.jsonl")
@@ -78,13 +78,13 @@ def test_slf5k_from_its_jsonl_files(tmp_path):
 
 
 def test_slf5k_from_save_to_disk_and_parquet_gives_the_same_files(tmp_path):
-    rc, reference = prepare(tmp_path, "--dataset", "slf5k", "--input", str(FIXTURES / "slf5k"), out="jsonl")
+    rc, reference = prepare(tmp_path, "--dataset", "slf5k", "--dataset_path", str(FIXTURES / "slf5k"), out="jsonl")
     assert rc == 0
     saved = tmp_path / "saved"
     DatasetDict({s: Dataset.from_list(fixture_rows("slf5k", s)) for s in ("train", "validation")}).save_to_disk(str(saved))
-    rc, from_disk = prepare(tmp_path, "--dataset", "slf5k", "--input", str(saved), out="disk")
+    rc, from_disk = prepare(tmp_path, "--dataset", "slf5k", "--dataset_path", str(saved), out="disk")
     assert rc == 0
-    rc, from_parquet = prepare(tmp_path, "--dataset", "slf5k", "--input", str(as_parquet("slf5k", tmp_path / "pq",
+    rc, from_parquet = prepare(tmp_path, "--dataset", "slf5k", "--dataset_path", str(as_parquet("slf5k", tmp_path / "pq",
                                                                                           ("train", "validation"))), out="pq")
     assert rc == 0
     for name in OUTPUTS:
@@ -100,7 +100,7 @@ def test_slf5k_hub_id_reads_the_jsonl_data_files_not_the_loading_script(tmp_path
         return datasets.Dataset.from_list(fixture_rows("slf5k", split))
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    rc, out = prepare(tmp_path, "--dataset", "slf5k", "--input", "JeremyAlain/SLF5K")
+    rc, out = prepare(tmp_path, "--dataset", "slf5k", "--dataset_path", "JeremyAlain/SLF5K")
     assert rc == 0
     assert calls == [("json", "hf://datasets/JeremyAlain/SLF5K/train.jsonl"),
                      ("json", "hf://datasets/JeremyAlain/SLF5K/validation.jsonl")]
@@ -114,7 +114,7 @@ def test_slf5k_hub_id_reads_the_jsonl_data_files_not_the_loading_script(tmp_path
 
 def test_ultrafeedback_split_by_prompt_and_both_answers_annotated(tmp_path):
     source = as_parquet("ultrafeedback", tmp_path / "uf", ("train_prefs", "test_prefs"))  # the hub's layout
-    rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--input", str(source), "--seed", "3")
+    rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--dataset_path", str(source), "--seed", "3")
     assert rc == 0
     rows = fixture_rows("ultrafeedback", "train_prefs")
     sft, rl = read(out, "sft.jsonl"), read(out, "rl_prompts.jsonl")
@@ -143,7 +143,7 @@ def test_ultrafeedback_split_by_prompt_and_both_answers_annotated(tmp_path):
 
 def test_ultrafeedback_split_is_seeded(tmp_path):
     def parts(seed: str, name: str) -> dict[str, set[str]]:
-        rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--input", str(FIXTURES / "ultrafeedback"),
+        rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--dataset_path", str(FIXTURES / "ultrafeedback"),
                           "--seed", seed, out=name)
         assert rc == 0
         return {f: {r["prompt_id"] for r in read(out, f)} for f in ("sft.jsonl", "preference_pairs.jsonl", "rl_prompts.jsonl")}
@@ -153,7 +153,7 @@ def test_ultrafeedback_split_is_seeded(tmp_path):
 
 
 def test_repeated_prompt_id_gets_distinct_ids(tmp_path):
-    rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--input", str(FIXTURES / "ultrafeedback"),
+    rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--dataset_path", str(FIXTURES / "ultrafeedback"),
                       "--fractions", '{"sft": 0, "rm": 1, "rl": 0}')
     assert rc == 0
     ids = [r["id"] for r in read(out, "annotation_input.jsonl")]
@@ -168,7 +168,7 @@ def test_repeated_prompt_id_gets_distinct_ids(tmp_path):
 
 def test_kodcode_completions_scored_by_the_unit_tests(tmp_path):
     source = as_parquet("kodcode", tmp_path / "kc", ("train",))
-    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--input", str(source), "--completions",
+    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--dataset_path", str(source), "--completions",
                       str(FIXTURES / "kodcode" / "completions.jsonl"), "--fractions", '{"rm": 1.0}')
     assert rc == 0
     records = {r["id"]: r for r in read(out, "annotation_input.jsonl")}
@@ -198,7 +198,7 @@ def test_kodcode_completions_scored_by_the_unit_tests(tmp_path):
 
 
 def test_kodcode_parts_are_disjoint_and_carry_what_the_phases_need(tmp_path):
-    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--input", str(FIXTURES / "kodcode" / "train.jsonl"),
+    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--dataset_path", str(FIXTURES / "kodcode" / "train.jsonl"),
                       "--completions", str(FIXTURES / "kodcode" / "completions.jsonl"),
                       "--fractions", '{"rm": 0.5, "rl": 0.25, "eval": 0.25}')
     assert rc == 0
@@ -222,7 +222,7 @@ def test_kodcode_completions_from_a_model(tmp_path):
     tokenizer = train_tokenizer(corpus, vocab_size=300)
     build_tiny_llama(tokenizer, hidden_size=16, num_layers=1, num_heads=2).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--input", str(FIXTURES / "kodcode"), "--fractions",
+    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--dataset_path", str(FIXTURES / "kodcode"), "--fractions",
                       '{"rm": 1.0}', "--completions_model", str(tmp_path / "model"), "--completions_per_question", "2",
                       "--max_new_tokens", "8", "--test_timeout_s", "5")
     assert rc == 0
@@ -236,7 +236,7 @@ def test_kodcode_completions_from_a_model(tmp_path):
 
 
 def test_kodcode_needs_completions(tmp_path, capsys):
-    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--input", str(FIXTURES / "kodcode"))
+    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--dataset_path", str(FIXTURES / "kodcode"))
     assert rc == 2 and not out.exists()
     assert "completions_model" in capsys.readouterr().err
 
@@ -261,7 +261,7 @@ def _copy_without(dataset: str, split: str, column: str, dest: Path) -> Path:
 ])
 def test_missing_column(tmp_path, capsys, dataset, split, column, extra):
     source = _copy_without(dataset, split, column, tmp_path / "src")
-    rc, out = prepare(tmp_path, "--dataset", dataset, "--input", str(source), *extra)
+    rc, out = prepare(tmp_path, "--dataset", dataset, "--dataset_path", str(source), *extra)
     err = capsys.readouterr().err
     assert rc == 2 and not (out / "prepare_report.json").exists()
     assert err.startswith("error: ") and f"{dataset} split '{split}'" in err and f"lacks column(s) ['{column}']" in err
@@ -274,14 +274,14 @@ def test_wrong_split_name(tmp_path, capsys):
     source.mkdir()
     shutil.copy(FIXTURES / "ultrafeedback" / "train_prefs.jsonl", source / "train.jsonl")  # not a split of the dataset
     shutil.copy(FIXTURES / "ultrafeedback" / "test_prefs.jsonl", source / "test_prefs.jsonl")
-    rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--input", str(source))
+    rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--dataset_path", str(source))
     err = capsys.readouterr().err
     assert rc == 2 and not out.exists()
     assert "ultrafeedback" in err and "no split 'train_prefs'" in err and "it has splits ['test_prefs', 'train']" in err
 
 
 def test_wrong_eval_split_and_flattened_conversations(tmp_path, capsys):
-    rc, _ = prepare(tmp_path, "--dataset", "slf5k", "--input", str(FIXTURES / "slf5k"), "--eval_split", "test")
+    rc, _ = prepare(tmp_path, "--dataset", "slf5k", "--dataset_path", str(FIXTURES / "slf5k"), "--eval_split", "test")
     err = capsys.readouterr().err
     assert rc == 2 and "slf5k" in err and "no split 'test'" in err and "['train', 'validation']" in err
     source = tmp_path / "flat"
@@ -289,27 +289,27 @@ def test_wrong_eval_split_and_flattened_conversations(tmp_path, capsys):
     for split in ("train_prefs", "test_prefs"):
         rows = [{**r, "chosen": r["chosen"][-1]["content"]} for r in fixture_rows("ultrafeedback", split)]
         (source / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rc, _ = prepare(tmp_path, "--dataset", "ultrafeedback", "--input", str(source))
+    rc, _ = prepare(tmp_path, "--dataset", "ultrafeedback", "--dataset_path", str(source))
     err = capsys.readouterr().err
     assert rc == 2 and "column 'chosen' holds str, expected a list of {role, content} messages" in err
 
 
 def test_missing_input_is_named(tmp_path, capsys):
-    rc, _ = prepare(tmp_path, "--dataset", "slf5k", "--input", str(tmp_path / "nowhere"))
+    rc, _ = prepare(tmp_path, "--dataset", "slf5k", "--dataset_path", str(tmp_path / "nowhere"))
     assert rc == 2 and "does not exist" in capsys.readouterr().err
 
 
 def test_kodcode_llm_critic_sees_the_tests_and_the_execution_result(tmp_path):
     """prepare-data's KodCode records through the real annotate CLI and the built-in CoT prompt: every request
     shows the unit tests and that program's own execution result (the failing assertion for a wrong program)."""
-    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--input", str(FIXTURES / "kodcode"), "--completions",
+    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--dataset_path", str(FIXTURES / "kodcode"), "--completions",
                       str(FIXTURES / "kodcode" / "completions.jsonl"), "--fractions", '{"rm": 1.0}')
     assert rc == 0
     records = read(out, "annotation_input.jsonl")
     with FakeOpenAIServer(quoting_handler) as server:
-        rc = annotate(["--config", str(FIXTURES.parent.parent / "configs" / "kodcode" / "annotation.yaml"), "--input", str(out / "annotation_input.jsonl"),
+        rc = annotate(["--config", str(FIXTURES.parent.parent / "configs" / "kodcode" / "annotation.yaml"), "--dataset_path", str(out / "annotation_input.jsonl"),
                        "--output", str(tmp_path / "ann.jsonl"), "--base_url", server.base_url,
-                       "--api_key_env", "TEXT2GRAD_TEST_NO_KEY", "--progress", "false", "--concurrency", "2"])
+                       "--api_key_env", "TEXT2GRAD_TEST_NO_KEY", "--progress_bar", "false", "--concurrency", "2"])
         bodies = list(server.requests)
     assert rc == 0 and len(bodies) == len(records) == 9
     seen_failures = 0

@@ -21,7 +21,7 @@ def test_pairs_from_unit_tests(tmp_path, capsys):
     ]
     src, out = tmp_path / "candidates.jsonl", tmp_path / "pairs.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
-    argv = ["--input", str(src), "--output", str(out), "--candidate_fields", '["solution", "samples"]',
+    argv = ["--dataset_path", str(src), "--output", str(out), "--candidate_fields", '["solution", "samples"]',
             "--max_pairs_per_question", "2", "--progress_bar", "false"]
     assert main(argv) == 0
 
@@ -40,9 +40,9 @@ def test_pairs_from_unit_tests(tmp_path, capsys):
 def test_missing_candidates_is_a_clear_error(tmp_path, capsys):
     src = tmp_path / "c.jsonl"
     src.write_text(json.dumps({"question": "q", "test": TESTS, "solution": RIGHT}) + "\n")
-    assert main(["--input", str(src), "--output", str(tmp_path / "p.jsonl"), "--candidate_fields", '["samples"]']) == 2
+    assert main(["--dataset_path", str(src), "--output", str(tmp_path / "p.jsonl"), "--candidate_fields", '["samples"]']) == 2
     assert "no record has a candidate program in the fields ['samples']" in capsys.readouterr().err
     assert not (tmp_path / "p.jsonl").exists()
     src.write_text(json.dumps({"question": "q", "solution": RIGHT}) + "\n")
-    assert main(["--input", str(src), "--output", str(tmp_path / "p.jsonl")]) == 2
+    assert main(["--dataset_path", str(src), "--output", str(tmp_path / "p.jsonl")]) == 2
     assert "test" in capsys.readouterr().err  # names the missing field

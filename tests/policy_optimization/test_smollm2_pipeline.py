@@ -57,7 +57,7 @@ def test_every_phase_on_smollm2(smollm2, tmp_path, monkeypatch):
     ]
     write_jsonl(tmp_path / "to_annotate.jsonl", to_annotate)
     assert annotation.cli.main([
-        "--input", str(tmp_path / "to_annotate.jsonl"), "--output", str(tmp_path / "annotations.jsonl"),
+        "--dataset_path", str(tmp_path / "to_annotate.jsonl"), "--output", str(tmp_path / "annotations.jsonl"),
         "--critic", CRITIC, "--critic_kwargs", json.dumps({"data_path": str(data / "train.jsonl")}),
         "--field_map", json.dumps({"prompt": "prompt", "response": "response"}),
     ]) == 0
@@ -67,11 +67,11 @@ def test_every_phase_on_smollm2(smollm2, tmp_path, monkeypatch):
     # Phase 2: a LoRA reward model on SmolLM2, its chat template as the prompt format
     rm_dir = tmp_path / "rm"
     assert reward_model.train.main([
-        "--model_name_or_path", str(model_path), "--train_file", str(tmp_path / "annotations.jsonl"),
+        "--model_name_or_path", str(model_path), "--dataset_path", str(tmp_path / "annotations.jsonl"),
         "--output_dir", str(rm_dir), "--use_lora", "true", "--lora_r", "8", "--lora_alpha", "16",
         "--prompt_format", "chat", "--max_length", "256", "--max_steps", "3", "--learning_rate", "2e-3",
         "--per_device_train_batch_size", "2", "--logging_steps", "1", "--save_steps", "1000000", "--seed", "0",
-        "--dtype", "fp32", "--disable_tqdm", "true",
+        "--dtype", "fp32", "--progress_bar", "false",
     ]) == 0
     assert (rm_dir / "adapter_model.safetensors").is_file()
     rm = GenerativeRewardModel.from_pretrained(str(rm_dir), max_new_tokens=32, batch_size=2, grounded_spans=True)

@@ -64,7 +64,7 @@ def train_args(world: Path, out: Path, **overrides) -> list[str]:
     """Command-line flags for reward_model.train on the tiny world (overrides as --key value)."""
     args = {
         "model_name_or_path": str(world / "base"),
-        "train_file": str(world / "train.jsonl"),
+        "dataset_path": str(world / "train.jsonl"),
         "output_dir": str(out),
         "instruction": INSTRUCTION,
         "max_length": 128,

@@ -18,7 +18,7 @@ def test_evaluate_memorized_model(memorized_rm, rm_world, tmp_path, unigram_toke
     unigram_tokenizer.save_pretrained(tmp_path / "policy_tok")
     out = tmp_path / "eval"
     rc = main([
-        "--model_name_or_path", str(memorized_rm), "--eval_file", str(rm_world / "train.jsonl"),
+        "--model_name_or_path", str(memorized_rm), "--dataset_path", str(rm_world / "train.jsonl"),
         "--output_dir", str(out), "--max_new_tokens", "64", "--batch_size", "3",
         "--label_tokenizer", str(tmp_path / "policy_tok"),
     ])
@@ -58,7 +58,7 @@ def test_evaluate_saved_predictions_by_hand(rm_world, tmp_path):
     out = tmp_path / "eval"
     # through the `text2grad eval-rm` console entry point
     rc = cli_main([
-        "eval-rm", "--predictions_file", str(pred_file), "--eval_file", str(rm_world / "train.jsonl"),
+        "eval-rm", "--predictions_file", str(pred_file), "--dataset_path", str(rm_world / "train.jsonl"),
         "--output_dir", str(out), "--label_tokenizer", str(_word_tokenizer(tmp_path / "words")),
     ])
     assert rc == 0
@@ -87,9 +87,9 @@ def test_evaluate_saved_predictions_by_hand(rm_world, tmp_path):
 
 
 def test_evaluate_errors(rm_world, tmp_path, capsys):
-    assert main(["--eval_file", str(rm_world / "train.jsonl"), "--output_dir", str(tmp_path)]) == 2
+    assert main(["--dataset_path", str(rm_world / "train.jsonl"), "--output_dir", str(tmp_path)]) == 2
     assert "--model_name_or_path" in capsys.readouterr().err
     pred = write_records(tmp_path / "p.jsonl", [{"id": "zzz", "raw": "x"}])
-    rc = main(["--predictions_file", str(pred), "--eval_file", str(rm_world / "train.jsonl"),
+    rc = main(["--predictions_file", str(pred), "--dataset_path", str(rm_world / "train.jsonl"),
                "--output_dir", str(tmp_path), "--label_tokenizer", str(rm_world / "base")])
     assert rc == 2 and "no prediction for record 'a'" in capsys.readouterr().err

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, TrainingArguments
 
 from policy_optimization.config import SCALAR_SOURCES, PPOConfig
 from reward_model.scalar import (
@@ -21,7 +21,8 @@ from reward_model.scalar import (
     pairwise_loss,
     split_pairs,
 )
-from reward_model.scalar import ScalarRMConfig
+from reward_model.scalar import ScalarRMConfig, _reward_config
+from reward_model.train import RewardModelConfig, shared_training_kwargs, training_arguments
 from text2grad.core.critics import load_object
 from text2grad.core.data import DataError
 
@@ -72,11 +73,11 @@ def scalar_run(rm_world):
     torch.set_num_threads(1)
     (rm_world / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
     out = rm_world / "scalar"
-    args = ["--model_name_or_path", str(rm_world / "base"), "--train_file", str(rm_world / "pairs.jsonl"),
-            "--eval_file", str(rm_world / "pairs.jsonl"), "--output_dir", str(out), "--max_steps", "15",
+    args = ["--model_name_or_path", str(rm_world / "base"), "--dataset_path", str(rm_world / "pairs.jsonl"),
+            "--eval_dataset_path", str(rm_world / "pairs.jsonl"), "--output_dir", str(out), "--max_steps", "15",
             "--learning_rate", "5e-3", "--per_device_train_batch_size", "4", "--lora_r", "8", "--lora_alpha", "16",
             "--lora_dropout", "0.0", "--max_length", "96", "--save_steps", "1000", "--logging_steps", "5",
-            "--disable_tqdm", "true", "--dtype", "fp32", "--seed", "0"]
+            "--progress_bar", "false", "--dtype", "fp32", "--seed", "0"]
     assert main(args) == 0
     return out
 
@@ -102,9 +103,9 @@ def test_training_puts_chosen_above_rejected_on_the_training_pairs(rm_world, rm_
 
 def test_cli_errors_exit_2_before_loading(tmp_path, capsys):
     assert main(["--model_name_or_path", str(tmp_path)]) == 2
-    assert "error: set --train_file" in capsys.readouterr().err
+    assert "error: set --dataset_path" in capsys.readouterr().err
     missing = tmp_path / "nope.jsonl"
-    assert main(["--model_name_or_path", str(tmp_path), "--train_file", str(missing)]) == 2
+    assert main(["--model_name_or_path", str(tmp_path), "--dataset_path", str(missing)]) == 2
     assert "error:" in capsys.readouterr().err
 
 
@@ -122,3 +123,20 @@ def test_ppo_config_names_the_scalar_reward_model():
     with pytest.raises(ValueError, match="critic 'none'"):
         PPOConfig(reward_mode="nl_gradient", critic="none")
     assert PPOConfig(scalar_source="spans").scalar_source == "quote_count"  # the earlier name still works
+
+
+def test_both_reward_models_build_their_trainer_arguments_with_one_builder(tmp_path):
+    """The scalar RM's RewardConfig and the generative RM's TrainingArguments share one builder: the same config
+    values give the same shared arguments, and each keeps its own (eval batch and fp16 / max_length, centring)."""
+    values = dict(output_dir=str(tmp_path), learning_rate=3e-4, per_device_train_batch_size=2, gradient_accumulation_steps=3,
+                  max_steps=7, save_steps=5, save_total_limit=1, logging_steps=2, seed=11, progress_bar=False,
+                  weight_decay=0.1, max_grad_norm=0.5, num_train_epochs=2.0, report_to="none")
+    rm_cfg = RewardModelConfig(**values)
+    rm_args, scalar_args = training_arguments(rm_cfg), _reward_config(ScalarRMConfig(**values, center_rewards_coefficient=0.01))
+    shared = shared_training_kwargs(TrainingArguments, rm_cfg, warmup_ratio=0.0)
+    assert {"learning_rate", "seed", "disable_tqdm", "save_steps", "max_steps"} <= set(shared)
+    for key in shared:
+        assert getattr(rm_args, key) == getattr(scalar_args, key), key
+    assert (rm_args.learning_rate, rm_args.seed, rm_args.max_steps, rm_args.disable_tqdm) == (3e-4, 11, 7, True)
+    assert rm_args.remove_unused_columns is False and rm_args.eval_strategy == "no"
+    assert scalar_args.max_length is None and scalar_args.center_rewards_coefficient == 0.01

@@ -49,7 +49,7 @@ def lora_run(rm_world):
     torch.set_num_threads(1)
     out = rm_world / "lora"
     # the training file doubles as the eval file: the eval loss path runs, and must come out low
-    assert main(train_args(rm_world, out, max_steps=10, learning_rate=1e-2, eval_file=rm_world / "train.jsonl",
+    assert main(train_args(rm_world, out, max_steps=10, learning_rate=1e-2, eval_dataset_path=rm_world / "train.jsonl",
                            eval_steps=5)) == 0
     return out
 
@@ -145,7 +145,7 @@ def test_field_map_reads_native_field_names(rm_world, rm_tokenizer, tmp_path):
     ]
     path = write_records(tmp_path / "native.jsonl", native)
     cfg = RewardModelConfig(
-        train_file=str(path),
+        dataset_path=str(path),
         field_map={"prompt": "post", "response": "summary", "critique": "textual_feedback"},
         instruction=INSTRUCTION,
         max_length=128,
@@ -158,15 +158,15 @@ def test_field_map_reads_native_field_names(rm_world, rm_tokenizer, tmp_path):
     )
     assert dataset[1] == expected.as_dict()
     with pytest.raises(DataError, match="lacks field"):
-        build_dataset(RewardModelConfig(train_file=str(path), instruction=INSTRUCTION), rm_tokenizer, str(path), "train")
-    short = RewardModelConfig(train_file=str(path), field_map=cfg.field_map, instruction=INSTRUCTION, max_length=20)
+        build_dataset(RewardModelConfig(dataset_path=str(path), instruction=INSTRUCTION), rm_tokenizer, str(path), "train")
+    short = RewardModelConfig(dataset_path=str(path), field_map=cfg.field_map, instruction=INSTRUCTION, max_length=20)
     with pytest.raises(DataError, match="raise --max_length"):
         build_dataset(short, rm_tokenizer, str(path), "train")
 
 
 def test_cli_errors_are_clear(rm_world, tmp_path, capsys):
     assert main(["--model_name_or_path", str(rm_world / "base"), "--output_dir", str(tmp_path)]) == 2
-    assert "train_file is required" in capsys.readouterr().err
+    assert "dataset_path is required" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--no_such_flag", "1"])
     with pytest.raises(SystemExit):
@@ -221,7 +221,7 @@ def test_shipped_configs_load(dataset, monkeypatch):
     monkeypatch.chdir(REPO)  # deepspeed paths in the YAML are relative to the repository root
     path = REPO / "configs" / dataset / "reward_model.yaml"
     cfg = load_config(RewardModelConfig, path)
-    assert cfg.train_file and cfg.output_dir
+    assert cfg.dataset_path and cfg.output_dir
     raw = yaml.safe_load(path.read_text())
     assert set(raw) <= set(RewardModelConfig.__dataclass_fields__)
 

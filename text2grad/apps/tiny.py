@@ -198,7 +198,7 @@ def make_tiny_world(dataset: str, output_dir: str | Path, n_train: int = 24, n_e
         model.save_pretrained(out / "model")
         done.write_text(json.dumps(stamp))
     if prepare and not (out / "data" / "prepare_report.json").exists():
-        argv = ["--dataset", dataset, "--input", str(out / "raw"), "--output_dir", str(out / "data"), "--seed", str(seed)]
+        argv = ["--dataset", dataset, "--dataset_path", str(out / "raw"), "--output_dir", str(out / "data"), "--seed", str(seed)]
         if dataset == "kodcode":
             argv += ["--completions", str(out / "completions.jsonl")]
         if prepare_data(argv) != 0:

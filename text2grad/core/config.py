@@ -202,6 +202,7 @@ RENAMED_KEYS: dict[str, Renamed] = {
     "input": Renamed(("dataset_path",)),
     "train_file": Renamed(("dataset_path",)),
     "data": Renamed(("dataset_path",)),
+    "data_config": Renamed(("dataset_config",)),
     "split": Renamed(("dataset_split",)),
     "train_split": Renamed(("dataset_split",)),
     "eval_file": Renamed(("eval_dataset_path", "dataset_path")),

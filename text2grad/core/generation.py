@@ -78,7 +78,7 @@ def generate(
     stop_strings: Sequence[str] | None = None,
     add_special_tokens: bool | None = None,
     generator_seed: int | None = None,
-    show_progress: bool = False,
+    progress_bar: bool = False,
     stop_fn: Callable[[str], bool] | None = None,
     logits_processors: Callable[[range, int], Sequence[Any]] | None = None,
 ) -> list[Generation]:
@@ -105,7 +105,7 @@ def generate(
     eos_ids = _eos_ids(model, tokenizer)
     outputs: list[Generation] = []
     starts = range(0, len(prompts), batch_size)
-    if show_progress:
+    if progress_bar:
         starts = tqdm(starts, desc="generate", unit="batch")
     try:
         for start in starts:

@@ -233,8 +233,8 @@ def tiny_model(tmp_path_factory):
 
 def test_kodcode_references_via_cli(kodcode_eval, tmp_path, capsys):
     out = tmp_path / "ref"
-    rc = ce.main(["--benchmark", "kodcode", "--data", str(kodcode_eval), "--score_references", "true",
-                  "--workers", "2", "--output_dir", str(out), "--show_progress", "false"])
+    rc = ce.main(["--benchmark", "kodcode", "--dataset_path", str(kodcode_eval), "--score_references", "true",
+                  "--workers", "2", "--output_dir", str(out), "--progress_bar", "false"])
     assert rc == 0
     report = json.loads((out / "kodcode.json").read_text())["results"]
     assert report["pass@1"] == 1.0 and report["problems"] == 3 and report["verdicts"] == {"passed": 3}
@@ -245,9 +245,9 @@ def test_kodcode_references_via_cli(kodcode_eval, tmp_path, capsys):
 
 def test_tiny_model_end_to_end_scores_zero_without_crashing(kodcode_eval, tiny_model, tmp_path):
     out = tmp_path / "gen"
-    rc = ce.main(["--benchmark", "kodcode", "--data", str(kodcode_eval), "--model", str(tiny_model),
+    rc = ce.main(["--benchmark", "kodcode", "--dataset_path", str(kodcode_eval), "--model", str(tiny_model),
                   "--n", "2", "--k", "1,2", "--max_new_tokens", "24", "--batch_size", "4", "--workers", "2",
-                  "--device", "cpu", "--output_dir", str(out), "--show_progress", "false", "--timeout_s", "10"])
+                  "--device", "cpu", "--output_dir", str(out), "--progress_bar", "false", "--timeout_s", "10"])
     assert rc == 0
     report = json.loads((out / "kodcode.json").read_text())["results"]
     assert report["samples"] == 6 and report["pass@1"] == 0.0 and report["pass@2"] == 0.0
@@ -259,9 +259,9 @@ def test_tiny_model_end_to_end_scores_zero_without_crashing(kodcode_eval, tiny_m
     assert ran and report["syntax_errors"] + report["empty_completions"] <= 6
     # the completions file round-trips through --samples_file
     again = tmp_path / "again"
-    assert ce.main(["--benchmark", "kodcode", "--data", str(kodcode_eval),
+    assert ce.main(["--benchmark", "kodcode", "--dataset_path", str(kodcode_eval),
                     "--samples_file", str(out / "kodcode_completions.jsonl"), "--k", "1,2", "--workers", "2",
-                    "--output_dir", str(again), "--show_progress", "false"]) == 0
+                    "--output_dir", str(again), "--progress_bar", "false"]) == 0
     assert json.loads((again / "kodcode.json").read_text())["results"]["pass@1"] == 0.0
 
 

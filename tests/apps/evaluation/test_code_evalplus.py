@@ -98,7 +98,7 @@ def test_verdicts_equal_evalplus_own_evaluator(tmp_path):
 
 def test_release_file_plus_inputs_catch_what_base_misses(tmp_path, monkeypatch):
     files = _release_files(tmp_path)
-    monkeypatch.setenv("HUMANEVAL_OVERRIDE_PATH", str(files["humaneval_plus"]))  # evalplus's variable, no --data
+    monkeypatch.setenv("HUMANEVAL_OVERRIDE_PATH", str(files["humaneval_plus"]))  # evalplus's variable, no --dataset_path
     problems = load_problems("humaneval_plus", task_ids=["HumanEval/900"])
     assert problems[0].evalplus is not None and problems[0].evalplus.n_plus == 3
     assert problems[0].code_prefix == problems[0].prompt  # evalplus: program = prompt + completion
@@ -117,8 +117,8 @@ def test_release_file_plus_inputs_catch_what_base_misses(tmp_path, monkeypatch):
 def test_mbpp_plus_release_through_the_cli(tmp_path):
     files = _release_files(tmp_path)
     out = tmp_path / "report"
-    assert eval_code_main(["--benchmark", "mbpp_plus", "--data", str(files["mbpp_plus"]), "--score_references", "true",
-                           "--workers", "2", "--output_dir", str(out), "--show_progress", "false"]) == 0
+    assert eval_code_main(["--benchmark", "mbpp_plus", "--dataset_path", str(files["mbpp_plus"]), "--score_references", "true",
+                           "--workers", "2", "--output_dir", str(out), "--progress_bar", "false"]) == 0
     report = json.loads((out / "mbpp_plus.json").read_text())["results"]
     assert report["problems"] == 3 and report["pass@1"] == 1.0 and report["base_pass@1"] == 1.0
     assert "differential testing with evalplus's own check" in report["scoring"]
@@ -149,7 +149,7 @@ def test_offline_sources_never_download(tmp_path, monkeypatch):
     files = _release_files(tmp_path)
     monkeypatch.setenv("MBPP_OVERRIDE_PATH", str(files["mbpp_plus"]))
     assert [p.task_id for p in load_problems("mbpp_plus")] == ["Mbpp/2", "Mbpp/787", "Mbpp/901"]
-    # --data wins over the variable
+    # --dataset_path wins over the variable
     assert [p.task_id for p in load_problems("mbpp_plus", str(files["mbpp_plus"]), limit=1)] == ["Mbpp/2"]
 
 

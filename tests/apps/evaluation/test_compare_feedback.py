@@ -41,7 +41,7 @@ def test_cot_vs_nocot_judge_win_rate_and_token_metrics(tmp_path, bpe_tokenizer):
     bpe_tokenizer.save_pretrained(tmp_path / "tok")
     with FakeOpenAIServer(prefers_the_critiqued_feedback) as server:
         rc = main([
-            "--eval_file", str(tmp_path / "eval.jsonl"), "--tokenizer", str(tmp_path / "tok"),
+            "--dataset_path", str(tmp_path / "eval.jsonl"), "--tokenizer", str(tmp_path / "tok"),
             "--candidate_critic", "tests.apps.evaluation.test_compare_feedback:cot_critic",
             "--baseline_critic", "tests.apps.evaluation.test_compare_feedback:nocot_critic",
             "--base_url", server.base_url, "--judge_model", "judge", "--output_dir", str(tmp_path / "out"),
@@ -58,5 +58,5 @@ def test_cot_vs_nocot_judge_win_rate_and_token_metrics(tmp_path, bpe_tokenizer):
 
 
 def test_missing_inputs_exit_2(tmp_path, capsys):
-    assert main(["--eval_file", str(tmp_path / "none.jsonl")]) == 2
-    assert "error: set --eval_file" in capsys.readouterr().err
+    assert main(["--dataset_path", str(tmp_path / "none.jsonl")]) == 2
+    assert "error: set --dataset_path" in capsys.readouterr().err

@@ -108,7 +108,7 @@ def test_pairwise_order_is_randomized_recorded_and_mapped_back():
         base = "GOOD baseline" if kind in ("loss", "tie") else "weak baseline"
         items.append(PairwiseItem(f"q{i}", f"instruction {i}", cand, base))
     with FakeOpenAIServer(handler) as server:
-        judgments = judge_pairwise(items, _cfg(server), TEMPLATE, seed=3, show_progress=False)
+        judgments = judge_pairwise(items, _cfg(server), TEMPLATE, seed=3, progress_bar=False)
         bodies = list(server.requests)
         assert not server.errors
     assert [j.outcome for j in judgments] == kinds
@@ -136,7 +136,7 @@ def test_retries_on_429_5xx_and_dropped_connections_then_succeeds(caplog):
 
     item = PairwiseItem("only", "instr", "c", "b")
     with FakeOpenAIServer(handler) as server, caplog.at_level(logging.WARNING):
-        (j,) = judge_pairwise([item], _cfg(server, max_retries=4), TEMPLATE, show_progress=False)
+        (j,) = judge_pairwise([item], _cfg(server, max_retries=4), TEMPLATE, progress_bar=False)
     assert len(seen) == 4 and j.error is None and j.verdict == "A"
     assert seen[1] - seen[0] >= 0.05  # Retry-After honoured
     assert "429" in caplog.text and "503" in caplog.text
@@ -156,7 +156,7 @@ def test_non_retryable_errors_and_exhausted_retries_are_counted_not_raised():
     items = [PairwiseItem("1", "i", "bad-request", "x"), PairwiseItem("2", "i", "overloaded", "x"),
              PairwiseItem("3", "i", "rambling", "x"), PairwiseItem("4", "i", "fine", "x")]
     with FakeOpenAIServer(handler) as server:
-        judgments = judge_pairwise(items, _cfg(server, max_retries=2), TEMPLATE, show_progress=False)
+        judgments = judge_pairwise(items, _cfg(server, max_retries=2), TEMPLATE, progress_bar=False)
         bodies = [b["messages"][-1]["content"] for b in server.requests]
     assert sum("bad-request" in b for b in bodies) == 1  # a 400 is not retried
     assert sum("overloaded" in b for b in bodies) == 3  # 1 try + 2 retries
@@ -182,7 +182,7 @@ def test_concurrency_is_bounded():
     items = [PairwiseItem(str(i), "i", "c", "b") for i in range(9)]
     with FakeOpenAIServer(handler) as server:
         start = time.monotonic()
-        judgments = judge_pairwise(items, _cfg(server, concurrency=3), TEMPLATE, show_progress=False)
+        judgments = judge_pairwise(items, _cfg(server, concurrency=3), TEMPLATE, progress_bar=False)
         elapsed = time.monotonic() - start
     assert state["peak"] == 3
     assert elapsed >= 0.4  # 9 requests, 3 at a time, 0.15 s each
@@ -192,12 +192,12 @@ def test_concurrency_is_bounded():
 def test_api_key_comes_from_env_and_is_never_logged(monkeypatch, caplog):
     monkeypatch.setenv("MY_JUDGE_KEY", "sk-secret-123")
     with FakeOpenAIServer(lambda body, n: Reply(status=429) if n == 0 else Reply(content="Verdict: A")) as server, caplog.at_level(logging.DEBUG):
-        judge_pairwise([PairwiseItem("1", "i", "c", "b")], _cfg(server, api_key_env="MY_JUDGE_KEY"), TEMPLATE, show_progress=False)
+        judge_pairwise([PairwiseItem("1", "i", "c", "b")], _cfg(server, api_key_env="MY_JUDGE_KEY"), TEMPLATE, progress_bar=False)
         assert server.request_headers[0]["authorization"] == "Bearer sk-secret-123"
     assert "sk-secret-123" not in caplog.text
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(ValueError, match="OPENAI_API_KEY"):
-        judge_pairwise([PairwiseItem("1", "i", "c", "b")], JudgeConfig(model="gpt-4o"), TEMPLATE, show_progress=False)
+        judge_pairwise([PairwiseItem("1", "i", "c", "b")], JudgeConfig(model="gpt-4o"), TEMPLATE, progress_bar=False)
 
 
 def test_single_grading_mt_bench_style():
@@ -221,7 +221,7 @@ def test_single_grading_mt_bench_style():
         SingleItem("m2", convo(("q", "x y y y y"), ("q2", "???")), category="math", turn=2),
     ]
     with FakeOpenAIServer(handler) as server:
-        grades = judge_single(items, _cfg(server), load_prompt("mt_bench_single"), show_progress=False)
+        grades = judge_single(items, _cfg(server), load_prompt("mt_bench_single"), progress_bar=False)
         assert not server.errors
     assert [g.score for g in grades] == [3.0, 7.0, 5.0, None]
     summary = grade_summary(grades)

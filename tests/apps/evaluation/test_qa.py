@@ -97,8 +97,8 @@ def test_arc_cli_on_a_tiny_generated_set(tmp_path, bpe_tokenizer, tiny_llama, ca
     untrained = tmp_path / "untrained"
     tiny_llama.save_pretrained(untrained)
     bpe_tokenizer.save_pretrained(untrained)
-    assert main(["--task", "arc", "--data", str(data), "--model", str(untrained), "--output_dir", str(tmp_path / "u"),
-                 "--batch_size", "5", "--show_progress", "false", "--device", "cpu"]) == 0
+    assert main(["--task", "arc", "--dataset_path", str(data), "--model", str(untrained), "--output_dir", str(tmp_path / "u"),
+                 "--batch_size", "5", "--progress_bar", "false", "--device", "cpu"]) == 0
     rows = list(iter_jsonl(tmp_path / "u" / "arc_items.jsonl"))
     correct = 0
     for item, row in zip(items, rows):  # the CLI's predictions agree with an independent unbatched computation
@@ -114,8 +114,8 @@ def test_arc_cli_on_a_tiny_generated_set(tmp_path, bpe_tokenizer, tiny_llama, ca
     trained = tmp_path / "trained"
     tiny_llama.save_pretrained(trained)
     bpe_tokenizer.save_pretrained(trained)
-    assert main(["--task", "arc", "--data", str(data), "--model", str(trained), "--output_dir", str(tmp_path / "t"),
-                 "--show_progress", "false", "--device", "cpu"]) == 0
+    assert main(["--task", "arc", "--dataset_path", str(data), "--model", str(trained), "--output_dir", str(tmp_path / "t"),
+                 "--progress_bar", "false", "--device", "cpu"]) == 0
     results = json.loads((tmp_path / "t" / "arc.json").read_text())["results"]
     assert results["accuracy"] == 1.0 and results["accuracy_norm"] == 1.0
     md = (tmp_path / "t" / "arc.md").read_text()
@@ -146,8 +146,8 @@ def test_alpaca_eval_style_with_generation_and_fake_judge(tmp_path, saved_policy
         return "Verdict: B" if "weak baseline" in a else "Verdict: A"  # prefer the policy over the weak baseline
 
     with FakeOpenAIServer(handler) as server:
-        rc = main(["--task", "alpaca_eval", "--data", str(data), "--model", str(saved_policy), "--output_dir", str(tmp_path / "o"),
-                   "--max_new_tokens", "5", "--judge_model", "fake", "--judge_base_url", server.base_url, "--show_progress", "false",
+        rc = main(["--task", "alpaca_eval", "--dataset_path", str(data), "--model", str(saved_policy), "--output_dir", str(tmp_path / "o"),
+                   "--max_new_tokens", "5", "--judge_model", "fake", "--judge_base_url", server.base_url, "--progress_bar", "false",
                    "--device", "cpu", "--baseline_name", "gpt4_turbo"])
         assert rc == 0 and len(server.requests) == 6
         # the policy's answers reach the judge; with no chat template the prompt is a plain transcript
@@ -175,8 +175,8 @@ def test_mt_bench_style_multi_turn(tmp_path, saved_policy):
         return f"Rating: [[{3 + 4 * (turns - 1)}]]" if "Reference answer" not in user else "Rating: [[9]]"
 
     with FakeOpenAIServer(handler) as server:
-        rc = main(["--task", "mt_bench", "--data", str(data), "--model", str(saved_policy), "--output_dir", str(tmp_path / "o"),
-                   "--max_new_tokens", "4", "--judge_model", "fake", "--judge_base_url", server.base_url, "--show_progress", "false",
+        rc = main(["--task", "mt_bench", "--dataset_path", str(data), "--model", str(saved_policy), "--output_dir", str(tmp_path / "o"),
+                   "--max_new_tokens", "4", "--judge_model", "fake", "--judge_base_url", server.base_url, "--progress_bar", "false",
                    "--device", "cpu"])
         assert rc == 0 and len(server.requests) == 3
     results = json.loads((tmp_path / "o" / "mt_bench.json").read_text())["results"]
@@ -194,14 +194,14 @@ def test_mt_bench_predictions_file_needs_one_answer_per_turn(tmp_path, capsys):
     data, preds = tmp_path / "mt.jsonl", tmp_path / "answers.jsonl"
     write_jsonl(data, [{"question_id": 1, "turns": ["a?", "b?"]}])
     write_jsonl(preds, [{"question_id": 1, "prediction": ["only one"]}])
-    assert main(["--task", "mt_bench", "--data", str(data), "--predictions_file", str(preds), "--judge_model", "x",
+    assert main(["--task", "mt_bench", "--dataset_path", str(data), "--predictions_file", str(preds), "--judge_model", "x",
                  "--judge_base_url", "http://127.0.0.1:9/v1", "--output_dir", str(tmp_path / "o")]) == 2
     assert "1 answers for 2 turns" in capsys.readouterr().err
 
 
 def test_judged_tasks_require_a_judge(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        main(["--task", "alpaca_eval", "--data", "x.json", "--model", "m"])
+        main(["--task", "alpaca_eval", "--dataset_path", "x.json", "--model", "m"])
     assert "--judge_model" in capsys.readouterr().err
     assert isinstance(normalize_multiple_choice(ARC[0], 0), MultipleChoiceItem)
 
@@ -221,9 +221,9 @@ def test_alpaca_eval_scores_model_outputs_json_matched_by_instruction(tmp_path):
         return "Verdict: A" if "BEST" in a else "Verdict: B" if "BEST" in b else "Verdict: tie"
 
     with FakeOpenAIServer(handler) as server:
-        rc = main(["--task", "alpaca_eval", "--data", str(data), "--predictions_file", str(outputs), "--prediction_field", "output",
+        rc = main(["--task", "alpaca_eval", "--dataset_path", str(data), "--predictions_file", str(outputs), "--prediction_field", "output",
                    "--judge_model", "fake", "--judge_base_url", server.base_url, "--output_dir", str(tmp_path / "o"),
-                   "--length_controlled", "false", "--show_progress", "false"])
+                   "--length_controlled", "false", "--progress_bar", "false"])
         assert rc == 0
     results = json.loads((tmp_path / "o" / "alpaca_eval.json").read_text())["results"]
     assert (results["wins"], results["ties"], results["losses"]) == (3, 1, 0)
@@ -235,9 +235,9 @@ def test_alpaca_eval_scores_model_outputs_json_matched_by_instruction(tmp_path):
 
 def test_shipped_eval_configs_parse():
     root = Path(__file__).resolve().parents[3]
-    slf5k = load_config(SummarizationEvalConfig, root / "configs/slf5k/eval.yaml", {"data": "d.jsonl", "model": "m"})
+    slf5k = load_config(SummarizationEvalConfig, root / "configs/slf5k/eval.yaml", {"dataset_path": "d.jsonl", "model": "m"})
     assert slf5k.stop_strings == ["\n\n"] and slf5k.field_map == {"reference": "ideal_human_summary"}
     assert "{post}" in slf5k.prompt_template and slf5k.bertscore_model is None
     for task in ("arc", "alpaca_eval", "mt_bench"):
-        cfg = load_config(QAEvalConfig, root / "configs/ultrafeedback/eval.yaml", {"task": task, "data": "d", "model": "m", "judge_model": "j"})
+        cfg = load_config(QAEvalConfig, root / "configs/ultrafeedback/eval.yaml", {"task": task, "dataset_path": "d", "model": "m", "judge_model": "j"})
         assert cfg.use_chat_template and cfg.baseline_field == "output"

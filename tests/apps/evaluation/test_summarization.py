@@ -97,8 +97,8 @@ def test_cli_generates_and_scores_with_a_tiny_policy(tmp_path, saved_policy, cap
     data = tmp_path / "eval.jsonl"
     write_jsonl(data, POSTS)
     out = tmp_path / "out"
-    rc = main(["--data", str(data), "--model", str(saved_policy), "--output_dir", str(out), "--metrics", "rouge,bleu,perplexity",
-               "--max_new_tokens", "6", "--batch_size", "2", "--show_progress", "false", "--device", "cpu"])
+    rc = main(["--dataset_path", str(data), "--model", str(saved_policy), "--output_dir", str(out), "--metrics", "rouge,bleu,perplexity",
+               "--max_new_tokens", "6", "--batch_size", "2", "--progress_bar", "false", "--device", "cpu"])
     assert rc == 0
     rows = list(iter_jsonl(out / "predictions.jsonl"))
     assert [r["id"] for r in rows] == ["p1", "p2", "p3"]
@@ -132,9 +132,9 @@ def test_cli_scores_a_predictions_file_with_a_judge(tmp_path, monkeypatch):
 
     monkeypatch.setenv("T2G_TEST_JUDGE_KEY", "sk-do-not-leak")
     with FakeOpenAIServer(handler) as server:
-        rc = main(["--data", str(data), "--predictions_file", str(preds), "--metrics", "rouge,bleu", "--output_dir", str(tmp_path / "o"),
+        rc = main(["--dataset_path", str(data), "--predictions_file", str(preds), "--metrics", "rouge,bleu", "--output_dir", str(tmp_path / "o"),
                    "--judge_model", "fake-judge", "--judge_base_url", server.base_url, "--judge_api_key_env", "T2G_TEST_JUDGE_KEY",
-                   "--baseline_predictions", str(base), "--show_progress", "false"])
+                   "--baseline_predictions", str(base), "--progress_bar", "false"])
         assert rc == 0 and len(server.requests) == 3
         assert "Title: New job?" in "".join(b["messages"][-1]["content"] for b in server.requests)
     results = json.loads((tmp_path / "o" / "summarization.json").read_text())["results"]
@@ -154,12 +154,12 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     data = tmp_path / "eval.jsonl"
     write_jsonl(data, POSTS)
     with pytest.raises(SystemExit):
-        main(["--data", str(data)])  # neither a model nor predictions
+        main(["--dataset_path", str(data)])  # neither a model nor predictions
     assert "--predictions_file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["--data", str(data), "--predictions_file", "x.jsonl", "--metrics", "rouge", "--judge_model", "gpt-4o"])
+        main(["--dataset_path", str(data), "--predictions_file", "x.jsonl", "--metrics", "rouge", "--judge_model", "gpt-4o"])
     assert "--baseline_predictions" in capsys.readouterr().err
     preds = tmp_path / "p.jsonl"
     write_jsonl(preds, [{"id": "p1", "prediction": "x"}])
-    assert main(["--data", str(data), "--predictions_file", str(preds), "--metrics", "rouge", "--output_dir", str(tmp_path / "o")]) == 2
+    assert main(["--dataset_path", str(data), "--predictions_file", str(preds), "--metrics", "rouge", "--output_dir", str(tmp_path / "o")]) == 2
     assert "lacks predictions for 2 of 3" in capsys.readouterr().err

@@ -99,7 +99,7 @@ def continuation_logprobs(
     batch_size: int = 8,
     max_length: int | None = None,
     add_special_tokens: bool = True,
-    show_progress: bool = False,
+    progress_bar: bool = False,
 ) -> list[ContinuationScore]:
     """Score ``continuations[i]`` given ``contexts[i]`` under a causal LM, in batches, in input order.
 
@@ -138,7 +138,7 @@ def continuation_logprobs(
     order = sorted(range(len(items)), key=lambda i: -len(items[i][0]))  # similar lengths together: less padding
     results: dict[int, ContinuationScore] = {}
     batches = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
-    if show_progress:
+    if progress_bar:
         batches = tqdm(batches, desc="log-likelihood", unit="batch")
     with torch.no_grad():
         for batch in batches:

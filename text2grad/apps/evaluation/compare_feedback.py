@@ -1,6 +1,6 @@
 """Two critics (e.g. the CoT and the no-CoT reward model) compared with the paper's protocol.
 
-    python -m text2grad.apps.evaluation.compare_feedback --eval_file runs/slf5k/annotations_validation.jsonl \\
+    python -m text2grad.apps.evaluation.compare_feedback --dataset_path runs/slf5k/annotations_validation.jsonl \\
         --candidate_critic_kwargs '{"path": "runs/slf5k/reward_model"}' --baseline_critic_kwargs '{"path": "runs/slf5k/reward_model_nocot"}' \\
         --tokenizer runs/slf5k/reward_model --judge_model gpt-4o --output_dir runs/slf5k/cot_vs_nocot
 
@@ -26,21 +26,21 @@ from typing import Any, Sequence
 
 from reward_model.metrics import evaluate_feedback
 from text2grad.apps.evaluation.judge import JudgeConfig, PairwiseItem, judge_pairwise, load_prompt, win_rate_summary
-from text2grad.core.cli import print_error
-from text2grad.core.config import ConfigError, config_field, parse_config
+from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.config import ConfigError, config_field
 from text2grad.core.critics import build_feedback_source
-from text2grad.core.data import DataError, load_records
+from text2grad.core.data import load_records
 from text2grad.core.feedback import Feedback
 from text2grad.core.modeling import load_tokenizer
 
-__all__ = ["CompareConfig", "render_feedback", "compare_critics", "main"]
+__all__ = ["CompareConfig", "render_feedback", "compare_critics", "run_compare", "main"]
 
 
 @dataclass
 class CompareConfig:
     """Judge two critics' feedback pairwise and score both against reference annotations."""
 
-    eval_file: str = config_field("", "Held-out annotation records (prompt, response, critique, good_spans, poor_spans).")
+    dataset_path: str = config_field("", "Held-out annotation records (prompt, response, critique, good_spans, poor_spans).")
     limit: int | None = config_field(None, "Use only the first N records.")
     candidate_critic: str = config_field("reward_model", "The candidate critic (e.g. the CoT reward model).")
     candidate_critic_kwargs: dict[str, Any] = config_field({}, "Its keyword arguments, e.g. {\"path\": \"runs/slf5k/reward_model\"}.")
@@ -83,7 +83,7 @@ def compare_critics(
                      candidate=render_feedback(c), baseline=render_feedback(b))
         for i, (rec, c, b) in enumerate(zip(records, candidate, baseline))
     ]
-    judgments = judge_pairwise(items, judge, template, seed=seed, show_progress=False)
+    judgments = judge_pairwise(items, judge, template, seed=seed, progress_bar=False)
     summary = win_rate_summary(judgments)
     n = summary["n_valid"] or float("nan")
     summary.update(win_share=summary["wins"] / n, tie_share=summary["ties"] / n, loss_share=summary["losses"] / n)
@@ -96,23 +96,21 @@ def compare_critics(
     return {"judge": summary, "token_metrics": token_metrics}, [j.to_dict() for j in judgments]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_config(CompareConfig, argv, description="Compare two critics: LLM-judge pairwise win rate + token metrics.")
-    try:
-        if not cfg.eval_file or not cfg.tokenizer:
-            raise ConfigError("set --eval_file (held-out annotations) and --tokenizer (for the token metrics)")
-        records = load_records(cfg.eval_file, required=("prompt", "response"), limit=cfg.limit)
+def run_compare(cfg: CompareConfig) -> int:
+    if not cfg.dataset_path or not cfg.tokenizer:
+        raise ConfigError("set --dataset_path (held-out annotations) and --tokenizer (for the token metrics)")
+    records = load_records(cfg.dataset_path, required=("prompt", "response"), limit=cfg.limit)
+    prompts, responses = [str(r["prompt"]) for r in records], [str(r["response"]) for r in records]
+    feedback = {}
+    try:  # a judge template, tokenizer, critic or critic kwargs that do not fit are the user's to fix
         template = load_prompt(cfg.judge_template)
         tokenizer = load_tokenizer(cfg.tokenizer)
-        prompts, responses = [str(r["prompt"]) for r in records], [str(r["response"]) for r in records]
-        feedback = {}
-        for name, source, kwargs in (("candidate", cfg.candidate_critic, cfg.candidate_critic_kwargs),
-                                     ("baseline", cfg.baseline_critic, cfg.baseline_critic_kwargs)):
-            critic = build_feedback_source(source, kwargs, records=records)
+        for name, critic_name, kwargs in (("candidate", cfg.candidate_critic, cfg.candidate_critic_kwargs),
+                                          ("baseline", cfg.baseline_critic, cfg.baseline_critic_kwargs)):
+            critic = build_feedback_source(critic_name, kwargs, records=records)
             feedback[name] = list(critic.feedback(prompts, responses))
-    except (ConfigError, DataError, FileNotFoundError, ValueError, TypeError) as exc:
-        print_error(str(exc))
-        return 2
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(str(exc)) from None
     judge = JudgeConfig(model=cfg.judge_model, base_url=cfg.base_url, api_key_env=cfg.api_key_env, concurrency=cfg.concurrency)
     report, judgments = compare_critics(records, feedback["candidate"], feedback["baseline"], tokenizer, judge, template, cfg.seed)
     out = Path(cfg.output_dir)
@@ -122,7 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = report["judge"]
     print(f"candidate vs baseline: win {s['win_share']:.3f} : tie {s['tie_share']:.3f} : loss {s['loss_share']:.3f} "
           f"({s['n_valid']} judged, {s['failed']} failed); report: {out / 'report.json'}")
-    return 0
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(CompareConfig, run_compare, argv,
+                   description="Compare two critics: LLM-judge pairwise win rate + token metrics.")
 
 
 if __name__ == "__main__":

@@ -151,12 +151,12 @@ def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}" + (f" (HTTP {status})" if status else "") + f": {str(exc)[:300]}"
 
 
-async def _complete_all(cfg: JudgeConfig, conversations: Sequence[list[dict]], show_progress: bool) -> list[ChatResult]:
+async def _complete_all(cfg: JudgeConfig, conversations: Sequence[list[dict]], progress_bar: bool) -> list[ChatResult]:
     client = openai.AsyncOpenAI(base_url=cfg.base_url, api_key=_api_key(cfg), max_retries=0, timeout=cfg.timeout_s)
     semaphore = asyncio.Semaphore(max(1, cfg.concurrency))
     jitter = random.Random(0)
     bar = None
-    if show_progress:
+    if progress_bar:
         bar = tqdm(total=len(conversations), desc=f"judge {cfg.model}", unit="req")
 
     async def one(messages: list[dict]) -> ChatResult:
@@ -194,11 +194,11 @@ async def _complete_all(cfg: JudgeConfig, conversations: Sequence[list[dict]], s
         await client.close()
 
 
-def chat_completions(cfg: JudgeConfig, conversations: Sequence[list[dict]], show_progress: bool = False) -> list[ChatResult]:
+def chat_completions(cfg: JudgeConfig, conversations: Sequence[list[dict]], progress_bar: bool = False) -> list[ChatResult]:
     """Send each message list to the judge, ``cfg.concurrency`` at a time; results in input order, never raising
     for a failed request (its `ChatResult.error` says why). Works inside a running event loop too (Jupyter)."""
     _api_key(cfg)  # fail before starting anything if no key can be found
-    coro = _complete_all(cfg, conversations, show_progress)
+    coro = _complete_all(cfg, conversations, progress_bar)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -318,7 +318,7 @@ def judge_pairwise(
     cfg: JudgeConfig,
     template: str,
     seed: int = 0,
-    show_progress: bool = True,
+    progress_bar: bool = True,
 ) -> list[PairwiseJudgment]:
     """Ask the judge to compare candidate and baseline on every item (template placeholders:
     ``{instruction}``, ``{output_a}``, ``{output_b}``); one judgment per item, in order."""
@@ -328,7 +328,7 @@ def judge_pairwise(
         a, b = (item.candidate, item.baseline) if pos == "A" else (item.baseline, item.candidate)
         user = render_template(template, {"instruction": item.instruction, "output_a": a, "output_b": b}, where=item.id)
         conversations.append([{"role": "system", "content": JUDGE_SYSTEM_PROMPT}, {"role": "user", "content": user}])
-    results = chat_completions(cfg, conversations, show_progress=show_progress)
+    results = chat_completions(cfg, conversations, progress_bar=progress_bar)
     judgments = []
     for item, pos, result in zip(items, positions, results):
         verdict = parse_pairwise_verdict(result.text)
@@ -454,7 +454,7 @@ def render_conversation(messages: Sequence[dict]) -> str:
 
 
 def judge_single(
-    items: Sequence[SingleItem], cfg: JudgeConfig, template: str, show_progress: bool = True
+    items: Sequence[SingleItem], cfg: JudgeConfig, template: str, progress_bar: bool = True
 ) -> list[SingleGrade]:
     """Grade each item's last assistant answer 1-10 (template placeholders: ``{conversation}``, ``{reference_block}``)."""
     conversations = []
@@ -464,7 +464,7 @@ def judge_single(
             template, {"conversation": render_conversation(item.messages), "reference_block": reference_block}, where=item.id
         )
         conversations.append([{"role": "system", "content": JUDGE_SYSTEM_PROMPT}, {"role": "user", "content": user}])
-    results = chat_completions(cfg, conversations, show_progress=show_progress)
+    results = chat_completions(cfg, conversations, progress_bar=progress_bar)
     return [
         SingleGrade(item.id, item.turn, item.category, parse_rating(r.text), r.text, r.error)
         for item, r in zip(items, results)

@@ -3,19 +3,19 @@
 ::
 
     # ARC-Challenge accuracy by log-likelihood of the answer choices
-    python -m text2grad.apps.evaluation.qa --task arc --model M --data allenai/ai2_arc --data_config ARC-Challenge --split test
-    python -m text2grad.apps.evaluation.qa --task arc --model M --data arc_challenge_test.jsonl
+    python -m text2grad.apps.evaluation.qa --task arc --model M --dataset_path allenai/ai2_arc --dataset_config ARC-Challenge --dataset_split test
+    python -m text2grad.apps.evaluation.qa --task arc --model M --dataset_path arc_challenge_test.jsonl
 
     # AlpacaEval 2.0 style: pairwise judge against the reference outputs in the data (field "output")
-    python -m text2grad.apps.evaluation.qa --task alpaca_eval --model M --data alpaca_eval.json --judge_model gpt-4o
+    python -m text2grad.apps.evaluation.qa --task alpaca_eval --model M --dataset_path alpaca_eval.json --judge_model gpt-4o
 
     # MT-Bench style: multi-turn answers graded 1-10 by the judge
-    python -m text2grad.apps.evaluation.qa --task mt_bench --model M --data mt_bench_questions.jsonl --judge_model gpt-4o
+    python -m text2grad.apps.evaluation.qa --task mt_bench --model M --dataset_path mt_bench_questions.jsonl --judge_model gpt-4o
 
 **ARC.** Each choice is scored by the log-probability of its tokens given ``Question: {question}\\nAnswer:``
 (the choice text follows a space). Two accuracies are reported: by the summed log-probability, and by the
 per-token mean (length-normalized), since the sum favours short choices. Ties go to the first choice.
-Data: a JSONL/JSON file or a hub id (``allenai/ai2_arc`` with ``--data_config ARC-Challenge``), in the hub
+Data: a JSONL/JSON file or a hub id (``allenai/ai2_arc`` with ``--dataset_config ARC-Challenge``), in the hub
 layout (``question``, ``choices: {text, label}``, ``answerKey``), the original ARC layout
 (``question: {stem, choices: [{text, label}]}``, ``answerKey``) or a flat one (``choices: [str]``,
 ``answer``: index or label); ``--field_map`` renames fields.
@@ -73,9 +73,9 @@ class QAEvalConfig:
     """Evaluate a policy on ARC-Challenge (log-likelihood) or AlpacaEval / MT-Bench style judged QA."""
 
     task: Literal["arc", "alpaca_eval", "mt_bench"] = config_field("arc", "Which evaluation to run.")
-    data: str = config_field("", "Data: .jsonl/.json file, saved dataset directory, or hub id.")
-    data_config: str | None = config_field(None, "Hub dataset config name, e.g. ARC-Challenge.")
-    split: str | None = config_field(None, "Split for hub ids / dataset dicts (ARC: 'test').")
+    dataset_path: str = config_field("", "Data: .jsonl/.json file, saved dataset directory, or hub id.")
+    dataset_config: str | None = config_field(None, "Hub dataset config name, e.g. ARC-Challenge.")
+    dataset_split: str | None = config_field(None, "Split for hub ids / dataset dicts (ARC: 'test').")
     field_map: dict = config_field({}, "Rename fields, {our_name: their_name}.")
     limit: int | None = config_field(None, "Evaluate only the first N records.")
 
@@ -123,11 +123,11 @@ class QAEvalConfig:
 
     output_dir: str = config_field("runs/eval/qa", "Where reports and per-item outputs are written.")
     name: str | None = config_field(None, "Report file stem (default: the task name).")
-    show_progress: bool = config_field(True, "Show progress bars.")
+    progress_bar: bool = config_field(True, "Show progress bars.")
 
     def __post_init__(self) -> None:
-        if not self.data:
-            raise ConfigError("--data is required: a .jsonl/.json file, a saved dataset directory or a hub id")
+        if not self.dataset_path:
+            raise ConfigError("--dataset_path is required: a .jsonl/.json file, a saved dataset directory or a hub id")
         if self.task == "arc" and self.model is None:
             raise ConfigError("--task arc scores answer choices with the policy: pass --model")
         if self.task != "arc":
@@ -192,7 +192,7 @@ def score_multiple_choice(
     choice_prefix: str = " ",
     batch_size: int = 8,
     max_length: int | None = None,
-    show_progress: bool = False,
+    progress_bar: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Score every choice by its log-likelihood given the question prompt; return ``(summary, per_item_rows)``.
 
@@ -207,7 +207,7 @@ def score_multiple_choice(
             continuations.append(choice_prefix + choice)
             owners.append(k)
     scores = continuation_logprobs(
-        model, tokenizer, contexts, continuations, batch_size=batch_size, max_length=max_length, show_progress=show_progress
+        model, tokenizer, contexts, continuations, batch_size=batch_size, max_length=max_length, progress_bar=progress_bar
     )
     per_item: list[list] = [[] for _ in items]
     for owner, score in zip(owners, scores):
@@ -239,14 +239,14 @@ def score_multiple_choice(
 
 def _load(cfg: QAEvalConfig, required: tuple[str, ...] = ()) -> list[dict]:
     """Local files through `load_records`; hub ids through ``datasets`` (with a config name, which ARC needs)."""
-    if Path(cfg.data).expanduser().exists() or cfg.data_config is None:
-        records = load_records(cfg.data, split=cfg.split, field_map=cfg.field_map, required=required, limit=cfg.limit)
+    if Path(cfg.dataset_path).expanduser().exists() or cfg.dataset_config is None:
+        records = load_records(cfg.dataset_path, split=cfg.dataset_split, field_map=cfg.field_map, required=required, limit=cfg.limit)
     else:
         try:
-            ds = datasets.load_dataset(cfg.data, cfg.data_config, split=cfg.split or "test")
+            ds = datasets.load_dataset(cfg.dataset_path, cfg.dataset_config, split=cfg.dataset_split or "test")
         except Exception as exc:  # noqa: BLE001 - datasets raises many types; all mean "could not load"
             raise DataError(
-                f"could not load {cfg.data!r} (config {cfg.data_config!r}): {type(exc).__name__}: {exc}. Hub ids need "
+                f"could not load {cfg.dataset_path!r} (config {cfg.dataset_config!r}): {type(exc).__name__}: {exc}. Hub ids need "
                 "network access or a warm HF cache; otherwise pass a .jsonl/.json file."
             ) from None
         records = [dict(r) for r in (ds.select(range(min(cfg.limit, len(ds)))) if cfg.limit is not None else ds)]
@@ -255,7 +255,7 @@ def _load(cfg: QAEvalConfig, required: tuple[str, ...] = ()) -> list[dict]:
                 if theirs in rec:
                     rec[ours] = rec[theirs]
     if not records:
-        raise DataError(f"{cfg.data} holds no records")
+        raise DataError(f"{cfg.dataset_path} holds no records")
     return records
 
 
@@ -274,9 +274,9 @@ def evaluate_arc(cfg: QAEvalConfig) -> tuple[dict[str, Any], list[dict], list[di
     items = [normalize_multiple_choice(r, i) for i, r in enumerate(_load(cfg))]
     model, tokenizer = _policy(cfg)
     summary, per_item = score_multiple_choice(
-        model, tokenizer, items, cfg.arc_prompt_template, cfg.choice_prefix, cfg.batch_size, cfg.max_length, cfg.show_progress
+        model, tokenizer, items, cfg.arc_prompt_template, cfg.choice_prefix, cfg.batch_size, cfg.max_length, cfg.progress_bar
     )
-    results = {"task": "arc", "system": _system_label(cfg), "data": cfg.data} | summary
+    results = {"task": "arc", "system": _system_label(cfg), "data": cfg.dataset_path} | summary
     results["notes"] = [
         f"Accuracy over n = {summary['n']} questions: each choice scored by the log-probability of its tokens given "
         f"the prompt {cfg.arc_prompt_template!r}; 'accuracy' picks the highest sum, 'accuracy_norm' the highest per-token mean.",
@@ -313,7 +313,7 @@ def _generate_turn(model, tokenizer, conversations: list[list[dict]], cfg: QAEva
         model, tokenizer, [_chat_prompt(tokenizer, c, cfg) for c in conversations],
         max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, do_sample=cfg.do_sample,
         temperature=cfg.temperature, top_p=cfg.top_p, max_prompt_length=cfg.max_prompt_length,
-        stop_strings=stop, add_special_tokens=not templated, generator_seed=cfg.seed, show_progress=cfg.show_progress,
+        stop_strings=stop, add_special_tokens=not templated, generator_seed=cfg.seed, progress_bar=cfg.progress_bar,
     )
     texts = []
     for g in gens:
@@ -372,7 +372,7 @@ def evaluate_alpaca_eval(cfg: QAEvalConfig) -> tuple[dict[str, Any], list[dict],
         model, tokenizer = _policy(cfg)
         outputs = _generate_turn(model, tokenizer, [[{"role": "user", "content": x}] for x in instructions], cfg)
     items = [PairwiseItem(i, ins, out, base) for i, ins, out, base in zip(ids, instructions, outputs, baseline)]
-    judgments = judge_pairwise(items, _judge_config(cfg), load_prompt(cfg.judge_prompt or _DEFAULT_JUDGE_PROMPTS["alpaca_eval"]), cfg.judge_seed, cfg.show_progress)
+    judgments = judge_pairwise(items, _judge_config(cfg), load_prompt(cfg.judge_prompt or _DEFAULT_JUDGE_PROMPTS["alpaca_eval"]), cfg.judge_seed, cfg.progress_bar)
     summary = win_rate_summary(judgments)
     system = _system_label(cfg)
     if cfg.length_controlled:
@@ -380,7 +380,7 @@ def evaluate_alpaca_eval(cfg: QAEvalConfig) -> tuple[dict[str, Any], list[dict],
         lc, lc_note = length_controlled_win_rate(judgments, items, indices, candidate_name=system, baseline_name=cfg.baseline_name)
     else:
         lc, lc_note = None, "length control switched off (--length_controlled false); the win rate is raw"
-    results = {"task": "alpaca_eval", "system": system, "baseline": cfg.baseline_name, "data": cfg.data, "judge_model": cfg.judge_model}
+    results = {"task": "alpaca_eval", "system": system, "baseline": cfg.baseline_name, "data": cfg.dataset_path, "judge_model": cfg.judge_model}
     results |= summary | {"length_controlled_win_rate": lc}
     results["mean_output_chars"] = sum(map(len, outputs)) / len(outputs)
     results["mean_baseline_chars"] = sum(map(len, baseline)) / len(baseline)
@@ -437,9 +437,9 @@ def evaluate_mt_bench(cfg: QAEvalConfig) -> tuple[dict[str, Any], list[dict], li
         for turn in range(len(t)):
             messages = _conversation(t[: turn + 1], a[: turn + 1])
             items.append(SingleItem(rid, tuple(messages), refs[turn] if turn < len(refs) else None, rec.get("category"), turn + 1))
-    grades = judge_single(items, _judge_config(cfg), load_prompt(cfg.judge_prompt or _DEFAULT_JUDGE_PROMPTS["mt_bench"]), cfg.show_progress)
+    grades = judge_single(items, _judge_config(cfg), load_prompt(cfg.judge_prompt or _DEFAULT_JUDGE_PROMPTS["mt_bench"]), cfg.progress_bar)
     summary = grade_summary(grades)
-    results = {"task": "mt_bench", "system": _system_label(cfg), "data": cfg.data, "judge_model": cfg.judge_model} | summary
+    results = {"task": "mt_bench", "system": _system_label(cfg), "data": cfg.dataset_path, "judge_model": cfg.judge_model} | summary
     results["notes"] = [
         f"Score = mean 1-10 rating over {summary['n_valid']} of {summary['n_items']} graded turns "
         f"({summary['unparseable']} unparseable, {summary['failed']} failed); judge {cfg.judge_model} with "

@@ -6,7 +6,7 @@
         --model meta-llama/Llama-3.1-8B-Instruct --adapter runs/slf5k/policy --output_dir runs/eval/slf5k
 
     # score an existing predictions file (JSONL of {"id", "prediction"}) instead of generating
-    python -m text2grad.apps.evaluation.summarization --data slf5k_eval.jsonl --predictions_file preds.jsonl \
+    python -m text2grad.apps.evaluation.summarization --dataset_path slf5k_eval.jsonl --predictions_file preds.jsonl \
         --metrics rouge,bleu,bertscore --output_dir runs/eval/slf5k_preds
 
     # add a judged win rate against another system's predictions
@@ -191,8 +191,8 @@ def perplexity(
 class SummarizationEvalConfig:
     """Evaluate a summarization policy (SLF5K-style): ROUGE, BLEU, BERTScore, perplexity, judged win rate."""
 
-    data: str = config_field("", "Eval data: .jsonl/.json file, dataset directory, or hub id.")
-    split: str | None = config_field(None, "Split for hub ids / dataset dicts (e.g. 'validation').")
+    dataset_path: str = config_field("", "Eval data: .jsonl/.json file, dataset directory, or hub id.")
+    dataset_split: str | None = config_field(None, "Split for hub ids / dataset dicts (e.g. 'validation').")
     field_map: dict = config_field(
         {},
         "Rename fields, {our_name: their_name}, e.g. {\"reference\": \"tldr_human_reference_summary\"}.",
@@ -260,14 +260,14 @@ class SummarizationEvalConfig:
 
     output_dir: str = config_field("runs/eval/slf5k", "Where reports and predictions are written.")
     name: str = config_field("summarization", "Report file stem: <name>.json and <name>.md.")
-    show_progress: bool = config_field(True, "Show progress bars.")
+    progress_bar: bool = config_field(True, "Show progress bars.")
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.metrics) - {"rouge", "bleu", "bertscore", "perplexity"})
         if unknown:
             raise ConfigError(f"unknown metric(s) {unknown}; choose from rouge, bleu, bertscore, perplexity")
-        if not self.data:
-            raise ConfigError("--data is required: a .jsonl/.json file, a saved dataset directory or a hub id")
+        if not self.dataset_path:
+            raise ConfigError("--dataset_path is required: a .jsonl/.json file, a saved dataset directory or a hub id")
         if self.model is None and self.predictions_file is None:
             raise ConfigError("pass --model (to generate summaries) or --predictions_file (to score existing ones)")
         if "perplexity" in self.metrics and self.model is None:
@@ -302,12 +302,12 @@ def evaluate_summarization(cfg: SummarizationEvalConfig) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out_dir / f"{cfg.name}_config.yaml")
     field_map = dict(cfg.field_map)
-    records = load_records(cfg.data, split=cfg.split, field_map=field_map, required=(cfg.reference_field,), limit=cfg.limit)
+    records = load_records(cfg.dataset_path, split=cfg.dataset_split, field_map=field_map, required=(cfg.reference_field,), limit=cfg.limit)
     if not records:
-        raise DataError(f"{cfg.data} holds no records")
+        raise DataError(f"{cfg.dataset_path} holds no records")
     ids = [record_id(r, i) for i, r in enumerate(records)]
     if len(set(ids)) != len(ids):
-        raise DataError(f"{cfg.data}: record ids are not unique; predictions are matched by id")
+        raise DataError(f"{cfg.dataset_path}: record ids are not unique; predictions are matched by id")
     references = [str(r[cfg.reference_field]) for r in records]
 
     model = tokenizer = None
@@ -329,13 +329,13 @@ def evaluate_summarization(cfg: SummarizationEvalConfig) -> dict[str, Any]:
             model, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
             do_sample=cfg.do_sample, temperature=cfg.temperature, top_p=cfg.top_p,
             max_prompt_length=cfg.max_prompt_length, stop_strings=cfg.stop_strings or None,
-            add_special_tokens=add_special, generator_seed=cfg.seed, show_progress=cfg.show_progress,
+            add_special_tokens=add_special, generator_seed=cfg.seed, progress_bar=cfg.progress_bar,
         )
         predictions = [g.text.strip() for g in gens]
         finished = [g.finished for g in gens]
         source = cfg.model + (f" + {cfg.adapter}" if cfg.adapter else "")
 
-    results: dict[str, Any] = {"system": source, "n": len(records), "data": cfg.data}
+    results: dict[str, Any] = {"system": source, "n": len(records), "data": cfg.dataset_path}
     rows: list[dict[str, Any]] = []
     per_item: list[dict[str, Any]] = [
         {"id": i, "prediction": p, "reference": ref} | ({"prompt": prompts[k]} if prompts else {}) | ({"finished": finished[k]} if finished[k] is not None else {})
@@ -368,7 +368,7 @@ def evaluate_summarization(cfg: SummarizationEvalConfig) -> dict[str, Any]:
         scores = continuation_logprobs(
             model, tokenizer, prompts, [cfg.reference_prefix + r for r in references], batch_size=cfg.batch_size,
             max_length=cfg.max_prompt_length + cfg.max_new_tokens, add_special_tokens=add_special,
-            show_progress=cfg.show_progress,
+            progress_bar=cfg.progress_bar,
         )
         tokens = sum(s.num_tokens for s in scores)
         results["perplexity"] = math.exp(-sum(s.logprob for s in scores) / tokens) if tokens else float("nan")
@@ -409,7 +409,7 @@ def _run_judge(cfg, records, ids, predictions, references, per_item, out_dir: Pa
         model=cfg.judge_model, base_url=cfg.judge_base_url, api_key_env=cfg.judge_api_key_env,
         concurrency=cfg.judge_concurrency, max_retries=cfg.judge_max_retries, max_tokens=cfg.judge_max_tokens,
     )
-    judgments = judge_pairwise(items, judge_cfg, load_prompt(cfg.judge_prompt), seed=cfg.judge_seed, show_progress=cfg.show_progress)
+    judgments = judge_pairwise(items, judge_cfg, load_prompt(cfg.judge_prompt), seed=cfg.judge_seed, progress_bar=cfg.progress_bar)
     write_jsonl(out_dir / "judgments.jsonl", [j.to_dict() | {"baseline": b} for j, b in zip(judgments, baseline)])
     for row, j in zip(per_item, judgments):
         row["judge_outcome"] = j.outcome

@@ -1,12 +1,12 @@
 """``text2grad prepare-data`` / ``python -m text2grad.apps.prepare_data``: the paper's datasets, as they are on the
 hub, turned into the files each phase reads.
 
-    text2grad prepare-data --dataset slf5k --input JeremyAlain/SLF5K --output_dir data/slf5k
-    text2grad prepare-data --dataset ultrafeedback --input HuggingFaceH4/ultrafeedback_binarized --output_dir data/ultrafeedback
-    text2grad prepare-data --dataset kodcode --input KodCode/KodCode-Light-RL-10K --output_dir data/kodcode \\
+    text2grad prepare-data --dataset slf5k --dataset_path JeremyAlain/SLF5K --output_dir data/slf5k
+    text2grad prepare-data --dataset ultrafeedback --dataset_path HuggingFaceH4/ultrafeedback_binarized --output_dir data/ultrafeedback
+    text2grad prepare-data --dataset kodcode --dataset_path KodCode/KodCode-Light-RL-10K --output_dir data/kodcode \\
         --completions_model Qwen/Qwen2.5-0.5B-Instruct
 
-``--input`` is a hub id or a local copy in the native layout (see `sources`). Every dataset's ``--output_dir``
+``--dataset_path`` is a hub id or a local copy in the native layout (see `sources`). Every dataset's ``--output_dir``
 gets ``annotation_input.jsonl`` (records to annotate: id, prompt, response and the dataset's own fields),
 ``sft.jsonl`` (prompt, completion), ``rl_prompts.jsonl`` (prompt and what the critics need), ``eval.jsonl``,
 ``preference_pairs.jsonl`` (prompt, chosen, rejected) and ``prepare_report.json`` (counts), written last.
@@ -34,10 +34,10 @@ _PREPARERS = {"slf5k": slf5k.prepare, "ultrafeedback": ultrafeedback.prepare, "k
 
 def prepare(cfg: PrepareDataConfig) -> dict[str, Any]:
     """Read, check and write; returns the report (also written to ``output_dir/prepare_report.json``)."""
-    if not cfg.input or not cfg.output_dir:
-        raise ConfigError("set --input (hub id or local copy) and --output_dir (e.g. data/" + cfg.dataset + ")")
+    if not cfg.dataset_path or not cfg.output_dir:
+        raise ConfigError("set --dataset_path (hub id or local copy) and --output_dir (e.g. data/" + cfg.dataset + ")")
     files, report = _PREPARERS[cfg.dataset](cfg)
-    report = {"dataset": cfg.dataset, "input": cfg.input, **report, "config": config_to_dict(cfg)}
+    report = {"dataset": cfg.dataset, "input": cfg.dataset_path, **report, "config": config_to_dict(cfg)}
     write_outputs(cfg.output_dir, files, report)
     report["files"] = {name: len(files.get(name, [])) for name in OUTPUT_FILES}
     return report

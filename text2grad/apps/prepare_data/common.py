@@ -31,7 +31,7 @@ class PrepareDataConfig:
     """Turn a dataset in its native layout (hub id or local copy) into the files each phase reads."""
 
     dataset: Literal["slf5k", "kodcode", "ultrafeedback"] = config_field("slf5k", "Which of the paper's datasets the input is.")
-    input: str = config_field("", "Hub id (JeremyAlain/SLF5K, KodCode/KodCode-Light-RL-10K, HuggingFaceH4/ultrafeedback_binarized) "
+    dataset_path: str = config_field("", "Hub id (JeremyAlain/SLF5K, KodCode/KodCode-Light-RL-10K, HuggingFaceH4/ultrafeedback_binarized) "
                         "or a local copy in the native layout: a save_to_disk directory, a directory of per-split "
                         "JSONL/parquet/arrow files named as on the hub, or one data file.")
     output_dir: str = config_field("", "Where annotation_input.jsonl, sft.jsonl, rl_prompts.jsonl, eval.jsonl, "

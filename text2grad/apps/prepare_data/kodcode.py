@@ -157,7 +157,7 @@ def prepare(cfg: PrepareDataConfig) -> tuple[dict[str, list[dict[str, Any]]], di
     unknown = set(fractions) - {"rm", "rl", "eval"}
     if unknown:
         raise SchemaError(f"kodcode: fractions may name rm, rl and eval, not {sorted(unknown)}")
-    data = load_split("kodcode", cfg.input, "train", "train", cfg.max_samples)
+    data = load_split("kodcode", cfg.dataset_path, "train", "train", cfg.max_samples)
     check_columns(data, COLUMNS)
     given = _read_completions(cfg.completions) if cfg.completions else None  # read before any slow work
 

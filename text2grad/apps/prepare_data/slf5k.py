@@ -40,9 +40,9 @@ def prepare(cfg: PrepareDataConfig) -> tuple[dict[str, list[dict[str, Any]]], di
     eval_split = cfg.eval_split or "validation"
     if eval_split not in SPLITS:
         raise SchemaError(f"slf5k: eval_split {eval_split!r} is not an SLF5K split; choose one of {list(SPLITS)}")
-    train = load_split("slf5k", cfg.input, "train", "train", cfg.max_samples)
+    train = load_split("slf5k", cfg.dataset_path, "train", "train", cfg.max_samples)
     check_columns(train, TRAIN_COLUMNS)
-    held_out = load_split("slf5k", cfg.input, eval_split, "train", cfg.max_samples)
+    held_out = load_split("slf5k", cfg.dataset_path, eval_split, "train", cfg.max_samples)
     check_columns(held_out, EVAL_COLUMNS)
 
     def prompt(row: dict[str, Any]) -> str:

@@ -60,10 +60,10 @@ def prepare(cfg: PrepareDataConfig) -> tuple[dict[str, list[dict[str, Any]]], di
     unknown = set(fractions) - {"sft", "rm", "rl"}
     if unknown:
         raise SchemaError(f"ultrafeedback: fractions may name sft, rm and rl, not {sorted(unknown)}")
-    train = load_split("ultrafeedback", cfg.input, "train_prefs", "train_prefs", cfg.max_samples)
+    train = load_split("ultrafeedback", cfg.dataset_path, "train_prefs", "train_prefs", cfg.max_samples)
     check_columns(train, ("prompt", "prompt_id", "chosen", "rejected"))
     _check_types(train)
-    test = load_split("ultrafeedback", cfg.input, eval_split, "train_prefs", cfg.max_samples)
+    test = load_split("ultrafeedback", cfg.dataset_path, eval_split, "train_prefs", cfg.max_samples)
     check_columns(test, ("prompt", "prompt_id", "chosen", "rejected"))
     _check_types(test)
 

