@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from annotation.config import AnnotationConfig
+from annotation.annotation_config import AnnotationConfig
 from annotation.runner import run_annotation
 from text2grad.core.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, print_error, run_cli
 from text2grad.core.config import ConfigError

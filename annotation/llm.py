@@ -39,7 +39,7 @@ from typing import Any, Coroutine, Sequence, TypeVar
 
 import openai
 
-from annotation.config import AnnotationConfig
+from annotation.annotation_config import AnnotationConfig
 from annotation.templates import PromptTemplate, builtin_template, load_template, repair_message
 from text2grad.core.feedback import Feedback, parse_feedback
 

@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping
 
 from tqdm.auto import tqdm
 
-from annotation.config import AnnotationConfig
+from annotation.annotation_config import AnnotationConfig
 from annotation.critics import (
     CriticResult,
     FeedbackSourceAdapter,

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from annotation.config import AnnotationConfig  # noqa: E402
+from annotation.annotation_config import AnnotationConfig  # noqa: E402
 from annotation.runner import run_annotation  # noqa: E402
 
 

@@ -37,7 +37,7 @@ import torch
 
 import policy_optimization.trainer as trainer_module
 from annotation.critics import ReferenceSummaryCritic
-from policy_optimization.config import PPOConfig
+from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.models import ValueModel
 from policy_optimization.trainer import NLGradientPPOTrainer
 from text2grad.core.modeling import build_tiny_llama, train_tokenizer

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from policy_optimization.config import PPOConfig
+from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.models import ValueModel
 from policy_optimization.trainer import NLGradientPPOTrainer
 from text2grad.core.assets import smollm2_path

@@ -16,7 +16,7 @@ from typing import Any
 from text2grad.core.critics import load_object
 
 _EXPORTS = {
-    "PPOConfig": "policy_optimization.config",
+    "PPOConfig": "policy_optimization.ppo_config",
     "NLGradientPPOTrainer": "policy_optimization.trainer",
     "NonFiniteError": "policy_optimization.trainer",
     "ValueModel": "policy_optimization.models",

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from policy_optimization.config import PPOConfig
+from policy_optimization.ppo_config import PPOConfig
 from text2grad.core import run_dir
 from text2grad.core.config import save_config
 

@@ -20,7 +20,7 @@ from accelerate.utils import InitProcessGroupKwargs
 from peft import LoraConfig, PeftModel, get_peft_model
 from trl.models.utils import add_hooks, remove_hooks
 
-from policy_optimization.config import PPOConfig
+from policy_optimization.ppo_config import PPOConfig
 
 __all__ = ["is_peft", "wrap_lora", "make_accelerator", "prepare_reference", "policy_for_generation", "save_policy_and_value"]
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from policy_optimization.config import SCALAR_SOURCES, PPOConfig
+from policy_optimization.ppo_config import SCALAR_SOURCES, PPOConfig
 from policy_optimization.models import ValueModel
 from policy_optimization.scores import build_score_fn
 from policy_optimization.checkpoints import open_ppo_run

@@ -42,7 +42,7 @@ from policy_optimization.checkpoints import (
     read_trainer_state,
     write_checkpoint_files,
 )
-from policy_optimization.config import PPOConfig
+from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.distributed import (
     is_peft,
     make_accelerator,

@@ -11,33 +11,19 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from peft import PeftConfig
 
+from reward_model.merge_config import MergeConfig
 from text2grad.core.cli import EXIT_OK, run_cli
-from text2grad.core.config import ConfigError, config_field
+from text2grad.core.config import ConfigError
 from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
-__all__ = ["MergeConfig", "merge", "main"]
+__all__ = ["merge", "main"]
 
 CONFIG_FILENAME = "text2grad_config.yaml"
-
-
-@dataclass
-class MergeConfig:
-    """Merge a LoRA adapter into its base model (base + adapter -> one model directory with tokenizer)."""
-
-    adapter: str = config_field("", "Adapter directory (a training output_dir or a checkpoint-N).")
-    output_dir: str = config_field("", "Where the merged model, tokenizer and config are written.")
-    base_model: str | None = config_field(
-        None,
-        "Base model hub id or path; defaults to base_model_name_or_path in adapter_config.json.",
-    )
-    dtype: str = config_field("auto", "dtype of the saved weights: auto, bf16, fp16, fp32.")
-    max_shard_size: str = config_field("5GB", "Largest safetensors shard.")
 
 
 def merge(cfg: MergeConfig) -> Path:

@@ -15,25 +15,25 @@ from pathlib import Path
 
 import pytest
 
-from annotation.config import AnnotationConfig
-from policy_optimization.code_pairs import CodePairsConfig
-from policy_optimization.config import PPOConfig
+from annotation.annotation_config import AnnotationConfig
+from policy_optimization.code_pairs_config import CodePairsConfig
+from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.dpo import DPORunConfig
-from policy_optimization.grpo import GRPORunConfig
+from policy_optimization.grpo_config import GRPORunConfig
 from policy_optimization.sft import SFTRunConfig
-from reward_model.evaluate import EvalConfig
-from reward_model.merge import MergeConfig
-from reward_model.scalar import ScalarRMConfig
+from reward_model.evaluate_config import EvalConfig
+from reward_model.merge_config import MergeConfig
+from reward_model.scalar_config import ScalarRMConfig
 from reward_model.train import RewardModelConfig
 import policy_optimization.train as ppo
 import reward_model.train as rm
 from text2grad.apps.cli import available
 from text2grad.apps.cli import main as text2grad
-from text2grad.apps.evaluation.code.cli import CodeEvalConfig
-from text2grad.apps.evaluation.compare_feedback import CompareConfig
-from text2grad.apps.evaluation.qa import QAEvalConfig
-from text2grad.apps.evaluation.summarization import SummarizationEvalConfig
-from text2grad.apps.prepare_data.common import PrepareDataConfig
+from text2grad.apps.evaluation.code.code_eval_config import CodeEvalConfig
+from text2grad.apps.evaluation.compare_feedback_config import CompareConfig
+from text2grad.apps.evaluation.qa_config import QAEvalConfig
+from text2grad.apps.evaluation.summarization_config import SummarizationEvalConfig
+from text2grad.apps.prepare_data.prepare_data_config import PrepareDataConfig
 from text2grad.apps.quickstart.quickstart_config import QuickstartConfig
 import text2grad.core.config as config_module
 from text2grad.core.critics import load_object

@@ -6,7 +6,7 @@ import pytest
 from accelerate.state import AcceleratorState, GradientState
 from tests.policy_optimization.po_testlib import PROMPTS, TINY_PPO
 
-from policy_optimization.config import PPOConfig
+from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.models import ValueModel
 from policy_optimization.trainer import NLGradientPPOTrainer
 from text2grad.core.modeling import build_tiny_llama

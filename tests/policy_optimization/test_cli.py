@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from policy_optimization import dpo, sft, train
-from policy_optimization.config import PPOConfig
+from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.dpo import DPORunConfig
 from policy_optimization.sft import load_pairs
 from text2grad.apps.tiny import make_tiny_world

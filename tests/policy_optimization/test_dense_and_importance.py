@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from policy_optimization.config import REWARD_MODES as CONFIG_MODES, PPOConfig
+from policy_optimization.ppo_config import REWARD_MODES as CONFIG_MODES, PPOConfig
 from text2grad.core.feedback import Feedback, parse_feedback
 from text2grad.core.rewards import REWARD_MODES, compute_score_rewards, labelled_token_share
 from text2grad.core.spans import decode_with_offsets

@@ -18,7 +18,7 @@ from tests.policy_optimization.po_testlib import first_and_last_words
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from policy_optimization.config import PPOConfig
+from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.models import ValueModel
 from reward_model.inference import GenerativeRewardModel
 import policy_optimization.trainer as trainer_module

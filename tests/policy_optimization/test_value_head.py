@@ -8,7 +8,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from tests.policy_optimization.po_testlib import PROMPTS, TINY_PPO, first_and_last_words
 
-from policy_optimization.config import PPOConfig
+from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.models import PolicyAndValue, ValueHead, ValueModel
 from policy_optimization.trainer import NLGradientPPOTrainer
 from text2grad.core.critics import CallableFeedbackSource

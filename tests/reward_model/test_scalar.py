@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, TrainingArguments
 
-from policy_optimization.config import SCALAR_SOURCES, PPOConfig
+from policy_optimization.ppo_config import SCALAR_SOURCES, PPOConfig
 from reward_model.scalar import (
     CONFIG_FILENAME,
     ScalarRewardScorer,
@@ -21,7 +21,8 @@ from reward_model.scalar import (
     pairwise_loss,
     split_pairs,
 )
-from reward_model.scalar import ScalarRMConfig, _reward_config
+from reward_model.scalar import _reward_config
+from reward_model.scalar_config import ScalarRMConfig
 from reward_model.train import RewardModelConfig, shared_training_kwargs, training_arguments
 from text2grad.core.critics import load_object
 from text2grad.core.data import DataError

@@ -1,9 +1,8 @@
 """One way to configure every trainer: a dataclass, a YAML file over its defaults, CLI flags over the YAML.
 
 Each trainer defines one dataclass whose fields carry their help text, declared with `config_field` (the one
-config idiom of the repository). A config that several modules read lives in its own module (``annotation/config.py``,
-``policy_optimization/config.py``, ``quickstart/quickstart_config.py``); a config only its CLI reads sits beside
-that CLI's ``main``::
+config idiom of the repository), in a ``<x>_config.py`` module of its package (``annotation/annotation_config.py``,
+``policy_optimization/ppo_config.py``, ``reward_model/scalar_config.py``, ...; README: house conventions)::
 
     @dataclass
     class RewardModelConfig:

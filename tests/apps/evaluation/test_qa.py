@@ -10,16 +10,11 @@ import pytest
 import torch
 from tests.fake_openai import FakeOpenAIServer
 
-from text2grad.apps.evaluation.summarization import SummarizationEvalConfig
+from text2grad.apps.evaluation.summarization_config import SummarizationEvalConfig
 from text2grad.core.config import load_config
 from text2grad.core.data import DataError, iter_jsonl, write_jsonl
-from text2grad.apps.evaluation.qa import (
-    MultipleChoiceItem,
-    QAEvalConfig,
-    main,
-    normalize_multiple_choice,
-    score_multiple_choice,
-)
+from text2grad.apps.evaluation.qa import MultipleChoiceItem, main, normalize_multiple_choice, score_multiple_choice
+from text2grad.apps.evaluation.qa_config import QAEvalConfig
 
 # One record per accepted layout: hub (choices {text, label}), original ARC (question {stem, choices}),
 # flat (choices [str], integer answer), and numeric labels as some ARC items have.

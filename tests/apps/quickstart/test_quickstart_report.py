@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy
 import pytest
 import torch
+from transformers import get_scheduler
 
-from text2grad.apps.quickstart.pipeline import stage_data
+from text2grad.apps.quickstart.pipeline import SFT_WARMUP_STEPS, _sft_schedule_args, stage_data
 from text2grad.apps.quickstart.quickstart_config import QuickstartConfig, resolve
 from text2grad.apps.quickstart.report import (
     logprob_shift,
@@ -148,6 +149,31 @@ def test_machine_speed_is_a_positive_matmul_rate_that_follows_the_thread_count()
     assert isinstance(speed["cpu"], str) and speed["cpu"]
     # a 64x64 matmul is 2 * 64**3 flops: the rate is in GFLOP/s, far below 10 TFLOP/s on any CPU thread
     assert speed["matmul_gflops"] < 10_000
+
+
+def test_a_shortened_sft_run_has_every_learning_rate_of_the_longer_one():
+    cfg = resolve(QuickstartConfig(preset="default", sft_steps=600, policy_sft_steps=600, sft_decay_steps=1200))
+    args = _sft_schedule_args(cfg)
+    assert args[:2] == ["--lr_scheduler_type", "polynomial"]
+
+    def learning_rates(name: str, steps: int, **kwargs) -> list[float]:
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.sft_learning_rate)
+        sched = get_scheduler(name, opt, num_warmup_steps=SFT_WARMUP_STEPS, num_training_steps=steps, scheduler_specific_kwargs=kwargs)
+        out = []
+        for _ in range(cfg.sft_steps):
+            out.append(sched.get_last_lr()[0])
+            opt.step()
+            sched.step()
+        return out
+
+    short = learning_rates("polynomial", cfg.sft_steps, **json.loads(args[3]))
+    long = learning_rates("linear", cfg.sft_decay_steps)
+    assert short == pytest.approx(long, rel=1e-9, abs=1e-12)
+    assert long[-1] > 0.45 * cfg.sft_learning_rate  # stopped halfway down the decay, not at zero
+    # without a longer decay the schedule is the plain linear one; a decay shorter than the run is refused
+    assert _sft_schedule_args(resolve(QuickstartConfig(preset="ci"))) == ["--lr_scheduler_type", "linear"]
+    with pytest.raises(ValueError, match="sft_decay_steps"):
+        resolve(QuickstartConfig(preset="default", sft_steps=600, sft_decay_steps=300))
 
 
 def test_validation_split_is_disjoint_and_leaves_the_other_splits_unchanged(tmp_path):

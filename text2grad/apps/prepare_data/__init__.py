@@ -22,7 +22,8 @@ import json
 from typing import Any, Sequence
 
 from text2grad.apps.prepare_data import kodcode, slf5k, ultrafeedback
-from text2grad.apps.prepare_data.common import OUTPUT_FILES, PrepareDataConfig, write_outputs
+from text2grad.apps.prepare_data.common import OUTPUT_FILES, write_outputs
+from text2grad.apps.prepare_data.prepare_data_config import PrepareDataConfig
 from text2grad.apps.prepare_data.sources import SchemaError
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, config_to_dict

@@ -30,7 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from text2grad.apps.prepare_data.common import PrepareDataConfig, split_by_key
+from text2grad.apps.prepare_data.common import split_by_key
+from text2grad.apps.prepare_data.prepare_data_config import PrepareDataConfig
 from text2grad.apps.prepare_data.sources import SchemaError, check_columns, load_split
 from text2grad.core import sandbox
 from text2grad.core.critics import extract_code

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from text2grad.apps.prepare_data.common import PrepareDataConfig
+from text2grad.apps.prepare_data.prepare_data_config import PrepareDataConfig
 from text2grad.apps.prepare_data.sources import SchemaError, check_columns, load_split
 from text2grad.core.data import render_template
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from text2grad.apps.prepare_data.common import PrepareDataConfig, conversation_reply, split_by_key
+from text2grad.apps.prepare_data.common import conversation_reply, split_by_key
+from text2grad.apps.prepare_data.prepare_data_config import PrepareDataConfig
 from text2grad.apps.prepare_data.sources import SchemaError, check_columns, load_split
 
 SPLITS = ("train_prefs", "test_prefs", "train_sft", "test_sft", "train_gen", "test_gen")

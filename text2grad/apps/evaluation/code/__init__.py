@@ -2,11 +2,12 @@
 
 One module per job: `benchmarks` (loading the formats), `evalplus_release` (EvalPlus release files scored by
 evalplus's own check), `harness` (program assembly, scoring, summary), `passk` (the estimator), `cli` (the
-command). README_code.md describes the formats, the commands and how each benchmark is scored.
+command) and `code_eval_config` (its configuration). README_code.md describes the formats, the commands and how each benchmark is scored.
 """
 
 from text2grad.apps.evaluation.code.benchmarks import BENCHMARKS, CodeProblem, load_problems
-from text2grad.apps.evaluation.code.cli import CodeEvalConfig, evaluate_code, main
+from text2grad.apps.evaluation.code.cli import evaluate_code, main
+from text2grad.apps.evaluation.code.code_eval_config import CodeEvalConfig
 from text2grad.apps.evaluation.code.harness import (
     Sample,
     SampleResult,
