@@ -73,7 +73,7 @@ def markdown(runs: list[dict[str, Any]], preset: str) -> str:
                      f"{speed['matmul_gflops']:.1f} ({speed['load_average_1min']}) | {stages} | {scores} |")
     speed = runs[0]["machine_speed"]
     lines.append(f"\npreset {preset}; {speed['cpu_count']} cores ({speed['cpu']}), {speed['torch_threads']} torch threads; "
-                 f"python {platform.python_version()}; GFLOP/s: {speed['matmul_size']}x{speed['matmul_size']} fp32 "
+                 f"OMP_WAIT_POLICY {speed.get('omp_wait_policy')}; python {platform.python_version()}; GFLOP/s: {speed['matmul_size']}x{speed['matmul_size']} fp32 "
                  "matmul measured by the quickstart at its start (median of 7).")
     return "\n".join(lines)
 

@@ -27,6 +27,7 @@ from policy_optimization.sft import (
     load_model_and_tokenizer,
     load_pairs,
     lora_config,
+    metrics_log,
     save_final,
     training_kwargs,
 )
@@ -63,7 +64,7 @@ def run_dpo(cfg: DPORunConfig) -> int:
     args = DPOConfig(**training_kwargs(cfg), beta=cfg.beta, loss_type=[cfg.loss_type])
     trainer = DPOTrainer(
         model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        peft_config=lora_config(cfg) if cfg.use_lora else None,
+        peft_config=lora_config(cfg) if cfg.use_lora else None, callbacks=metrics_log(cfg),
     )
     result = trainer.train()
     save_final(trainer, tokenizer, cfg, base)

@@ -22,13 +22,15 @@ from typing import Any, Sequence
 import torch
 from datasets import Dataset
 from peft import LoraConfig
+from transformers import Trainer
 from trl import SFTConfig, SFTTrainer
 
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, config_field, range_problems
 from text2grad.core.data import DataError, load_records, record_id, render_template
-from text2grad.core.modeling import check_model_path, load_causal_lm, load_tokenizer
 from text2grad.core.model_config import ModelConfig
+from text2grad.core.modeling import check_model_path, load_causal_lm, load_tokenizer
+from text2grad.core.run_dir import METRICS_FILE, MetricsJsonl
 
 __all__ = ["HFRunConfig", "SFTRunConfig", "main", "lora_config", "training_kwargs", "load_pairs"]
 
@@ -49,6 +51,9 @@ class HFRunConfig(ModelConfig):
     output_dir: str = config_field("outputs/sft", "Where the model (adapter or full) and tokenizer are saved.")
     learning_rate: float = config_field(2e-5, "Peak learning rate.")
     lr_scheduler_type: str = config_field("linear", "Scheduler name.")
+    lr_scheduler_kwargs: dict[str, Any] = config_field(
+        {}, "Extra arguments of the scheduler (JSON), e.g. '{\"lr_end\": 1e-4, \"power\": 1.0}' for polynomial."
+    )
     warmup_steps: float = config_field(0, "Warm-up: a number of steps, or a ratio of all steps when below 1.")
     num_train_epochs: float = config_field(1.0, "Epochs.")
     max_steps: int = config_field(-1, "Stop after this many optimizer steps (-1 = use num_train_epochs).")
@@ -85,6 +90,11 @@ class SFTRunConfig(HFRunConfig):
 
     completion_template: str = config_field("{completion}", "Target text with {field} placeholders (e.g. '{summary}').")
     completion_only_loss: bool = config_field(True, "Loss on the completion tokens only.")
+    fused_lm_head: bool = config_field(
+        True, "TRL's fused LM head: log-probs computed in vocabulary tiles, never the full logits (saves memory with "
+        "large vocabularies). false: the model's own cross-entropy on full logits, faster when the vocabulary is "
+        "small (the quickstart's 800-token tiny Llama: see benchmarks/README.md, issue 18); the loss is the same."
+    )
 
 
 def lora_config(cfg: HFRunConfig):
@@ -99,6 +109,7 @@ def training_kwargs(cfg: HFRunConfig) -> dict[str, Any]:
     """The transformers TrainingArguments fields both runs share."""
     return dict(
         output_dir=cfg.output_dir, learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler_type,
+        lr_scheduler_kwargs=dict(cfg.lr_scheduler_kwargs),
         warmup_steps=cfg.warmup_steps, num_train_epochs=cfg.num_train_epochs, max_steps=cfg.max_steps,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps, gradient_checkpointing=cfg.gradient_checkpointing,
@@ -140,6 +151,14 @@ def load_model_and_tokenizer(cfg: HFRunConfig):
     return model, tokenizer, base
 
 
+def metrics_log(cfg: HFRunConfig) -> list[MetricsJsonl]:
+    """The callback that writes ``output_dir/metrics.jsonl``; an earlier run's file there is removed first (these
+    runs do not resume, so its lines would mix with this run's)."""
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        (Path(cfg.output_dir) / METRICS_FILE).unlink(missing_ok=True)
+    return [MetricsJsonl()]
+
+
 def save_final(trainer, tokenizer, cfg: HFRunConfig, base: str) -> None:
     """Save the model (adapter or full) and tokenizer; an adapter records its base for `load_causal_lm`."""
     model = trainer.model
@@ -159,14 +178,27 @@ def run_sft(cfg: SFTRunConfig) -> int:
     check_model_path(cfg.model_name_or_path)
     model, tokenizer, base = load_model_and_tokenizer(cfg)
     args = SFTConfig(**training_kwargs(cfg), completion_only_loss=cfg.completion_only_loss)
-    trainer = SFTTrainer(
+    trainer = (SFTTrainer if cfg.fused_lm_head else FullLogitsSFTTrainer)(
         model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        peft_config=lora_config(cfg) if cfg.use_lora else None,
+        peft_config=lora_config(cfg) if cfg.use_lora else None, callbacks=metrics_log(cfg),
     )
     result = trainer.train()
     save_final(trainer, tokenizer, cfg, base)
     logger.info("SFT done: %d steps, training loss %.4f; saved to %s", result.global_step, result.training_loss, Path(cfg.output_dir))
     return EXIT_OK
+
+
+class FullLogitsSFTTrainer(SFTTrainer):
+    """TRL's SFT (data preparation, completion-only labels, collation) with the model's own loss on full logits.
+
+    TRL computes the loss, entropy and token accuracy through a fused LM head that works in vocabulary tiles; with a
+    tiny vocabulary on a CPU those tiles cost more than the whole logits tensor (a third of the quickstart's SFT
+    step). The loss is the same masked mean cross-entropy; TRL's entropy and token-accuracy logs are not computed.
+    """
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs = {**inputs, "use_cache": False}
+        return Trainer.compute_loss(self, model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
 
 def check_output_path(output_dir: str) -> None:

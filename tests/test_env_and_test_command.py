@@ -75,6 +75,16 @@ def test_sourcing_env_sh_keeps_the_callers_shell_options():
     assert after.split("PATH=")[1].startswith(f"{sys.prefix}/bin:")  # and it did activate the venv
 
 
+def test_sourcing_env_sh_makes_openmp_threads_sleep_unless_the_user_chose_a_policy():
+    _require_env_sh_venv()
+    script = 'source env.sh >/dev/null; echo "policy=$OMP_WAIT_POLICY"'
+    default = _bash(["-c", script], {k: v for k, v in _repo_venv_env().items() if k != "OMP_WAIT_POLICY"})
+    assert default.returncode == 0, default.stderr
+    assert default.stdout.strip().endswith("policy=PASSIVE")
+    chosen = _bash(["-c", script], {**_repo_venv_env(), "OMP_WAIT_POLICY": "ACTIVE"})
+    assert chosen.stdout.strip().endswith("policy=ACTIVE")
+
+
 def test_test_sh_treats_no_collected_tests_as_a_failure():
     _require_env_sh_venv()
     # One small file keeps collection cheap; -k matches nothing in it, so pytest exits 5.

@@ -21,6 +21,7 @@ from reward_model.train import (
     CONFIG_FILENAME,
     RewardModelConfig,
     _strip_launcher_args,
+    _length_grouping_kwargs,
     _warmup_kwargs,
     build_dataset,
     main,
@@ -210,6 +211,36 @@ def test_warmup_ratio_goes_where_the_transformers_version_reads_it():
     assert _warmup_kwargs(Args4x, 0.05) == {"warmup_ratio": 0.05}
     assert _warmup_kwargs(ArgsDeprecated, 0.05) == {"warmup_steps": 0.05}
     assert _warmup_kwargs(Args5, 0.05) == {"warmup_steps": 0.05}
+
+
+def test_length_grouped_batches_hold_examples_of_similar_length(tmp_path):
+    lengths = [5 + (i * 37) % 90 for i in range(64)]  # 5..94 tokens, shuffled
+    examples = [{"input_ids": [1] * n, "labels": [1] * n} for n in lengths]
+    padded = {}
+    for grouped in (True, False):
+        cfg = RewardModelConfig(output_dir=str(tmp_path / str(grouped)), per_device_train_batch_size=4,
+                                group_by_length=grouped, seed=0)
+        trainer = Trainer(model=torch.nn.Linear(2, 2), args=training_arguments(cfg), train_dataset=examples,
+                          data_collator=lambda batch: collate(batch, 0))
+        batches = [b["input_ids"] for b in trainer.get_train_dataloader()]
+        assert sorted(int(n) for b in batches for n in (b != 0).sum(1)) == sorted(lengths)  # every example once
+        padded[grouped] = sum(b.numel() for b in batches)
+    # grouped: each batch of 4 is padded to a neighbour's length; shuffled: to the longest of 4 random ones
+    assert padded[True] < 0.8 * padded[False], padded
+
+
+def test_length_grouping_goes_where_the_transformers_version_reads_it():
+    @dataclasses.dataclass
+    class Args4x:
+        group_by_length: bool = False
+
+    @dataclasses.dataclass
+    class Args5:
+        train_sampling_strategy: str = "random"
+
+    assert _length_grouping_kwargs(Args4x, True) == {"group_by_length": True}
+    assert _length_grouping_kwargs(Args5, True) == {"train_sampling_strategy": "group_by_length"}
+    assert _length_grouping_kwargs(Args5, False) == {"train_sampling_strategy": "random"}
 
 
 def test_launcher_rank_flag_is_ignored():

@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import yaml
+from transformers import TrainerCallback
 
 from text2grad.core.config import ConfigError, config_to_dict
 
 __all__ = [
     "CHANGES_FILE",
     "METRICS_FILE",
+    "MetricsJsonl",
     "append_jsonl",
     "check_output_dir",
     "check_resume_config",
@@ -225,6 +227,15 @@ def open_run(
         for name in logs:
             truncate_jsonl(Path(output_dir) / name, log_key, step)
     return resume
+
+
+class MetricsJsonl(TrainerCallback):
+    """A transformers Trainer's every logged step as one line of ``<output_dir>/metrics.jsonl`` (loss, learning
+    rate, grad norm, eval loss ...), the file PPO writes too."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            append_jsonl(Path(args.output_dir) / METRICS_FILE, {"step": state.global_step, "epoch": state.epoch, **logs})
 
 
 def append_jsonl(path: str | Path, record: Mapping[str, Any]) -> None:

@@ -23,6 +23,7 @@ import torch
 
 from tests.apps.quickstart.browser import render_dom, screenshot
 from text2grad.apps.quickstart import main
+from text2grad.apps.quickstart.pipeline import STAGES
 from text2grad.apps.quickstart.quickstart_config import PRESETS
 from text2grad.apps.quickstart.results import read_lock
 
@@ -98,6 +99,11 @@ def test_ci_preset_runs_every_phase_matches_the_committed_numbers_and_reads_in_a
     pins = read_lock()
     assert versions["packages"]["transformers"] == pins["transformers"]  # the lock was installed
     assert versions["differs_from_lock"] == {}
+    # so are this machine's speed (printed first) and the seconds of every stage, to compare machines
+    speed = summary["machine_speed"]
+    assert speed["matmul_gflops"] > 0 and speed["torch_threads"] == 1 and speed["cpu_count"] >= 1
+    assert f"machine speed: {speed['matmul_gflops']:.1f} GFLOP/s" in printed.split("[1/7]")[0]
+    assert set(summary["stage_seconds"]) == set(STAGES) and all(t >= 0 for t in summary["stage_seconds"].values())
 
     png = (out / "report" / "curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

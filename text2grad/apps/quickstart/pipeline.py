@@ -41,6 +41,7 @@ from text2grad.apps.quickstart.results import (
     evaluate_policy,
     generate_responses,
     installed_versions,
+    machine_speed,
     print_results,
     results_table,
 )
@@ -96,9 +97,11 @@ def _call(module: str, argv: list[str]) -> None:
     for log in _COMMAND_LOG:
         with log.open("a") as fh:
             fh.write(line + "\n")
+    t0 = time.perf_counter()
     code = load_object(f"{module}:main")(argv)
     if code:
         raise RuntimeError(f"python -m {module} exited with code {code} (command above)")
+    print(f"    ({module}: {time.perf_counter() - t0:.1f} s)", flush=True)
 
 
 def _quote(arg: str) -> str:
@@ -180,8 +183,8 @@ def stage_policy(cfg: QuickstartConfig, data: dict[str, Path]) -> tuple[Path, Pa
         return Path(cfg.sft_model), Path(cfg.sft_model)
     key = {
         "task": asdict(_task_config(cfg)) if not cfg.data_dir else str(Path(cfg.data_dir).resolve()),
-        "policy_model": cfg.policy_model, "vocab": cfg.vocab_size, "hidden": cfg.hidden_size, "layers": cfg.num_layers,
-        "steps": cfg.sft_steps, "policy_steps": cfg.policy_sft_steps, "lr": cfg.sft_learning_rate, "args": cfg.sft_args,
+        "policy_model": cfg.policy_model, "vocab": cfg.vocab_size, "hidden": cfg.hidden_size, "layers": cfg.num_layers, "mlp": cfg.intermediate_size,
+        "steps": cfg.sft_steps, "policy_steps": cfg.policy_sft_steps, "lr": cfg.sft_learning_rate, "decay": cfg.sft_decay_steps, "args": cfg.sft_args,
         "seed": cfg.seed, "v": 2,
     }
     path = _cache_root(cfg) / f"policy-{config_fingerprint(key)}"
@@ -194,7 +197,8 @@ def stage_policy(cfg: QuickstartConfig, data: dict[str, Path]) -> tuple[Path, Pa
             corpus = corpus_texts(records) + _reward_model_template_texts(records[:50])
             tokenizer = train_tokenizer(corpus, vocab_size=cfg.vocab_size, kind="bpe")
             model = build_tiny_llama(tokenizer, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
-                                     num_heads=4, max_position_embeddings=512, seed=cfg.seed)
+                                     intermediate_size=cfg.intermediate_size or None, num_heads=4,
+                                     max_position_embeddings=512, seed=cfg.seed)
             n_params = sum(p.numel() for p in model.parameters())
             print(f"tokenizer: {len(tokenizer)} tokens; tiny Llama: {cfg.num_layers} layers, hidden "
                   f"{cfg.hidden_size}, {n_params / 1e6:.2f} M parameters")
@@ -205,12 +209,15 @@ def stage_policy(cfg: QuickstartConfig, data: dict[str, Path]) -> tuple[Path, Pa
             "--model_name_or_path", base, "--dataset_path", str(data["train"]),
             "--prompt_template", "{prompt}", "--completion_template", "{completion}",
             "--output_dir", str(tmp / "sft"), "--use_lora", "false", "--max_steps", str(cfg.sft_steps),
-            "--learning_rate", str(cfg.sft_learning_rate), "--warmup_steps", "30", "--lr_scheduler_type", "linear",
+            "--learning_rate", str(cfg.sft_learning_rate), "--warmup_steps", str(SFT_WARMUP_STEPS),
+            *_sft_schedule_args(cfg),
             "--per_device_train_batch_size", "16", "--max_length", "256", "--logging_steps", str(max(1, cfg.sft_steps // 10)),
             # checkpoints every policy_sft_steps, all kept until the policy's is copied out below
             "--save_steps", str(cfg.policy_sft_steps if early else 10 ** 9),
             "--save_total_limit", str(cfg.sft_steps // cfg.policy_sft_steps + 1),
-            "--seed", str(cfg.seed), *cfg.sft_args,
+            "--seed", str(cfg.seed),
+            # the tiny Llama's few hundred tokens: full logits cost less than TRL's vocabulary tiles (issue 18)
+            *(["--fused_lm_head", "false"] if cfg.policy_model is None else []), *cfg.sft_args,
         ])
         if early:
             ckpt = tmp / "sft" / f"checkpoint-{cfg.policy_sft_steps}"
@@ -224,6 +231,19 @@ def stage_policy(cfg: QuickstartConfig, data: dict[str, Path]) -> tuple[Path, Pa
 
     done = _cached(path, cfg, build, "SFT policy")
     return (done / "policy" if early else done / "sft"), done / "sft"
+
+
+SFT_WARMUP_STEPS = 30
+
+
+def _sft_schedule_args(cfg: QuickstartConfig) -> list[str]:
+    """Linear decay to zero at ``sft_decay_steps`` while training ``sft_steps``: a polynomial (power 1) schedule
+    ending at ``lr * (decay - steps) / (decay - warmup)``, which is the linear schedule's value at ``sft_steps``, so
+    every step's learning rate equals the longer run's."""
+    if not cfg.sft_decay_steps or cfg.sft_decay_steps == cfg.sft_steps:
+        return ["--lr_scheduler_type", "linear"]
+    lr_end = cfg.sft_learning_rate * (cfg.sft_decay_steps - cfg.sft_steps) / (cfg.sft_decay_steps - SFT_WARMUP_STEPS)
+    return ["--lr_scheduler_type", "polynomial", "--lr_scheduler_kwargs", json.dumps({"lr_end": lr_end, "power": 1.0})]
 
 
 def _drop_checkpoints(path: Path) -> None:
@@ -469,7 +489,11 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     _COMMAND_LOG[:] = [out / "commands.sh"]
     stages = _Stages(STAGES)
     versions = installed_versions()
-    print(f"Text2Grad quickstart (preset {cfg.preset}, seed {cfg.seed}) -> {out}", flush=True)
+    speed = machine_speed()  # printed and saved, so that stage times from different machines can be compared
+    print(f"Text2Grad quickstart (preset {cfg.preset}, seed {cfg.seed}) -> {out}\nmachine speed: "
+          f"{speed['matmul_gflops']:.1f} GFLOP/s ({speed['matmul_size']}x{speed['matmul_size']} fp32 matmul, "
+          f"{speed['torch_threads']} torch threads, {speed['cpu_count']} cores, {speed['cpu']}; load average "
+          f"{speed['load_average_1min']})", flush=True)
 
     stages.start("task data", "generated fact-summary posts with distractors")
     data = stage_data(cfg, out)
@@ -522,7 +546,7 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
         "logprob_shift": report["logprob_shift"], "logprob_shift_by_position": report["logprob_shift_by_position"],
         "selection": {m: {"selected_iteration": r.selected_iteration, "validation": r.validation,
                           "reward_models": r.reward_models} for m, r in runs.items()},
-        "versions": versions, "stage_seconds": stages.times,
+        "versions": versions, "machine_speed": speed, "stage_seconds": stages.times,
         "total_seconds": time.perf_counter() - stages.start_all, "png": str(report["png"]), "html": str(report["html"]),
     }
     (out / "results.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -48,6 +48,7 @@ class QuickstartConfig:
     vocab_size: int | None = config_field(None, "Tokenizer vocabulary of the tiny policy.")
     hidden_size: int | None = config_field(None, "Hidden size of the tiny Llama.")
     num_layers: int | None = config_field(None, "Layers of the tiny Llama.")
+    intermediate_size: int | None = config_field(None, "MLP width of the tiny Llama (0: 4 x hidden_size).")
     sft_steps: int | None = config_field(None, "SFT optimizer steps (the end of this run is the reward model's base).")
     policy_sft_steps: int | None = config_field(
         None, "PPO starts from the SFT checkpoint at this step (default: half of sft_steps): a policy that still "
@@ -56,6 +57,11 @@ class QuickstartConfig:
         "sft_steps: one model for both."
     )
     sft_learning_rate: float | None = config_field(None, "SFT learning rate.")
+    sft_decay_steps: int | None = config_field(
+        None, "The SFT learning rate decays linearly (after 30 warm-up steps) as if SFT lasted this many steps, reaching "
+        "zero there; SFT stops at sft_steps. 0: decay to zero at sft_steps. The default preset trains the first 600 "
+        "steps of a 1200-step decay: the same policy as the first half of a 1200-step run, at half the cost."
+    )
     sft_args: list[str] = config_field([], "Extra flags for policy_optimization.sft (JSON list), e.g. '[\"--use_lora\", \"true\"]'.")
 
     # ---- annotation and reward model
@@ -111,26 +117,29 @@ PRESETS: dict[str, dict[str, Any]] = {
     "ci": dict(
         # big enough that every phase does something (the reward model writes valid JSON, PPO moves the policy),
         # so tests/apps/quickstart/expected_ci_results.json pins real numbers
-        n_train=160, n_rl=32, n_eval=16, vocab_size=420, hidden_size=32, num_layers=2, sft_steps=200,
-        sft_learning_rate=3e-3, n_annotations=96, rm_steps=150, rm_learning_rate=2e-3, ppo_iterations=4,
+        n_train=160, n_rl=32, n_eval=16, vocab_size=420, hidden_size=32, num_layers=2, intermediate_size=0, sft_steps=200,
+        sft_learning_rate=3e-3, sft_decay_steps=0, n_annotations=96, rm_steps=150, rm_learning_rate=2e-3, ppo_iterations=4,
         ppo_batch_size=8, ppo_learning_rate=3e-4, kl_coef=0.05, eval_every=2,
     ),
     "default": dict(
-        n_train=2000, n_rl=256, n_eval=100, vocab_size=800, hidden_size=128, num_layers=2, sft_steps=1200,
-        sft_learning_rate=3e-3, n_annotations=3000, rm_steps=800, rm_learning_rate=2e-3, ppo_iterations=30,
+        # SFT: the first 600 steps of a 1200-step decay (policy_sft_steps = sft_steps: the reward model starts from
+        # the PPO policy); 600 reward-model steps in length-grouped batches (issue 18: 1.5x faster than 1200/800)
+        n_train=2000, n_rl=256, n_eval=100, vocab_size=800, hidden_size=128, num_layers=2, intermediate_size=0, sft_steps=600,
+        policy_sft_steps=600, sft_learning_rate=3e-3, sft_decay_steps=1200, n_annotations=3000, rm_steps=600,
+        rm_learning_rate=2e-3, ppo_iterations=30,
         ppo_batch_size=16, ppo_learning_rate=1e-4, kl_coef=0.1, eval_every=10,
     ),
     # The pretrained SmolLM2-135M-Instruct for every phase: it already summarizes, so there is no SFT (it is both the
     # PPO start and the reward model's base); LoRA reward model and LoRA policy (PRESET_ARGS). Sized for a GPU;
     # on 2 CPU cores it takes hours (benchmarks/README.md), --ppo_iterations and --rm_steps scale it down.
     "smollm2": dict(
-        sft_model=SMOLLM2, n_train=600, n_rl=128, n_eval=48, vocab_size=0, hidden_size=0, num_layers=0, sft_steps=1,
-        policy_sft_steps=1, sft_learning_rate=0.0, n_annotations=512, rm_steps=120, rm_learning_rate=5e-4,
+        sft_model=SMOLLM2, n_train=600, n_rl=128, n_eval=48, vocab_size=0, hidden_size=0, num_layers=0, intermediate_size=0, sft_steps=1,
+        policy_sft_steps=1, sft_learning_rate=0.0, sft_decay_steps=0, n_annotations=512, rm_steps=120, rm_learning_rate=5e-4,
         ppo_iterations=20, ppo_batch_size=8, ppo_learning_rate=5e-5, kl_coef=0.05, eval_every=10,
     ),
     "large": dict(
-        n_train=4000, n_rl=1024, n_eval=300, vocab_size=1000, hidden_size=192, num_layers=4, sft_steps=2000,
-        sft_learning_rate=2e-3, n_annotations=3000, rm_steps=1500, rm_learning_rate=1e-3, ppo_iterations=150,
+        n_train=4000, n_rl=1024, n_eval=300, vocab_size=1000, hidden_size=192, num_layers=4, intermediate_size=0, sft_steps=2000,
+        sft_learning_rate=2e-3, sft_decay_steps=0, n_annotations=3000, rm_steps=1500, rm_learning_rate=1e-3, ppo_iterations=150,
         ppo_batch_size=32, ppo_learning_rate=1e-4, kl_coef=0.1, eval_every=25,
     ),
 }
@@ -165,6 +174,8 @@ def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
         raise ValueError(f"modes must be a non-empty list of nl_gradient, scalar, dense, mixed; got {out.modes}")
     if out.ppo_iterations < 1 or out.eval_every < 1 or out.n_val < 1 or out.rm_refresh_steps < 1:
         raise ValueError("ppo_iterations, eval_every, n_val and rm_refresh_steps must be >= 1")
+    if out.sft_decay_steps and out.sft_decay_steps < out.sft_steps:
+        raise ValueError(f"sft_decay_steps must be 0 or >= sft_steps ({out.sft_steps}); got {out.sft_decay_steps}")
     if not 1 <= out.policy_sft_steps <= out.sft_steps:
         raise ValueError(f"policy_sft_steps must be between 1 and sft_steps ({out.sft_steps}); got {out.policy_sft_steps}")
     return out

@@ -76,7 +76,8 @@ def machine_speed(size: int = 256, repeats: int = 7, min_seconds: float = 0.15) 
             a @ b
         rates.append(2 * size**3 * n / (time.perf_counter() - t0) / 1e9)
     return {"matmul_gflops": round(statistics.median(rates), 2), "matmul_size": size, "torch_threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(), "cpu": _cpu_name(), "load_average_1min": _load_average()}
+            "cpu_count": os.cpu_count(), "cpu": _cpu_name(), "load_average_1min": _load_average(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
 
 def _cpu_name() -> str:
