@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from datasets import Dataset
 from trl import DPOConfig, DPOTrainer
 
+from policy_optimization.dpo_config import DPORunConfig
 from policy_optimization.sft import (
-    HFRunConfig,
     check_output_path,
     load_model_and_tokenizer,
     load_pairs,
@@ -32,23 +31,13 @@ from policy_optimization.sft import (
     training_kwargs,
 )
 from text2grad.core.cli import EXIT_OK, run_cli
-from text2grad.core.config import ConfigError, config_field
+from text2grad.core.config import ConfigError
 from text2grad.core.data import DataError
 from text2grad.core.modeling import check_model_path
 
-__all__ = ["DPORunConfig", "main"]
+__all__ = ["main"]
 
 logger = logging.getLogger("policy_optimization.dpo")
-
-
-@dataclass
-class DPORunConfig(HFRunConfig):
-    """Direct preference optimization on chosen/rejected pairs (the paper's DPO baseline)."""
-
-    chosen_template: str = config_field("{chosen}", "Preferred response, with {field} placeholders.")
-    rejected_template: str = config_field("{rejected}", "Dispreferred response, with {field} placeholders.")
-    beta: float = config_field(0.1, "DPO temperature beta (strength of the implicit KL constraint).")
-    loss_type: str = config_field("sigmoid", "TRL DPO loss type (sigmoid = the original DPO loss).")
 
 
 def run_dpo(cfg: DPORunConfig) -> int:

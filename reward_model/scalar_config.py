@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from reward_model.train import LLAMA_LINEAR_MODULES
+from reward_model.train_config import LLAMA_LINEAR_MODULES
 from text2grad.core.config import ConfigError, config_field
 from text2grad.core.model_config import ModelConfig
 

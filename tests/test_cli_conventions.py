@@ -18,13 +18,13 @@ import pytest
 from annotation.annotation_config import AnnotationConfig
 from policy_optimization.code_pairs_config import CodePairsConfig
 from policy_optimization.ppo_config import PPOConfig
-from policy_optimization.dpo import DPORunConfig
+from policy_optimization.dpo_config import DPORunConfig
 from policy_optimization.grpo_config import GRPORunConfig
-from policy_optimization.sft import SFTRunConfig
+from policy_optimization.sft_config import SFTRunConfig
 from reward_model.evaluate_config import EvalConfig
 from reward_model.merge_config import MergeConfig
 from reward_model.scalar_config import ScalarRMConfig
-from reward_model.train import RewardModelConfig
+from reward_model.train_config import RewardModelConfig
 import policy_optimization.train as ppo
 import reward_model.train as rm
 from text2grad.apps.cli import available

@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 
 from policy_optimization.ppo_config import PPOConfig
-from policy_optimization.dpo import DPORunConfig
+from policy_optimization.dpo_config import DPORunConfig
 from policy_optimization.grpo_config import GRPORunConfig
-from policy_optimization.sft import SFTRunConfig
+from policy_optimization.sft_config import SFTRunConfig
 from reward_model.scalar_config import ScalarRMConfig
-from reward_model.train import RewardModelConfig
+from reward_model.train_config import RewardModelConfig
 from text2grad.core.config import build_parser, parse_config
 from text2grad.core.model_config import ModelConfig
 

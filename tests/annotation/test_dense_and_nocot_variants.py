@@ -10,7 +10,7 @@ import yaml
 from tests.annotation.annotation_test_utils import read_jsonl, write_jsonl
 from tests.fake_openai import FakeOpenAIServer
 from reward_model.serialization import NOCOT_INSTRUCTION, encode_example, parse_target, target_text
-from reward_model.train import RewardModelConfig
+from reward_model.train_config import RewardModelConfig
 from text2grad.core.feedback import Feedback
 from text2grad.core.rewards import compute_score_rewards
 

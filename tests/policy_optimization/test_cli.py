@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from policy_optimization import dpo, sft, train
 from policy_optimization.ppo_config import PPOConfig
-from policy_optimization.dpo import DPORunConfig
+from policy_optimization.dpo_config import DPORunConfig
 from policy_optimization.sft import load_pairs
 from text2grad.apps.tiny import make_tiny_world
 from text2grad.core.data import write_jsonl

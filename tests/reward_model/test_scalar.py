@@ -23,7 +23,8 @@ from reward_model.scalar import (
 )
 from reward_model.scalar import _reward_config
 from reward_model.scalar_config import ScalarRMConfig
-from reward_model.train import RewardModelConfig, shared_training_kwargs, training_arguments
+from reward_model.train import shared_training_kwargs, training_arguments
+from reward_model.train_config import RewardModelConfig
 from text2grad.core.critics import load_object
 from text2grad.core.data import DataError
 

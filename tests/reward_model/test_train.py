@@ -19,7 +19,6 @@ from reward_model.merge import main as merge_main
 from reward_model.serialization import collate, encode_example, record_feedback
 from reward_model.train import (
     CONFIG_FILENAME,
-    RewardModelConfig,
     _strip_launcher_args,
     _length_grouping_kwargs,
     _warmup_kwargs,
@@ -27,6 +26,7 @@ from reward_model.train import (
     main,
     training_arguments,
 )
+from reward_model.train_config import RewardModelConfig
 from text2grad.core.config import ConfigError, load_config
 from text2grad.core.data import DataError
 from text2grad.core.modeling import load_causal_lm, load_tokenizer
