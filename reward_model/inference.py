@@ -34,6 +34,7 @@ from peft import PeftConfig
 
 from reward_model.decoding import grounded_span_processors
 from reward_model.serialization import DEFAULT_INSTRUCTION, PromptFormat, RMInput, fit_rm_input, parse_target
+from reward_model.train_config import CONFIG_FILENAME
 from text2grad.core.feedback import Feedback
 from text2grad.core.generation import generate
 from text2grad.core.modeling import load_causal_lm, load_tokenizer, resolve_dtype
@@ -42,7 +43,6 @@ __all__ = ["GenerativeRewardModel", "RewardModelStats", "json_complete", "cut_at
 
 logger = logging.getLogger("reward_model.inference")
 
-CONFIG_FILENAME = "text2grad_config.yaml"
 Backend = Literal["hf", "vllm"]
 
 

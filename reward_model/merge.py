@@ -17,13 +17,13 @@ from typing import Sequence
 from peft import PeftConfig
 
 from reward_model.merge_config import MergeConfig
+from reward_model.train_config import CONFIG_FILENAME
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError
 from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
 __all__ = ["merge", "main"]
 
-CONFIG_FILENAME = "text2grad_config.yaml"
 
 
 def merge(cfg: MergeConfig) -> Path:

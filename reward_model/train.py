@@ -38,7 +38,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from reward_model.serialization import collate, encode_example, record_feedback
-from reward_model.train_config import RewardModelConfig
+from reward_model.train_config import CONFIG_FILENAME, RewardModelConfig
 from text2grad.core import run_dir
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, save_config
@@ -49,7 +49,6 @@ __all__ = ["CONFIG_FILENAME", "build_dataset", "train", "main"]
 
 logger = logging.getLogger("reward_model.train")
 
-CONFIG_FILENAME = "text2grad_config.yaml"
 REQUIRED_FIELDS = ("prompt", "response", "critique", "good_spans", "poor_spans")
 
 

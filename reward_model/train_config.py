@@ -9,11 +9,14 @@ from reward_model.serialization import DEFAULT_INSTRUCTION, NOCOT_INSTRUCTION, P
 from text2grad.core.config import ConfigError, config_field, range_problems
 from text2grad.core.model_config import ModelConfig
 
-__all__ = ["RewardModelConfig", "LLAMA_LINEAR_MODULES"]
+__all__ = ["RewardModelConfig", "LLAMA_LINEAR_MODULES", "CONFIG_FILENAME"]
 
 # Every linear projection of a Llama block: the default LoRA targets of both reward models.
 LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
+
+# The exact config, saved next to a trained reward model and each of its checkpoints (read back by inference/merge).
+CONFIG_FILENAME = "text2grad_config.yaml"
 
 @dataclass
 class RewardModelConfig(ModelConfig):

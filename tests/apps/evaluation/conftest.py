@@ -29,3 +29,12 @@ class UnigramLM(torch.nn.Module):
 def unigram_lm():
     """A factory for `UnigramLM` (context-free LM whose log-probs a test can compute by hand)."""
     return UnigramLM
+
+
+@pytest.fixture
+def saved_policy(tmp_path, bpe_tokenizer, tiny_llama):
+    """The tiny Llama and its tokenizer saved as a policy directory, as the evaluation CLIs load one."""
+    path = tmp_path / "policy"
+    tiny_llama.save_pretrained(path)
+    bpe_tokenizer.save_pretrained(path)
+    return path

@@ -117,14 +117,6 @@ def test_arc_cli_on_a_tiny_generated_set(tmp_path, bpe_tokenizer, tiny_llama, ca
     assert "| ARC accuracy (sum log-prob) | 1.0000 | 4 |" in md
 
 
-@pytest.fixture
-def saved_policy(tmp_path, bpe_tokenizer, tiny_llama):
-    path = tmp_path / "policy"
-    tiny_llama.save_pretrained(path)
-    bpe_tokenizer.save_pretrained(path)
-    return path
-
-
 def test_alpaca_eval_style_with_generation_and_fake_judge(tmp_path, saved_policy, monkeypatch):
     monkeypatch.setitem(sys.modules, "alpaca_eval", None)  # as if alpaca-eval were not installed
     data = tmp_path / "alpaca.json"

@@ -85,14 +85,6 @@ POSTS = [
 ]
 
 
-@pytest.fixture
-def saved_policy(tmp_path, bpe_tokenizer, tiny_llama):
-    path = tmp_path / "policy"
-    tiny_llama.save_pretrained(path)
-    bpe_tokenizer.save_pretrained(path)
-    return path
-
-
 def test_cli_generates_and_scores_with_a_tiny_policy(tmp_path, saved_policy, capsys):
     data = tmp_path / "eval.jsonl"
     write_jsonl(data, POSTS)

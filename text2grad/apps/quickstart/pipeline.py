@@ -293,13 +293,7 @@ def stage_reward_model(
              for r in train[n_policy : n_policy + n_noisy]]
         rng.shuffle(to_annotate)
         write_jsonl(tmp / "to_annotate.jsonl", to_annotate)
-        kwargs = cfg.critic_kwargs if cfg.critic_kwargs is not None else {"data_path": str(data["train"])}
-        _call("annotation.cli", [
-            "--dataset_path", str(tmp / "to_annotate.jsonl"), "--output", str(tmp / "annotations.jsonl"),
-            "--critic", cfg.critic, "--critic_kwargs", json.dumps(kwargs),
-            "--field_map", json.dumps({"prompt": "prompt", "response": "response"}), *cfg.annotation_args,
-        ])
-        annotations = _read_jsonl(tmp / "annotations.jsonl")
+        annotations = _annotate(cfg, tmp, data["train"])
         n_eval = max(8, len(annotations) // 10)
         write_jsonl(tmp / "rm_train.jsonl", annotations[n_eval:])
         write_jsonl(tmp / "rm_eval.jsonl", annotations[:n_eval])
@@ -329,6 +323,18 @@ def stage_reward_model(
             dst.parent.mkdir(parents=True, exist_ok=True)
             (shutil.copytree(src, dst, dirs_exist_ok=True) if src.is_dir() else shutil.copy(src, dst))
     return path / "model", _rm_report(path / "eval")
+
+
+def _annotate(cfg: QuickstartConfig, folder: Path, posts: Path) -> list[dict[str, Any]]:
+    """``folder/to_annotate.jsonl`` critiqued by the annotation CLI into ``folder/annotations.jsonl`` (returned); the
+    default FactCritic reads the facts of ``posts``."""
+    kwargs = cfg.critic_kwargs if cfg.critic_kwargs is not None else {"data_path": str(posts)}
+    _call("annotation.cli", [
+        "--dataset_path", str(folder / "to_annotate.jsonl"), "--output", str(folder / "annotations.jsonl"),
+        "--critic", cfg.critic, "--critic_kwargs", json.dumps(kwargs),
+        "--field_map", json.dumps({"prompt": "prompt", "response": "response"}), *cfg.annotation_args,
+    ])
+    return _read_jsonl(folder / "annotations.jsonl")
 
 
 def _rm_report(eval_dir: Path) -> dict[str, Any]:
@@ -442,13 +448,7 @@ def refresh_reward_model(cfg: QuickstartConfig, data: dict[str, Path], rm: Path,
     write_jsonl(refresh / "to_annotate.jsonl", [
         {"id": f"it{r['iteration']}-{i}", "prompt": r.get("feedback_prompt") or r["prompt"], "response": r["response"]}
         for i, r in enumerate(rows)])
-    kwargs = cfg.critic_kwargs if cfg.critic_kwargs is not None else {"data_path": str(data["rl"])}
-    _call("annotation.cli", [
-        "--dataset_path", str(refresh / "to_annotate.jsonl"), "--output", str(refresh / "annotations.jsonl"),
-        "--critic", cfg.critic, "--critic_kwargs", json.dumps(kwargs),
-        "--field_map", json.dumps({"prompt": "prompt", "response": "response"}), *cfg.annotation_args,
-    ])
-    fresh = _read_jsonl(refresh / "annotations.jsonl")
+    fresh = _annotate(cfg, refresh, data["rl"])
     replay = _read_jsonl(replay_file) if replay_file.is_file() else []
     random.Random(cfg.ppo_seed * 1000 + done).shuffle(replay)
     write_jsonl(refresh / "rm_train.jsonl", fresh + replay[: len(fresh)])

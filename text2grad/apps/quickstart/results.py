@@ -30,6 +30,7 @@ __all__ = [
     "LOCK_FILE",
     "generate_responses",
     "evaluate_policy",
+    "cpu_name",
     "installed_versions",
     "machine_speed",
     "read_lock",
@@ -76,11 +77,12 @@ def machine_speed(size: int = 256, repeats: int = 7, min_seconds: float = 0.15) 
             a @ b
         rates.append(2 * size**3 * n / (time.perf_counter() - t0) / 1e9)
     return {"matmul_gflops": round(statistics.median(rates), 2), "matmul_size": size, "torch_threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(), "cpu": _cpu_name(), "load_average_1min": _load_average(),
+            "cpu_count": os.cpu_count(), "cpu": cpu_name(), "load_average_1min": _load_average(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU model (Linux /proc/cpuinfo; elsewhere what platform knows)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
