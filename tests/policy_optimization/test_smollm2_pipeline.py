@@ -27,9 +27,9 @@ from text2grad.core.assets import smollm2_path
 from text2grad.core.data import write_jsonl
 from text2grad.core.generation import apply_chat_template
 
-# ~1.5-2 min estimated on 2 idle cores: the 3-step version took 41 s idle, and 9 more reward-model steps of 2 x ~160
-# tokens add ~45 s (~15 ms per token for LoRA forward+backward on SmolLM2). Measured only under load: 17.5 and 19 min
-# under nice -n 19 on a 2-core machine shared with 3-5 CPU-bound jobs (load 3-8). The timeout is for shared CI machines.
+# Measured on the 2-core machine, shared (load average 3.1-3.8), under nice -n 19 with OMP_WAIT_POLICY=PASSIVE (as
+# env.sh sets it): 75 s in pytest, 95 s for the whole process (the 12 reward-model steps: 41 s). Without that setting,
+# beside other busy processes, the same test took 17.5-19 min (OpenMP threads spinning): the timeout is for that.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 CRITIC = "text2grad.apps.quickstart.task:FactCritic"
