@@ -90,6 +90,11 @@ class QuickstartConfig:
     ppo_batch_size: int | None = config_field(None, "Rollouts per PPO iteration.")
     ppo_learning_rate: float | None = config_field(None, "PPO learning rate (full fine-tuning of the tiny policy).")
     kl_coef: float | None = config_field(None, "KL penalty coefficient (fixed).")
+    gae_lambda: float | None = config_field(
+        None, "GAE lambda of both modes (policy_optimization --lam). The presets use 0: each token's advantage is its own "
+        "reward plus the value step, so a span's reward is not smeared over the tokens before it. Text2Grad with 0 vs "
+        "0.95, same models, 3 seeds: ahead on 3/3 at iteration 20, 2/3 at 30 (benchmarks/README.md, issue 18)."
+    )
     eval_every: int | None = config_field(None, "Evaluate the policy every N PPO iterations (PPO runs in chunks with --resume auto).")
     ppo_args: list[str] = config_field([], "Extra flags for policy_optimization.train (JSON list).")
 
@@ -119,7 +124,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         # so tests/apps/quickstart/expected_ci_results.json pins real numbers
         n_train=160, n_rl=32, n_eval=16, vocab_size=420, hidden_size=32, num_layers=2, intermediate_size=0, sft_steps=200,
         sft_learning_rate=3e-3, sft_decay_steps=0, n_annotations=96, rm_steps=150, rm_learning_rate=2e-3, ppo_iterations=4,
-        ppo_batch_size=8, ppo_learning_rate=3e-4, kl_coef=0.05, eval_every=2,
+        ppo_batch_size=8, ppo_learning_rate=3e-4, kl_coef=0.05, gae_lambda=0.0, eval_every=2,
     ),
     "default": dict(
         # SFT: the first 600 steps of a 1200-step decay (policy_sft_steps = sft_steps: the reward model starts from
@@ -127,7 +132,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         n_train=2000, n_rl=256, n_eval=100, vocab_size=800, hidden_size=128, num_layers=2, intermediate_size=0, sft_steps=600,
         policy_sft_steps=600, sft_learning_rate=3e-3, sft_decay_steps=1200, n_annotations=3000, rm_steps=600,
         rm_learning_rate=2e-3, ppo_iterations=30,
-        ppo_batch_size=16, ppo_learning_rate=1e-4, kl_coef=0.1, eval_every=10,
+        ppo_batch_size=16, ppo_learning_rate=1e-4, kl_coef=0.1, gae_lambda=0.0, eval_every=10,
     ),
     # The pretrained SmolLM2-135M-Instruct for every phase: it already summarizes, so there is no SFT (it is both the
     # PPO start and the reward model's base); LoRA reward model and LoRA policy (PRESET_ARGS). Sized for a GPU;
@@ -135,12 +140,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "smollm2": dict(
         sft_model=SMOLLM2, n_train=600, n_rl=128, n_eval=48, vocab_size=0, hidden_size=0, num_layers=0, intermediate_size=0, sft_steps=1,
         policy_sft_steps=1, sft_learning_rate=0.0, sft_decay_steps=0, n_annotations=512, rm_steps=120, rm_learning_rate=5e-4,
-        ppo_iterations=20, ppo_batch_size=8, ppo_learning_rate=5e-5, kl_coef=0.05, eval_every=10,
+        ppo_iterations=20, ppo_batch_size=8, ppo_learning_rate=5e-5, kl_coef=0.05, gae_lambda=0.0, eval_every=10,
     ),
     "large": dict(
         n_train=4000, n_rl=1024, n_eval=300, vocab_size=1000, hidden_size=192, num_layers=4, intermediate_size=0, sft_steps=2000,
         sft_learning_rate=2e-3, sft_decay_steps=0, n_annotations=3000, rm_steps=1500, rm_learning_rate=1e-3, ppo_iterations=150,
-        ppo_batch_size=32, ppo_learning_rate=1e-4, kl_coef=0.1, eval_every=25,
+        ppo_batch_size=32, ppo_learning_rate=1e-4, kl_coef=0.1, gae_lambda=0.0, eval_every=25,
     ),
 }
 
