@@ -136,7 +136,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     # The pretrained SmolLM2-135M-Instruct for every phase: it already summarizes, so there is no SFT (it is both the
     # PPO start and the reward model's base); LoRA reward model and LoRA policy (PRESET_ARGS). Sized for a GPU;
-    # on 2 CPU cores it takes hours (benchmarks/README.md), --ppo_iterations and --rm_steps scale it down.
+    # on 2 CPU cores about 1.5 h (extrapolated from a reduced run, benchmarks/README.md); --ppo_iterations and
+    # --rm_steps scale it down.
     "smollm2": dict(
         sft_model=SMOLLM2, n_train=600, n_rl=128, n_eval=48, vocab_size=0, hidden_size=0, num_layers=0, intermediate_size=0, sft_steps=1,
         policy_sft_steps=1, sft_learning_rate=0.0, sft_decay_steps=0, n_annotations=512, rm_steps=120, rm_learning_rate=5e-4,
