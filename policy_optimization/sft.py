@@ -29,7 +29,7 @@ from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError
 from text2grad.core.data import DataError, load_records, record_id, render_template
 from text2grad.core.modeling import check_model_path, load_causal_lm, load_tokenizer
-from text2grad.core.run_dir import METRICS_FILE, MetricsJsonl
+from text2grad.core.run_dir import MetricsJsonl, fresh_metrics_log
 
 __all__ = ["main", "lora_config", "training_kwargs", "load_pairs"]
 
@@ -91,11 +91,8 @@ def load_model_and_tokenizer(cfg: HFRunConfig):
 
 
 def metrics_log(cfg: HFRunConfig) -> list[MetricsJsonl]:
-    """The callback that writes ``output_dir/metrics.jsonl``; an earlier run's file there is removed first (these
-    runs do not resume, so its lines would mix with this run's)."""
-    if int(os.environ.get("RANK", "0") or 0) == 0:
-        (Path(cfg.output_dir) / METRICS_FILE).unlink(missing_ok=True)
-    return [MetricsJsonl()]
+    """The callback that writes ``output_dir/metrics.jsonl`` (these runs do not resume: an earlier file goes)."""
+    return [fresh_metrics_log(cfg.output_dir, is_main=int(os.environ.get("RANK", "0") or 0) == 0)]
 
 
 def save_final(trainer, tokenizer, cfg: HFRunConfig, base: str) -> None:

@@ -101,6 +101,10 @@ def test_training_puts_chosen_above_rejected_on_the_training_pairs(rm_world, rm_
     assert report["pairs"] == 4 and report["accuracy"] == 1.0
     for name in ("adapter_config.json", "tokenizer.json", CONFIG_FILENAME):
         assert (scalar_run / name).is_file(), name
+    # every logged step in metrics.jsonl, as the other trainers write it (15 steps, logged every 5)
+    logged = [json.loads(line) for line in (scalar_run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in logged if "loss" in m] == [5, 10, 15]
+    assert all(math.isfinite(float(m["loss"])) for m in logged if "loss" in m)
 
 
 def test_cli_errors_exit_2_before_loading(tmp_path, capsys):

@@ -36,6 +36,7 @@ __all__ = [
     "METRICS_FILE",
     "MetricsJsonl",
     "append_jsonl",
+    "fresh_metrics_log",
     "check_output_dir",
     "check_resume_config",
     "clear_earlier_run",
@@ -236,6 +237,14 @@ class MetricsJsonl(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
             append_jsonl(Path(args.output_dir) / METRICS_FILE, {"step": state.global_step, "epoch": state.epoch, **logs})
+
+
+def fresh_metrics_log(output_dir: str | Path, is_main: bool = True) -> MetricsJsonl:
+    """The callback for a run that starts from scratch (no resume): an earlier run's metrics.jsonl in
+    ``output_dir`` is removed first, so its lines do not mix with this run's."""
+    if is_main:
+        (Path(output_dir) / METRICS_FILE).unlink(missing_ok=True)
+    return MetricsJsonl()
 
 
 def append_jsonl(path: str | Path, record: Mapping[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """The quickstart run: every Text2Grad phase, offline, on the generated fact-summary task.
 
-    python -m text2grad.apps.quickstart                      # the default run (~6.5 min on 2 idle CPU cores)
+    python -m text2grad.apps.quickstart                      # the default run (~4.5 min on 2 idle CPU cores)
     python -m text2grad.apps.quickstart --preset ci          # a seconds-to-minutes smoke run
     python -m text2grad.apps.quickstart --preset large --output_dir runs/qs-large
 

@@ -117,7 +117,8 @@ class QuickstartConfig:
     n_report_samples: int = config_field(8, "Eval responses shown token by token in the HTML report.")
 
 
-# Preset values for every None field above. ``default`` is sized for < 10 min on a 2-core CPU.
+# Preset values for every None field above. ``default`` takes ~4.5 min on 2 idle CPU cores
+# (benchmarks/quickstart_time.py).
 PRESETS: dict[str, dict[str, Any]] = {
     "ci": dict(
         # big enough that every phase does something (the reward model writes valid JSON, PPO moves the policy),
