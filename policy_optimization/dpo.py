@@ -26,7 +26,6 @@ from policy_optimization.sft import (
     load_model_and_tokenizer,
     load_pairs,
     lora_config,
-    metrics_log,
     save_final,
     training_kwargs,
 )
@@ -34,6 +33,7 @@ from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError
 from text2grad.core.data import DataError
 from text2grad.core.modeling import check_model_path
+from text2grad.core.run_dir import MetricsJsonl
 
 __all__ = ["main"]
 
@@ -53,7 +53,7 @@ def run_dpo(cfg: DPORunConfig) -> int:
     args = DPOConfig(**training_kwargs(cfg), beta=cfg.beta, loss_type=[cfg.loss_type])
     trainer = DPOTrainer(
         model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        peft_config=lora_config(cfg) if cfg.use_lora else None, callbacks=metrics_log(cfg),
+        peft_config=lora_config(cfg) if cfg.use_lora else None, callbacks=[MetricsJsonl(fresh=True)],
     )
     result = trainer.train()
     save_final(trainer, tokenizer, cfg, base)

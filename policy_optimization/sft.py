@@ -29,7 +29,7 @@ from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError
 from text2grad.core.data import DataError, load_records, record_id, render_template
 from text2grad.core.modeling import check_model_path, load_causal_lm, load_tokenizer
-from text2grad.core.run_dir import MetricsJsonl, fresh_metrics_log
+from text2grad.core.run_dir import MetricsJsonl
 
 __all__ = ["main", "lora_config", "training_kwargs", "load_pairs"]
 
@@ -90,11 +90,6 @@ def load_model_and_tokenizer(cfg: HFRunConfig):
     return model, tokenizer, base
 
 
-def metrics_log(cfg: HFRunConfig) -> list[MetricsJsonl]:
-    """The callback that writes ``output_dir/metrics.jsonl`` (these runs do not resume: an earlier file goes)."""
-    return [fresh_metrics_log(cfg.output_dir, is_main=int(os.environ.get("RANK", "0") or 0) == 0)]
-
-
 def save_final(trainer, tokenizer, cfg: HFRunConfig, base: str) -> None:
     """Save the model (adapter or full) and tokenizer; an adapter records its base for `load_causal_lm`."""
     model = trainer.model
@@ -116,7 +111,7 @@ def run_sft(cfg: SFTRunConfig) -> int:
     args = SFTConfig(**training_kwargs(cfg), completion_only_loss=cfg.completion_only_loss)
     trainer = (SFTTrainer if cfg.fused_lm_head else FullLogitsSFTTrainer)(
         model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        peft_config=lora_config(cfg) if cfg.use_lora else None, callbacks=metrics_log(cfg),
+        peft_config=lora_config(cfg) if cfg.use_lora else None, callbacks=[MetricsJsonl(fresh=True)],
     )
     result = trainer.train()
     save_final(trainer, tokenizer, cfg, base)

@@ -45,7 +45,7 @@ from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, load_config, save_config
 from text2grad.core.data import DataError, load_records
 from text2grad.core.modeling import end_distributed, load_tokenizer, resolve_dtype
-from text2grad.core.run_dir import fresh_metrics_log
+from text2grad.core.run_dir import MetricsJsonl
 
 __all__ = [
     "CONFIG_FILENAME",
@@ -268,7 +268,7 @@ def train(cfg: ScalarRMConfig) -> dict[str, Any]:
     trainer = RewardTrainer(
         model=model, args=args, train_dataset=_encode_dataset(cfg, tokenizer, train_pairs),
         processing_class=tokenizer, peft_config=peft_config,
-        callbacks=[fresh_metrics_log(cfg.output_dir, is_main=int(os.environ.get("RANK", "0") or 0) == 0)],
+        callbacks=[MetricsJsonl(fresh=True)],
     )
     result = trainer.train()
     metrics: dict[str, Any] = {"train_pairs": len(train_pairs), **result.metrics}

@@ -36,7 +36,6 @@ __all__ = [
     "METRICS_FILE",
     "MetricsJsonl",
     "append_jsonl",
-    "fresh_metrics_log",
     "check_output_dir",
     "check_resume_config",
     "clear_earlier_run",
@@ -232,19 +231,22 @@ def open_run(
 
 class MetricsJsonl(TrainerCallback):
     """A transformers Trainer's every logged step as one line of ``<output_dir>/metrics.jsonl`` (loss, learning
-    rate, grad norm, eval loss ...), the file PPO writes too."""
+    rate, grad norm, eval loss ...), the file PPO writes too.
+
+    ``fresh=True`` is for runs that never resume: an earlier run's file in ``output_dir`` is removed when training
+    begins, so its lines do not mix with this run's (resumable runs cut the file back to their checkpoint instead).
+    """
+
+    def __init__(self, fresh: bool = False):
+        self.fresh = fresh
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.fresh and state.is_world_process_zero:
+            (Path(args.output_dir) / METRICS_FILE).unlink(missing_ok=True)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
             append_jsonl(Path(args.output_dir) / METRICS_FILE, {"step": state.global_step, "epoch": state.epoch, **logs})
-
-
-def fresh_metrics_log(output_dir: str | Path, is_main: bool = True) -> MetricsJsonl:
-    """The callback for a run that starts from scratch (no resume): an earlier run's metrics.jsonl in
-    ``output_dir`` is removed first, so its lines do not mix with this run's."""
-    if is_main:
-        (Path(output_dir) / METRICS_FILE).unlink(missing_ok=True)
-    return MetricsJsonl()
 
 
 def append_jsonl(path: str | Path, record: Mapping[str, Any]) -> None:

@@ -40,6 +40,7 @@ from text2grad.apps.quickstart.report import write_report
 from text2grad.apps.quickstart.results import (
     evaluate_policy,
     generate_responses,
+    describe_speed,
     installed_versions,
     machine_speed,
     print_results,
@@ -491,10 +492,7 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     stages = _Stages(STAGES)
     versions = installed_versions()
     speed = machine_speed()  # printed and saved, so that stage times from different machines can be compared
-    print(f"Text2Grad quickstart (preset {cfg.preset}, seed {cfg.seed}) -> {out}\nmachine speed: "
-          f"{speed['matmul_gflops']:.1f} GFLOP/s ({speed['matmul_size']}x{speed['matmul_size']} fp32 matmul, "
-          f"{speed['torch_threads']} torch threads, {speed['cpu_count']} cores, {speed['cpu']}; load average "
-          f"{speed['load_average_1min']})", flush=True)
+    print(f"Text2Grad quickstart (preset {cfg.preset}, seed {cfg.seed}) -> {out}\n{describe_speed(speed)}", flush=True)
 
     stages.start("task data", "generated fact-summary posts with distractors")
     data = stage_data(cfg, out)

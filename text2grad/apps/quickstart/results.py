@@ -31,6 +31,7 @@ __all__ = [
     "generate_responses",
     "evaluate_policy",
     "cpu_name",
+    "describe_speed",
     "installed_versions",
     "machine_speed",
     "read_lock",
@@ -79,6 +80,13 @@ def machine_speed(size: int = 256, repeats: int = 7, min_seconds: float = 0.15) 
     return {"matmul_gflops": round(statistics.median(rates), 2), "matmul_size": size, "torch_threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(), "cpu": cpu_name(), "load_average_1min": _load_average(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+
+
+def describe_speed(speed: Mapping[str, Any]) -> str:
+    """One line for the log: the matmul rate of :func:`machine_speed` and what it was measured with."""
+    return (f"machine speed: {speed['matmul_gflops']:.1f} GFLOP/s ({speed['matmul_size']}x{speed['matmul_size']} fp32 "
+            f"matmul, {speed['torch_threads']} torch threads, {speed['cpu_count']} cores, {speed['cpu']}; load average "
+            f"{speed['load_average_1min']}, OMP_WAIT_POLICY {speed.get('omp_wait_policy')})")
 
 
 def cpu_name() -> str:
@@ -196,10 +204,8 @@ def print_results(summary: Mapping[str, Any]) -> None:
                  else f"matches {versions['lock_file']}" if versions["lock_file"] else "no lock file"))
     print(f"\ntotal time {summary['total_seconds']:.0f} s; stages: "
           + ", ".join(f"{k} {v:.0f}s" for k, v in summary["stage_seconds"].items()))
-    speed = summary.get("machine_speed") or {}
-    if speed:
-        print(f"machine speed: {speed['matmul_gflops']:.1f} GFLOP/s ({speed['matmul_size']}x{speed['matmul_size']} fp32 "
-              f"matmul, {speed['torch_threads']} threads, {speed['cpu']}); load average at start {speed['load_average_1min']}")
+    if summary.get("machine_speed"):
+        print(describe_speed(summary["machine_speed"]))
     print(f"curves: {summary['png']}\nreport: {summary['html']}")
 
 
