@@ -188,6 +188,8 @@ def stage_policy(cfg: QuickstartConfig, data: dict[str, Path]) -> tuple[Path, Pa
         "steps": cfg.sft_steps, "policy_steps": cfg.policy_sft_steps, "lr": cfg.sft_learning_rate, "decay": cfg.sft_decay_steps, "args": cfg.sft_args,
         "seed": cfg.seed, "v": 2,
     }
+    if cfg.use_chat_template:  # conversational SFT records (the key of a plain run stays as it was)
+        key["chat_template"] = True
     path = _cache_root(cfg) / f"policy-{config_fingerprint(key)}"
     early = cfg.policy_sft_steps < cfg.sft_steps
 
@@ -218,7 +220,8 @@ def stage_policy(cfg: QuickstartConfig, data: dict[str, Path]) -> tuple[Path, Pa
             "--save_total_limit", str(cfg.sft_steps // cfg.policy_sft_steps + 1),
             "--seed", str(cfg.seed),
             # the tiny Llama's few hundred tokens: full logits cost less than TRL's vocabulary tiles (issue 18)
-            *(["--fused_lm_head", "false"] if cfg.policy_model is None else []), *cfg.sft_args,
+            *(["--fused_lm_head", "false"] if cfg.policy_model is None else []),
+            *(["--use_chat_template", "true"] if cfg.use_chat_template else []), *cfg.sft_args,
         ])
         if early:
             ckpt = tmp / "sft" / f"checkpoint-{cfg.policy_sft_steps}"
@@ -273,6 +276,8 @@ def stage_reward_model(
     key = {"sft": str(sft.resolve()), "rm_base": str(rm_base.resolve()), "grounded": cfg.grounded_spans, "critic": cfg.critic, "critic_kwargs": cfg.critic_kwargs, "ann": cfg.annotation_args,
            "n": cfg.n_annotations, "p_wrong": cfg.rm_p_wrong, "base": cfg.rm_base_model, "steps": cfg.rm_steps, "lr": cfg.rm_learning_rate,
            "args": cfg.rm_args, "seed": cfg.seed, "v": 3}
+    if cfg.use_chat_template:  # templated samples and RM inputs (the key of a plain run stays as it was)
+        key["chat_template"] = True
     path = _cache_root(cfg) / f"reward_model-{config_fingerprint(key)}"
 
     def build(tmp: Path) -> None:
@@ -283,7 +288,8 @@ def stage_reward_model(
         n_noisy = cfg.n_annotations - n_policy
         print(f"sampling {n_policy} summaries from the SFT policy (temperature 1) to annotate ...", flush=True)
         picked = train[:n_policy]
-        samples = [g.text for g in generate_responses(sft, [r["prompt"] for r in picked], cfg.response_length, True, cfg.seed)]
+        samples = [g.text for g in generate_responses(sft, [r["prompt"] for r in picked], cfg.response_length, True, cfg.seed,
+                                                      use_chat_template=cfg.use_chat_template)]
         # The noisy half has many more wrong facts than the SFT data (and some repeated clauses): a reward model
         # trained mostly on near-correct summaries learns to quote the *post's* facts instead of checking the
         # response's (measured: 81 % unmatched quotes, poor-token recall 0.5 % with the SFT data's noise rates).
@@ -302,7 +308,7 @@ def stage_reward_model(
         _call("reward_model.train", [
             "--model_name_or_path", cfg.rm_base_model or str(rm_base), "--dataset_path", str(tmp / "rm_train.jsonl"),
             "--output_dir", str(tmp / "model"), "--use_lora", "false", "--instruction", RM_INSTRUCTION,
-            "--prompt_format", "plain", "--max_length", "384", "--max_steps", str(cfg.rm_steps),
+            "--prompt_format", _rm_prompt_format(cfg), "--max_length", "384", "--max_steps", str(cfg.rm_steps),
             "--learning_rate", str(cfg.rm_learning_rate), "--warmup_ratio", "0.05",
             "--per_device_train_batch_size", "16", "--logging_steps", str(max(1, cfg.rm_steps // 10)),
             "--save_steps", str(10 ** 9), "--seed", str(cfg.seed), *cfg.rm_args,
@@ -324,6 +330,13 @@ def stage_reward_model(
             dst.parent.mkdir(parents=True, exist_ok=True)
             (shutil.copytree(src, dst, dirs_exist_ok=True) if src.is_dir() else shutil.copy(src, dst))
     return path / "model", _rm_report(path / "eval")
+
+
+def _rm_prompt_format(cfg: QuickstartConfig) -> str:
+    """How the reward model is prompted (reward_model.train --prompt_format; saved with the model, so
+    reward_model.evaluate, PPO's reward-model critic and the report prompt it the same way): the chat template with
+    ``use_chat_template`` (an instruct model's own format), else the plain template."""
+    return "chat" if cfg.use_chat_template else "plain"
 
 
 def _annotate(cfg: QuickstartConfig, folder: Path, posts: Path) -> list[dict[str, Any]]:
@@ -388,6 +401,8 @@ def stage_ppo(cfg: QuickstartConfig, data: dict[str, Path], sft: Path, rm: Path,
         "--seed", str(cfg.ppo_seed), "--log_samples", str(cfg.ppo_batch_size),  # every rollout, for the report
         # a sample without feedback scores zero and is counted (the small presets' reward models often fail)
         "--max_feedback_error_rate", "1.0",
+        # the policy's prompts through its chat template (the reward model still reads the raw post: feedback_prompt)
+        *(["--use_chat_template", "true"] if cfg.use_chat_template else []),
     ]
     val_records = _read_jsonl(data["val"]) if cfg.early_stopping else []
     replay_file = rm.parent / "rm_train.jsonl"  # the reward model's own annotations (replayed by refreshes)
@@ -457,7 +472,7 @@ def refresh_reward_model(cfg: QuickstartConfig, data: dict[str, Path], rm: Path,
     _call("reward_model.train", [
         "--model_name_or_path", str(rm), "--dataset_path", str(refresh / "rm_train.jsonl"),
         "--output_dir", str(refresh / "model"), "--use_lora", "false", "--instruction", RM_INSTRUCTION,
-        "--prompt_format", "plain", "--max_length", "384", "--max_steps", str(cfg.rm_refresh_steps),
+        "--prompt_format", _rm_prompt_format(cfg), "--max_length", "384", "--max_steps", str(cfg.rm_refresh_steps),
         "--learning_rate", str(cfg.rm_learning_rate), "--warmup_ratio", "0.0", "--per_device_train_batch_size", "16",
         "--logging_steps", str(max(1, cfg.rm_refresh_steps // 4)), "--save_steps", str(10 ** 9),
         "--seed", str(cfg.ppo_seed), *cfg.rm_args,
@@ -512,7 +527,7 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
         split = "val" if records else "eval"
         if Path(path) == sft and split in sft_eval:
             return sft_eval[split]
-        got = evaluate_policy(Path(path), records or eval_records, cfg.response_length)
+        got = evaluate_policy(Path(path), records or eval_records, cfg.response_length, use_chat_template=cfg.use_chat_template)
         if Path(path) == sft:
             sft_eval[split] = got
         return got
@@ -536,7 +551,7 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
         out / "report", eval_records=eval_records, policies=policies, curves=curves,
         metrics_files={m: out / f"ppo-{m}" / "metrics.jsonl" for m in cfg.modes}, reward_model=rm,
         results=results, rm_report=rm_report, n_samples=cfg.n_report_samples, response_length=cfg.response_length,
-        seed=cfg.seed, grounded_spans=cfg.grounded_spans, versions=versions,
+        seed=cfg.seed, grounded_spans=cfg.grounded_spans, versions=versions, use_chat_template=cfg.use_chat_template,
         commands=(out / "commands.sh").read_text().splitlines()[2:],
     )
     stages.finish()

@@ -63,6 +63,13 @@ class QuickstartConfig:
         "steps of a 1200-step decay: the same policy as the first half of a 1200-step run, at half the cost."
     )
     sft_args: list[str] = config_field([], "Extra flags for policy_optimization.sft (JSON list), e.g. '[\"--use_lora\", \"true\"]'.")
+    use_chat_template: bool | None = config_field(
+        None, "Prompt the policy and the reward model through the tokenizer's chat template: annotation samples, SFT "
+        "(conversational records), PPO (policy_optimization --use_chat_template, reward_model --prompt_format chat) "
+        "and every evaluation. Templated text is tokenized without adding special tokens again (one BOS; the rule "
+        "in text2grad.core.generation). The presets: off for the tiny Llama (no template), on for smollm2 (an "
+        "instruct model prompted raw loops instead of summarizing)."
+    )
 
     # ---- annotation and reward model
     critic: str = config_field("text2grad.apps.quickstart.task:FactCritic", "Annotation critic (annotation.cli --critic).")
@@ -125,7 +132,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         # so tests/apps/quickstart/expected_ci_results.json pins real numbers
         n_train=160, n_rl=32, n_eval=16, vocab_size=420, hidden_size=32, num_layers=2, intermediate_size=0, sft_steps=200,
         sft_learning_rate=3e-3, sft_decay_steps=0, n_annotations=96, rm_steps=150, rm_learning_rate=2e-3, ppo_iterations=4,
-        ppo_batch_size=8, ppo_learning_rate=3e-4, kl_coef=0.05, gae_lambda=0.0, eval_every=2,
+        ppo_batch_size=8, ppo_learning_rate=3e-4, kl_coef=0.05, gae_lambda=0.0, eval_every=2, use_chat_template=False,
     ),
     "default": dict(
         # SFT: the first 600 steps of a 1200-step decay (policy_sft_steps = sft_steps: the reward model starts from
@@ -133,7 +140,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         n_train=2000, n_rl=256, n_eval=100, vocab_size=800, hidden_size=128, num_layers=2, intermediate_size=0, sft_steps=600,
         policy_sft_steps=600, sft_learning_rate=3e-3, sft_decay_steps=1200, n_annotations=3000, rm_steps=600,
         rm_learning_rate=2e-3, ppo_iterations=30,
-        ppo_batch_size=16, ppo_learning_rate=1e-4, kl_coef=0.1, gae_lambda=0.0, eval_every=10,
+        ppo_batch_size=16, ppo_learning_rate=1e-4, kl_coef=0.1, gae_lambda=0.0, eval_every=10, use_chat_template=False,
     ),
     # The pretrained SmolLM2-135M-Instruct for every phase: it already summarizes, so there is no SFT (it is both the
     # PPO start and the reward model's base); LoRA reward model and LoRA policy (PRESET_ARGS). Sized for a GPU;
@@ -142,12 +149,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "smollm2": dict(
         sft_model=SMOLLM2, n_train=600, n_rl=128, n_eval=48, vocab_size=0, hidden_size=0, num_layers=0, intermediate_size=0, sft_steps=1,
         policy_sft_steps=1, sft_learning_rate=0.0, sft_decay_steps=0, n_annotations=512, rm_steps=120, rm_learning_rate=5e-4,
-        ppo_iterations=20, ppo_batch_size=8, ppo_learning_rate=5e-5, kl_coef=0.05, gae_lambda=0.0, eval_every=10,
+        ppo_iterations=20, ppo_batch_size=8, ppo_learning_rate=5e-5, kl_coef=0.05, gae_lambda=0.0, eval_every=10, use_chat_template=True,
     ),
     "large": dict(
         n_train=4000, n_rl=1024, n_eval=300, vocab_size=1000, hidden_size=192, num_layers=4, intermediate_size=0, sft_steps=2000,
         sft_learning_rate=2e-3, sft_decay_steps=0, n_annotations=3000, rm_steps=1500, rm_learning_rate=1e-3, ppo_iterations=150,
-        ppo_batch_size=32, ppo_learning_rate=1e-4, kl_coef=0.1, gae_lambda=0.0, eval_every=25,
+        ppo_batch_size=32, ppo_learning_rate=1e-4, kl_coef=0.1, gae_lambda=0.0, eval_every=25, use_chat_template=False,
     ),
 }
 
@@ -183,6 +190,9 @@ def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
         raise ValueError("ppo_iterations, eval_every, n_val and rm_refresh_steps must be >= 1")
     if out.sft_decay_steps and out.sft_decay_steps < out.sft_steps:
         raise ValueError(f"sft_decay_steps must be 0 or >= sft_steps ({out.sft_steps}); got {out.sft_decay_steps}")
+    if out.use_chat_template and out.policy_model is None and out.sft_model is None:
+        raise ValueError("use_chat_template needs a policy whose tokenizer has a chat template (--policy_model or "
+                         "--sft_model); the tiny Llama's tokenizer has none: pass --use_chat_template false")
     if not 1 <= out.policy_sft_steps <= out.sft_steps:
         raise ValueError(f"policy_sft_steps must be between 1 and sft_steps ({out.sft_steps}); got {out.policy_sft_steps}")
     return out

@@ -377,6 +377,7 @@ def write_report(
     grounded_spans: bool = True,
     versions: Mapping[str, Any] | None = None,
     commands: Sequence[str] = (),
+    use_chat_template: bool = False,
 ) -> dict[str, Any]:
     """Write curves.png, rm_confusion.png and index.html under ``out_dir``; returns their paths and the
     log-prob shift summaries."""
@@ -388,7 +389,7 @@ def write_report(
     png = plot_curves(out_dir / "curves.png", curves, rollouts, metrics)
 
     sft_generations = generate_responses(Path(policies["sft"]), [r["prompt"] for r in eval_records], response_length,
-                                         False, seed)
+                                         False, seed, use_chat_template=use_chat_template)
     items = _token_items(eval_records, sft_generations, policies, reward_model, grounded_spans)
     trained = [p for p in policies if p != "sft"]
     shift = {p: logprob_shift(items, p) for p in trained}

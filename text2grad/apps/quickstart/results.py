@@ -22,13 +22,14 @@ import torch
 
 from text2grad.apps.evaluation.summarization import bleu, rouge_scores
 from text2grad.apps.quickstart.task import fact_accuracy
-from text2grad.core.generation import Generation, generate
+from text2grad.core.generation import Generation, apply_chat_template, generate
 from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
 __all__ = [
     "KEY_PACKAGES",
     "LOCK_FILE",
     "generate_responses",
+    "policy_prompts",
     "evaluate_policy",
     "cpu_name",
     "describe_speed",
@@ -48,13 +49,27 @@ KEY_PACKAGES = ("torch", "transformers", "tokenizers", "accelerate", "numpy", "s
 
 
 def generate_responses(model_path: Path, prompts: list[str], max_new_tokens: int, do_sample: bool, seed: int,
-                       batch_size: int = 64) -> list[Generation]:
-    """Summaries of ``prompts`` by the policy at ``model_path``, with their exact token ids."""
+                       batch_size: int = 64, use_chat_template: bool = False) -> list[Generation]:
+    """Summaries of ``prompts`` by the policy at ``model_path``, with their exact token ids.
+
+    ``use_chat_template``: each prompt is the user turn of the tokenizer's chat template (as PPO renders it with
+    ``--use_chat_template true``), tokenized without adding special tokens again (`policy_prompts`)."""
     tokenizer = load_tokenizer(str(model_path))
     model = load_causal_lm(str(model_path)).eval()
+    prompts, add_special_tokens = policy_prompts(tokenizer, prompts, use_chat_template)
     torch.manual_seed(seed)
     return generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                    do_sample=do_sample, temperature=1.0, progress_bar=True)
+                    do_sample=do_sample, temperature=1.0, progress_bar=True, add_special_tokens=add_special_tokens)
+
+
+def policy_prompts(tokenizer, prompts: list[str], use_chat_template: bool) -> tuple[list[str], bool | None]:
+    """The policy's prompt texts and the ``add_special_tokens`` to tokenize them with, by the special tokens rule of
+    `text2grad.core.generation`: rendered by the chat template -> False (the template wrote every special token;
+    no second BOS); plain -> None (the rule per prompt). Without a template on the tokenizer the prompts stay plain,
+    as policy_optimization.train does."""
+    if use_chat_template and getattr(tokenizer, "chat_template", None):
+        return [apply_chat_template(tokenizer, p) for p in prompts], False
+    return list(prompts), None
 
 
 def machine_speed(size: int = 256, repeats: int = 7, min_seconds: float = 0.15) -> dict[str, Any]:
@@ -107,9 +122,11 @@ def _load_average() -> float | None:
         return None
 
 
-def evaluate_policy(model_path: Path, records: list[dict[str, Any]], max_new_tokens: int) -> tuple[dict[str, float], list[str]]:
+def evaluate_policy(model_path: Path, records: list[dict[str, Any]], max_new_tokens: int,
+                    use_chat_template: bool = False) -> tuple[dict[str, float], list[str]]:
     """Greedy summaries of the eval posts, scored by fact accuracy, ROUGE and BLEU against the references."""
-    preds = [g.text for g in generate_responses(model_path, [r["prompt"] for r in records], max_new_tokens, False, 0)]
+    preds = [g.text for g in generate_responses(model_path, [r["prompt"] for r in records], max_new_tokens, False, 0,
+                                                use_chat_template=use_chat_template)]
     refs = [r["reference"].strip() for r in records]
     scores = dict(fact_accuracy(records, preds))
     rouge = rouge_scores([p.strip() for p in preds], refs)
