@@ -1,6 +1,6 @@
 """The quickstart run: every Text2Grad phase, offline, on the generated fact-summary task.
 
-    python -m text2grad.apps.quickstart                      # the default run (~4.5 min on 2 idle CPU cores)
+    python -m text2grad.apps.quickstart                      # the default run (~4 min on 2 idle CPU cores)
     python -m text2grad.apps.quickstart --preset ci          # a seconds-to-minutes smoke run
     python -m text2grad.apps.quickstart --preset large --output_dir runs/qs-large
 
@@ -11,8 +11,9 @@ Stages (each calls the phase's own CLI entry point, ``main(argv)``, exactly as t
 3. annotation       SFT-policy samples and noisy summaries, critiqued by ``annotation.cli --critic ...FactCritic``
 4. reward model     ``reward_model.train`` then ``reward_model.evaluate``
 5. policy optim.    ``policy_optimization.train`` with the reward model as feedback source, once per reward
-                    mode (``nl_gradient`` and ``scalar``, same seed/budget/hyperparameters), run in chunks with
-                    ``--resume auto`` so the policy is evaluated every ``eval_every`` iterations
+                    mode (``nl_gradient`` and ``scalar``, same seed/budget/hyperparameters; side by side in their
+                    own processes), run in chunks with ``--resume auto`` so the policy is evaluated every
+                    ``eval_every`` iterations
 6. evaluation       SFT vs. scalar PPO vs. Text2Grad on the eval split: fact score, ROUGE, BLEU
 7. report           report/curves.png and report/index.html (`text2grad.apps.quickstart.report`)
 
@@ -29,6 +30,7 @@ import random
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -37,8 +39,9 @@ import torch
 from reward_model.serialization import PLAIN_TEMPLATE
 from text2grad.apps.quickstart.quickstart_config import PRESETS, QuickstartConfig, resolve
 from text2grad.apps.quickstart.report import write_report
+from text2grad.apps.quickstart.parallel import iterations_done, run_side_by_side, torch_threads
 from text2grad.apps.quickstart.results import (
-    evaluate_policy,
+    PolicyEvaluator,
     generate_responses,
     describe_speed,
     installed_versions,
@@ -53,7 +56,8 @@ from text2grad.core.critics import load_object
 from text2grad.core.data import iter_jsonl, write_jsonl
 from text2grad.core.modeling import build_tiny_llama, train_tokenizer
 
-__all__ = ["QuickstartConfig", "PRESETS", "resolve", "run", "main", "stage_ppo", "refresh_reward_model", "PPOResult"]
+__all__ = ["QuickstartConfig", "PRESETS", "resolve", "run", "main", "stage_ppo", "stage_ppo_modes", "refresh_reward_model",
+           "PPOResult"]
 
 STAGES = ("task data", "policy (tokenizer, tiny Llama, SFT)", "annotation", "reward model", "policy optimization",
           "evaluation", "report")
@@ -316,11 +320,12 @@ def stage_reward_model(
         _drop_checkpoints(tmp / "model")
         # as PPO will query it (eval/), and, when grounded, also free (eval-free/: how often it quotes exactly)
         for grounded, name in ((cfg.grounded_spans, "eval"), (False, "eval-free"))[: 1 + cfg.grounded_spans]:
-            _call("reward_model.evaluate", [
-                "--model_name_or_path", str(tmp / "model"), "--dataset_path", str(tmp / "rm_eval.jsonl"),
-                "--output_dir", str(tmp / name), "--batch_size", "32", "--max_new_tokens", "128",
-                "--grounded_spans", str(grounded).lower(),
-            ])
+            with torch_threads(cfg.decode_threads):
+                _call("reward_model.evaluate", [
+                    "--model_name_or_path", str(tmp / "model"), "--dataset_path", str(tmp / "rm_eval.jsonl"),
+                    "--output_dir", str(tmp / name), "--batch_size", "32", "--max_new_tokens", "128",
+                    "--grounded_spans", str(grounded).lower(),
+                ])
 
     path = _cached(path, cfg, build, "reward model")
     for name in ("eval", "eval-free", "annotations.jsonl", "rm_eval.jsonl"):
@@ -481,6 +486,38 @@ def refresh_reward_model(cfg: QuickstartConfig, data: dict[str, Path], rm: Path,
     return refresh / "model"
 
 
+def stage_ppo_modes(cfg: QuickstartConfig, data: dict[str, Path], sft: Path, rm: Path, out: Path,
+                    evaluator: PolicyEvaluator) -> dict[str, PPOResult]:
+    """`stage_ppo` for every reward mode: side by side in separate processes (``parallel_modes``; each mode's output
+    in ``out/ppo-<mode>.log``, a progress bar here), or one after the other in this process."""
+    if not cfg.parallel_modes or len(cfg.modes) == 1:
+        with torch_threads(cfg.decode_threads):
+            return {mode: stage_ppo(cfg, data, sft, rm, out, mode, evaluator) for mode in cfg.modes}
+    metrics = [out / f"ppo-{mode}" / "metrics.jsonl" for mode in cfg.modes]
+    for stale in metrics:  # from an earlier run in this output_dir: the progress bar counts the new one's
+        stale.unlink(missing_ok=True)
+    done = run_side_by_side(
+        [(f"policy optimization ({mode})", stage_ppo, (cfg, data, sft, rm, out, mode, evaluator)) for mode in cfg.modes],
+        [out / f"ppo-{mode}.log" for mode in cfg.modes],
+        progress=lambda: (sum(iterations_done(m) for m in metrics), cfg.ppo_iterations * len(metrics)),
+        setup=partial(_log_commands_to, out / "commands.sh"), threads=cfg.decode_threads or 1,
+        desc="PPO iterations, " + " + ".join(cfg.modes),
+    )
+    for mode, result in zip(cfg.modes, done):
+        validation = {v["iteration"]: v["fact_score"] for v in result.validation}
+        for point in result.curve[1:]:
+            val = f", validation {validation[point['iteration']]:.3f}" if point["iteration"] in validation else ""
+            print(f"[{mode}] iteration {point['iteration']}: eval fact_score {point['fact_score']:.3f}{val}")
+        if cfg.early_stopping:
+            print(f"[{mode}] early stopping kept iteration {result.selected_iteration}")
+    return dict(zip(cfg.modes, done))
+
+
+def _log_commands_to(path: Path) -> None:
+    """In a worker process: append the phase commands it runs to the run's commands.sh, as this process does."""
+    _COMMAND_LOG[:] = [path]
+
+
 def _ppo_feedback_args(cfg: QuickstartConfig, data: dict[str, Path], rm: Path) -> list[str]:
     if cfg.ppo_feedback == "critic":
         kwargs = cfg.critic_kwargs if cfg.critic_kwargs is not None else {"data_path": str(data["rl"])}
@@ -520,25 +557,18 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     rm, rm_report = stage_reward_model(cfg, data, sft, rm_base, out, stages)
 
     stages.start("policy optimization", " vs ".join(cfg.modes))
-    sft_eval: dict[str, tuple[dict[str, float], list[str]]] = {}
-
-    def eval_fn(path: Path, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[str]]:
-        """Scores and greedy summaries of ``records`` (default: the eval split); the SFT policy's are cached."""
-        split = "val" if records else "eval"
-        if Path(path) == sft and split in sft_eval:
-            return sft_eval[split]
-        got = evaluate_policy(Path(path), records or eval_records, cfg.response_length, use_chat_template=cfg.use_chat_template)
-        if Path(path) == sft:
-            sft_eval[split] = got
-        return got
-
-    runs = {mode: stage_ppo(cfg, data, sft, rm, out, mode, eval_fn) for mode in cfg.modes}
+    evaluator = PolicyEvaluator(sft, eval_records, cfg.response_length, cfg.use_chat_template)
+    with torch_threads(cfg.decode_threads):  # the SFT policy's scores, once, before the modes start
+        evaluator(sft, [])
+        if cfg.early_stopping:
+            evaluator(sft, _read_jsonl(data["val"]))
+    runs = stage_ppo_modes(cfg, data, sft, rm, out, evaluator)
     policies: dict[str, Path] = {"sft": sft, **{m: r.policy for m, r in runs.items()}}
     curves = {m: r.curve for m, r in runs.items()}
 
     stages.start("evaluation", "greedy summaries of the eval split (final policies, evaluated after their last chunk)")
-    results = {"sft": sft_eval["eval"][0], **{m: r.scores for m, r in runs.items()}}
-    predictions = {"sft": sft_eval["eval"][1], **{m: r.predictions for m, r in runs.items()}}
+    results = {"sft": evaluator.sft_results["eval"][0], **{m: r.scores for m, r in runs.items()}}
+    predictions = {"sft": evaluator.sft_results["eval"][1], **{m: r.predictions for m, r in runs.items()}}
     print(results_table(results))
 
     write_jsonl(out / "eval_predictions.jsonl", [

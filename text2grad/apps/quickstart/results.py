@@ -16,6 +16,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -31,6 +32,7 @@ __all__ = [
     "generate_responses",
     "policy_prompts",
     "evaluate_policy",
+    "PolicyEvaluator",
     "cpu_name",
     "describe_speed",
     "installed_versions",
@@ -133,6 +135,30 @@ def evaluate_policy(model_path: Path, records: list[dict[str, Any]], max_new_tok
     scores.update({k: float(v) for k, v in rouge.items()})
     scores["bleu"] = float(bleu([p.strip() for p in preds], refs))
     return scores, preds
+
+
+@dataclass
+class PolicyEvaluator:
+    """``evaluator(policy, records)``: `evaluate_policy` on ``records``, or on the eval split when ``records`` is empty.
+
+    The SFT policy's results are computed once per split and kept in ``sft_results``; the object is picklable, so
+    PPO runs in other processes reuse what the parent computed."""
+
+    sft: Path
+    eval_records: list[dict[str, Any]]
+    max_new_tokens: int
+    use_chat_template: bool = False
+    sft_results: dict[str, tuple[dict[str, float], list[str]]] = field(default_factory=dict)
+
+    def __call__(self, policy: Path, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[str]]:
+        split = "val" if records else "eval"
+        if Path(policy) == Path(self.sft) and split in self.sft_results:
+            return self.sft_results[split]
+        got = evaluate_policy(Path(policy), records or self.eval_records, self.max_new_tokens,
+                              use_chat_template=self.use_chat_template)
+        if Path(policy) == Path(self.sft):
+            self.sft_results[split] = got
+        return got
 
 
 def _normalize(name: str) -> str:
