@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from text2grad.apps.quickstart.parallel import iterations_done, run_side_by_side, torch_threads
+from text2grad.apps.quickstart.parallel import iterations_done, run_side_by_side, torch_threads, usable_cores
 from text2grad.apps.quickstart.quickstart_config import QuickstartConfig, resolve
 
 
@@ -82,3 +84,12 @@ def test_smollm2_preset_runs_its_modes_one_after_the_other(monkeypatch, tmp_path
     monkeypatch.setattr("text2grad.apps.quickstart.quickstart_config.smollm2_path", lambda: tmp_path)
     cfg = resolve(QuickstartConfig(preset="smollm2"))
     assert (cfg.decode_threads, cfg.parallel_modes) == (0, False)
+
+
+def test_usable_cores_follows_the_affinity_mask():
+    # a process pinned to one core (as under `taskset -c 0`) runs one job at a time, whatever the machine has
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from text2grad.apps.quickstart.parallel import usable_cores; print(usable_cores())")
+    pinned = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert pinned.stdout.strip() == "1"
+    assert usable_cores() == len(os.sched_getaffinity(0))

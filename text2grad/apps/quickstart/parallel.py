@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["torch_threads", "run_side_by_side", "iterations_done"]
+__all__ = ["torch_threads", "run_side_by_side", "iterations_done", "usable_cores"]
 
 
 @contextlib.contextmanager
@@ -50,6 +50,14 @@ def iterations_done(metrics_file: Path) -> int:
         except (ValueError, AttributeError):
             continue
     return last
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. under ``taskset``; else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
 
 
 def _run_logged(log: Path, threads: int, setup: Callable[[], None] | None, fn: Callable[..., Any], args: tuple) -> Any:
@@ -83,7 +91,7 @@ def run_side_by_side(
     ``progress() -> (done, total)`` drives a progress bar (labelled ``desc``) while they run; ``setup`` runs first
     in every job's process. A failed job stops the wait and raises ``RuntimeError`` naming the job and its log (the other jobs finish).
     """
-    workers = max(1, min(len(jobs), (os.cpu_count() or 1) // max(1, threads)))
+    workers = max(1, min(len(jobs), usable_cores() // max(1, threads)))
     for (name, _, _), log in zip(jobs, logs):
         print(f"  {name}: output in {log}", flush=True)
     context = multiprocessing.get_context("spawn")  # fork after torch's threads have started can hang
