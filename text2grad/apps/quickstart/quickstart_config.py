@@ -24,7 +24,7 @@ class QuickstartConfig:
 
     output_dir: str = config_field("runs/quickstart", "Where data, models, metrics and the report go.")
     preset: Preset = config_field(
-        "default", "Size preset: ci (smoke test, ~1-2 min on 2 idle cores), default (~4.5 min), large, smollm2 (every "
+        "default", "Size preset: ci (smoke test, ~1-2 min on 2 idle cores), default (~3.5-4 min), large, smollm2 (every "
         "phase on the pretrained SmolLM2-135M-Instruct with LoRA; GPU-sized, see the quickstart README)."
     )
     seed: int = config_field(0, "Seed of the task generator, the tiny models and every phase.")
@@ -135,7 +135,7 @@ class QuickstartConfig:
     n_report_samples: int = config_field(8, "Eval responses shown token by token in the HTML report.")
 
 
-# Preset values for every None field above. ``default`` takes ~4.5 min on 2 idle CPU cores
+# Preset values for every None field above. ``default`` takes ~3.5-4 min on 2 idle CPU cores
 # (benchmarks/quickstart_time.py).
 PRESETS: dict[str, dict[str, Any]] = {
     "ci": dict(
