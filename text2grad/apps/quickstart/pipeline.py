@@ -46,6 +46,7 @@ from text2grad.apps.quickstart.results import (
     describe_speed,
     installed_versions,
     machine_speed,
+    peak_rss_mb,
     print_results,
     results_table,
 )
@@ -72,7 +73,7 @@ class _Stages:
     """Numbered stage headers with the time each stage took."""
 
     def __init__(self, names: Sequence[str]):
-        self.names, self.index, self.t0, self.times = list(names), 0, None, {}
+        self.names, self.index, self.t0, self.times, self.peak_rss_mb = list(names), 0, None, {}, {}
         self.start_all = time.perf_counter()
 
     def start(self, name: str, note: str = "") -> None:
@@ -84,8 +85,8 @@ class _Stages:
 
     def finish(self) -> None:
         if self.t0 is not None:
-            self.times[self.current] = time.perf_counter() - self.t0
-            print(f"--- {self.current}: {self.times[self.current]:.1f} s", flush=True)
+            self.times[self.current], self.peak_rss_mb[self.current] = time.perf_counter() - self.t0, peak_rss_mb()
+            print(f"--- {self.current}: {self.times[self.current]:.1f} s (peak RSS so far {peak_rss_mb():.0f} MB)", flush=True)
             self.t0 = None
 
 
@@ -106,7 +107,7 @@ def _call(module: str, argv: list[str]) -> None:
     code = load_object(f"{module}:main")(argv)
     if code:
         raise RuntimeError(f"python -m {module} exited with code {code} (command above)")
-    print(f"    ({module}: {time.perf_counter() - t0:.1f} s)", flush=True)
+    print(f"    ({module}: {time.perf_counter() - t0:.1f} s; peak RSS so far {peak_rss_mb():.0f} MB)", flush=True)
 
 
 def _quote(arg: str) -> str:
@@ -591,6 +592,7 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
         "selection": {m: {"selected_iteration": r.selected_iteration, "validation": r.validation,
                           "reward_models": r.reward_models} for m, r in runs.items()},
         "versions": versions, "machine_speed": speed, "stage_seconds": stages.times,
+        "stage_peak_rss_mb": stages.peak_rss_mb,
         "total_seconds": time.perf_counter() - stages.start_all, "png": str(report["png"]), "html": str(report["html"]),
     }
     (out / "results.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -11,6 +11,7 @@ import math
 import os
 import platform
 import re
+import resource
 import statistics
 import sys
 import time
@@ -37,6 +38,7 @@ __all__ = [
     "describe_speed",
     "installed_versions",
     "machine_speed",
+    "peak_rss_mb",
     "read_lock",
     "results_table",
     "print_results",
@@ -97,6 +99,14 @@ def machine_speed(size: int = 256, repeats: int = 7, min_seconds: float = 0.15) 
     return {"matmul_gflops": round(statistics.median(rates), 2), "matmul_size": size, "torch_threads": torch.get_num_threads(),
             "cpu_count": os.cpu_count(), "cpu": cpu_name(), "load_average_1min": _load_average(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+
+
+def peak_rss_mb() -> float:
+    """The highest resident memory this process has had so far, in MB (``ru_maxrss``: KiB on Linux, bytes on macOS).
+
+    The quickstart prints it after every phase command and stage: the phase that raises it is where the peak is."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6
 
 
 def describe_speed(speed: Mapping[str, Any]) -> str:
