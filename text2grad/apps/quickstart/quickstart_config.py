@@ -25,7 +25,8 @@ class QuickstartConfig:
     output_dir: str = config_field("runs/quickstart", "Where data, models, metrics and the report go.")
     preset: Preset = config_field(
         "default", "Size preset: ci (smoke test, ~1-2 min on 2 idle cores), default (~3.5-4 min), large, smollm2 (every "
-        "phase on the pretrained SmolLM2-135M-Instruct with LoRA; GPU-sized, see the quickstart README)."
+        "phase on the pretrained SmolLM2-135M-Instruct with LoRA; about half an hour on 2 CPU cores, GPU-sized flags in "
+        "the quickstart README)."
     )
     seed: int = config_field(0, "Seed of the task generator, the tiny models and every phase.")
     ppo_seed: int | None = config_field(None, "Seed of policy optimization only (default: seed); the benchmark varies it.")
@@ -156,13 +157,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         decode_threads=1, parallel_modes=True,  # decoding on one thread, the modes side by side (issue 18)
     ),
     # The pretrained SmolLM2-135M-Instruct for every phase: it already summarizes, so there is no SFT (it is both the
-    # PPO start and the reward model's base); LoRA reward model and LoRA policy (PRESET_ARGS). Sized for a GPU;
-    # on 2 CPU cores about 1.5 h (extrapolated from a reduced run, benchmarks/README.md); --ppo_iterations and
-    # --rm_steps scale it down.
+    # PPO start and the reward model's base); LoRA reward model and LoRA policy (PRESET_ARGS), prompted through its
+    # chat template. Sized to run end to end on 2 CPU cores in about half an hour (measured: benchmarks/README.md);
+    # the GPU-sized settings are flags in the quickstart README (--n_annotations 512 --rm_steps 120 --ppo_iterations 20 ...).
     "smollm2": dict(
-        sft_model=SMOLLM2, n_train=600, n_rl=128, n_eval=48, vocab_size=0, hidden_size=0, num_layers=0, intermediate_size=0, sft_steps=1,
-        policy_sft_steps=1, sft_learning_rate=0.0, sft_decay_steps=0, n_annotations=512, rm_steps=120, rm_learning_rate=5e-4,
-        ppo_iterations=20, ppo_batch_size=8, ppo_learning_rate=5e-5, kl_coef=0.05, gae_lambda=0.0, eval_every=10, use_chat_template=True,
+        sft_model=SMOLLM2, n_train=600, n_rl=64, n_eval=32, vocab_size=0, hidden_size=0, num_layers=0, intermediate_size=0, sft_steps=1,
+        policy_sft_steps=1, sft_learning_rate=0.0, sft_decay_steps=0, n_annotations=160, rm_steps=40, rm_learning_rate=1e-3,
+        ppo_iterations=6, ppo_batch_size=8, ppo_learning_rate=1e-4, kl_coef=0.05, gae_lambda=0.0, eval_every=3, use_chat_template=True,
         decode_threads=0, parallel_modes=False,
     ),
     "large": dict(
@@ -176,8 +177,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 # Flags a preset puts before the user's own --sft_args/--rm_args/--ppo_args (later flags win).
 PRESET_ARGS: dict[str, dict[str, list[str]]] = {
     "smollm2": dict(
-        rm_args=["--use_lora", "true", "--lora_r", "16", "--lora_alpha", "32", "--per_device_train_batch_size", "8",
-                 "--max_length", "320"],
+        # batches of 8 in micro-batches of 2: the same optimizer steps with a quarter of the activations and full-vocabulary
+        # logits resident (49k tokens x 8 x 320 positions x 4 B = 0.5 GB per copy of the logits at micro-batch 8)
+        rm_args=["--use_lora", "true", "--lora_r", "16", "--lora_alpha", "32", "--per_device_train_batch_size", "2",
+                 "--gradient_accumulation_steps", "4", "--max_length", "320"],
         ppo_args=["--use_lora", "true", "--lora_r", "16", "--lora_alpha", "32"],
     ),
 }
