@@ -163,7 +163,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "smollm2": dict(
         sft_model=SMOLLM2, n_train=600, n_rl=64, n_eval=32, vocab_size=0, hidden_size=0, num_layers=0, intermediate_size=0, sft_steps=1,
         policy_sft_steps=1, sft_learning_rate=0.0, sft_decay_steps=0, n_annotations=160, rm_steps=40, rm_learning_rate=1e-3,
-        ppo_iterations=6, ppo_batch_size=8, ppo_learning_rate=1e-4, kl_coef=0.05, gae_lambda=0.0, eval_every=3, use_chat_template=True,
+        ppo_iterations=8, ppo_batch_size=8, ppo_learning_rate=1e-4, kl_coef=0.05, gae_lambda=0.0, eval_every=4, use_chat_template=True,
         decode_threads=0, parallel_modes=False,
     ),
     "large": dict(
