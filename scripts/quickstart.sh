@@ -5,7 +5,7 @@
 #   bash scripts/quickstart.sh --preset ci             # smoke run
 #   TEXT2GRAD_TINY=1 bash scripts/quickstart.sh        # same as --preset ci (what CI runs)
 #   bash scripts/quickstart.sh --preset large --output_dir runs/quickstart-large
-#   bash scripts/quickstart.sh --preset smollm2       # every phase on the pretrained SmolLM2-135M-Instruct, LoRA (GPU-sized)
+#   bash scripts/quickstart.sh --preset smollm2       # every phase on the pretrained SmolLM2-135M-Instruct, LoRA (~24 min on 2 CPU cores)
 #
 # Extra flags go to `python -m text2grad.apps.quickstart` (see its --help), e.g. --sft_model, --reward_model,
 # --ppo_iterations 60, --kl_coef 0.1, --ppo_args '["--num_ppo_epochs", "4"]'.
