@@ -166,7 +166,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     shared.mkdir(parents=True, exist_ok=True)
     qs._COMMAND_LOG[:] = [out / "commands.sh"]
     (out / "commands.sh").write_text("#!/usr/bin/env bash\n# Every phase command this benchmark ran, in order.\n")
-    stages = qs._Stages(qs.STAGES)
+    stages = qs.StageClock(qs.STAGES)
     timings: dict[str, float] = {}
 
     t0 = time.perf_counter()

@@ -10,6 +10,7 @@ from tests.policy_optimization.po_testlib import first_and_last_words
 from text2grad.core.assets import real_tokenizer
 from text2grad.core.critics import CallableFeedbackSource
 from text2grad.core.generation import apply_chat_template
+from tests.generation_recorder import record_prompt_ids
 
 QUESTIONS = ["Summarize: the café opened late.", "Name two prime numbers.", "Translate 'chat' to English.", "Why?"]
 
@@ -21,15 +22,7 @@ def llama3():
 
 def _sampled_prompt_ids(trainer, monkeypatch) -> list[list[int]]:
     """Run one PPO iteration and return the prompt ids of every rollout (what the policy was conditioned on)."""
-    seen: list[list[int]] = []
-    real_generate = trainer_module.generate
-
-    def recording_generate(*args, **kwargs):
-        generations = real_generate(*args, **kwargs)
-        seen.extend(g.prompt_ids for g in generations)
-        return generations
-
-    monkeypatch.setattr(trainer_module, "generate", recording_generate)
+    seen = record_prompt_ids(monkeypatch, trainer_module)
     metrics = trainer.step()
     assert metrics["samples/batch"] == len(seen)
     return seen

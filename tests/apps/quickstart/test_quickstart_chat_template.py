@@ -26,6 +26,7 @@ from text2grad.core.config import save_config
 from text2grad.core.data import write_jsonl
 from text2grad.core.generation import Generation, apply_chat_template
 from text2grad.core.modeling import build_tiny_llama
+from tests.generation_recorder import record_prompt_ids
 
 POSTS = ["The café opened at 9 and closed at 5.\nTL;DR:", "Anna moved to Berlin for a job 🙂\nTL;DR:"]
 
@@ -44,16 +45,7 @@ def llama3_policy(tmp_path_factory) -> tuple[Path, object]:
 @pytest.fixture
 def sampled_prompt_ids(monkeypatch) -> list[list[int]]:
     """The prompt ids of every generation the quickstart's results module runs (what the policy was conditioned on)."""
-    seen: list[list[int]] = []
-    real_generate = results.generate
-
-    def recording_generate(*args, **kwargs):
-        generations = real_generate(*args, **kwargs)
-        seen.extend(g.prompt_ids for g in generations)
-        return generations
-
-    monkeypatch.setattr(results, "generate", recording_generate)
-    return seen
+    return record_prompt_ids(monkeypatch, results)
 
 
 def test_templated_samples_feed_the_template_once_with_one_bos(llama3_policy, sampled_prompt_ids):
@@ -104,15 +96,7 @@ def test_a_reward_model_trained_on_the_chat_format_is_queried_in_it_with_one_bos
                 rm_dir / CONFIG_FILENAME)
     rm = GenerativeRewardModel.from_pretrained(str(rm_dir), max_new_tokens=3, batch_size=2, grounded_spans=False)
     assert rm.prompt_format == "chat" and rm.instruction == pipeline.RM_INSTRUCTION
-    fed: list[list[int]] = []
-    real_generate = inference_module.generate
-
-    def recording_generate(*args, **kwargs):
-        generations = real_generate(*args, **kwargs)
-        fed.extend(g.prompt_ids for g in generations)
-        return generations
-
-    monkeypatch.setattr(inference_module, "generate", recording_generate)
+    fed = record_prompt_ids(monkeypatch, inference_module)
     rm.feedback(POSTS, ["A summary.", "Another one."])
     expected = [tokenizer(build_rm_input(tokenizer, p, r, instruction=pipeline.RM_INSTRUCTION, prompt_format="chat").text,
                           add_special_tokens=False)["input_ids"] for p, r in zip(POSTS, ["A summary.", "Another one."])]
@@ -161,7 +145,7 @@ def test_phase_commands_carry_the_template_flags_only_when_on(tmp_path, monkeypa
                                    policy_sft_steps=4, ppo_iterations=1, eval_every=1, use_chat_template=on))
     data = pipeline.stage_data(cfg, tmp_path / "out")
     sft, rm_base = pipeline.stage_policy(cfg, data)
-    pipeline.stage_reward_model(cfg, data, sft, rm_base, tmp_path / "out", pipeline._Stages(pipeline.STAGES))
+    pipeline.stage_reward_model(cfg, data, sft, rm_base, tmp_path / "out", pipeline.StageClock(pipeline.STAGES))
     evaluated = []
     pipeline.stage_ppo(cfg, data, sft, tmp_path / "rm" / "model", tmp_path / "out", "nl_gradient",
                        lambda path, records: (evaluated.append(path) or {"fact_score": 0.0}, []))

@@ -42,6 +42,7 @@ from text2grad.apps.quickstart.report import write_report
 from text2grad.apps.quickstart.parallel import iterations_done, run_side_by_side, torch_threads
 from text2grad.apps.quickstart.results import (
     PolicyEvaluator,
+    StageClock,
     generate_responses,
     describe_speed,
     installed_versions,
@@ -67,27 +68,6 @@ STAGES = ("task data", "policy (tokenizer, tiny Llama, SFT)", "annotation", "rew
 # --------------------------------------------------------------------------------------------------
 # Small helpers
 # --------------------------------------------------------------------------------------------------
-
-
-class _Stages:
-    """Numbered stage headers with the time each stage took."""
-
-    def __init__(self, names: Sequence[str]):
-        self.names, self.index, self.t0, self.times, self.peak_rss_mb = list(names), 0, None, {}, {}
-        self.start_all = time.perf_counter()
-
-    def start(self, name: str, note: str = "") -> None:
-        self.finish()
-        self.index = self.names.index(name) + 1
-        self.current, self.t0 = name, time.perf_counter()
-        line = f"[{self.index}/{len(self.names)}] {name}" + (f" - {note}" if note else "")
-        print(f"\n{'=' * 100}\n{line}\n{'=' * 100}", flush=True)
-
-    def finish(self) -> None:
-        if self.t0 is not None:
-            self.times[self.current], self.peak_rss_mb[self.current] = time.perf_counter() - self.t0, peak_rss_mb()
-            print(f"--- {self.current}: {self.times[self.current]:.1f} s (peak RSS so far {peak_rss_mb():.0f} MB)", flush=True)
-            self.t0 = None
 
 
 _COMMAND_LOG: list[Path] = []
@@ -269,7 +249,7 @@ RM_INSTRUCTION = "Check the summary against the post: which facts are right, wro
 
 
 def stage_reward_model(
-    cfg: QuickstartConfig, data: dict[str, Path], sft: Path, rm_base: Path, out: Path, stages: _Stages
+    cfg: QuickstartConfig, data: dict[str, Path], sft: Path, rm_base: Path, out: Path, stages: StageClock
 ) -> tuple[Path, dict[str, Any]]:
     """Annotate responses with the critic, train the reward model on them, evaluate it on held-out ones.
 
@@ -542,7 +522,7 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     save_config(cfg, out / "quickstart_config.yaml")
     (out / "commands.sh").write_text("#!/usr/bin/env bash\n# The phase commands this quickstart ran, in order.\n")
     _COMMAND_LOG[:] = [out / "commands.sh"]
-    stages = _Stages(STAGES)
+    stages = StageClock(STAGES)
     versions = installed_versions()
     speed = machine_speed()  # printed and saved, so that stage times from different machines can be compared
     print(f"Text2Grad quickstart (preset {cfg.preset}, seed {cfg.seed}) -> {out}\n{describe_speed(speed)}", flush=True)

@@ -15,9 +15,9 @@ import resource
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -34,6 +34,7 @@ __all__ = [
     "policy_prompts",
     "evaluate_policy",
     "PolicyEvaluator",
+    "StageClock",
     "cpu_name",
     "describe_speed",
     "installed_versions",
@@ -102,10 +103,11 @@ def machine_speed(size: int = 256, repeats: int = 7, min_seconds: float = 0.15) 
 
 
 def peak_rss_mb() -> float:
-    """The highest resident memory this process has had so far, in MB (``ru_maxrss``: KiB on Linux, bytes on macOS).
+    """The highest resident memory so far of this process or any finished child process (the side-by-side PPO runs),
+    in MB (``ru_maxrss``: KiB on Linux, bytes on macOS).
 
     The quickstart prints it after every phase command and stage: the phase that raises it is where the peak is."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6
 
 
@@ -169,6 +171,27 @@ class PolicyEvaluator:
         if Path(policy) == Path(self.sft):
             self.sft_results[split] = got
         return got
+
+
+class StageClock:
+    """Numbered stage headers; the time each stage took and the peak RSS at its end (`peak_rss_mb`)."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names, self.index, self.t0, self.times, self.peak_rss_mb = list(names), 0, None, {}, {}
+        self.start_all = time.perf_counter()
+
+    def start(self, name: str, note: str = "") -> None:
+        self.finish()
+        self.index = self.names.index(name) + 1
+        self.current, self.t0 = name, time.perf_counter()
+        line = f"[{self.index}/{len(self.names)}] {name}" + (f" - {note}" if note else "")
+        print(f"\n{'=' * 100}\n{line}\n{'=' * 100}", flush=True)
+
+    def finish(self) -> None:
+        if self.t0 is not None:
+            self.times[self.current], self.peak_rss_mb[self.current] = time.perf_counter() - self.t0, peak_rss_mb()
+            print(f"--- {self.current}: {self.times[self.current]:.1f} s (peak RSS so far {peak_rss_mb():.0f} MB)", flush=True)
+            self.t0 = None
 
 
 def _normalize(name: str) -> str:
