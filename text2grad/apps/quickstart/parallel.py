@@ -89,7 +89,8 @@ def run_side_by_side(
     at most one process per ``threads`` cores runs at a time.
 
     ``progress() -> (done, total)`` drives a progress bar (labelled ``desc``) while they run; ``setup`` runs first
-    in every job's process. A failed job stops the wait and raises ``RuntimeError`` naming the job and its log (the other jobs finish).
+    in every job's process. A failed job stops the wait and raises ``RuntimeError`` naming the job and its log (the
+    other jobs finish first).
     """
     workers = max(1, min(len(jobs), usable_cores() // max(1, threads)))
     for (name, _, _), log in zip(jobs, logs):

@@ -108,7 +108,8 @@ class QuickstartConfig:
         None, "Torch threads for generation-bound work: reward-model evaluation, PPO (rollouts and reward-model "
         "feedback are decoded token by token) and policy evaluation; 0: torch's default. The tiny "
         "presets use 1: their decoding steps are many small kernels, faster on one thread (1.0-1.1 vs 1.2-1.5 s per "
-        "PPO iteration on 2 cores, benchmarks/README.md). SFT, the samples to annotate (a thread count can change a sampled token) and reward-model training keep every thread."
+        "PPO iteration on 2 cores, benchmarks/README.md). SFT, the samples to annotate (a thread count can change a "
+        "sampled token) and reward-model training keep every thread."
     )
     parallel_modes: bool | None = config_field(
         None, "Run the reward modes' PPO at the same time, each in its own process with decode_threads threads (as many "

@@ -189,8 +189,9 @@ class StageClock:
 
     def finish(self) -> None:
         if self.t0 is not None:
-            self.times[self.current], self.peak_rss_mb[self.current] = time.perf_counter() - self.t0, peak_rss_mb()
-            print(f"--- {self.current}: {self.times[self.current]:.1f} s (peak RSS so far {peak_rss_mb():.0f} MB)", flush=True)
+            seconds, peak = time.perf_counter() - self.t0, peak_rss_mb()
+            self.times[self.current], self.peak_rss_mb[self.current] = seconds, peak
+            print(f"--- {self.current}: {seconds:.1f} s (peak RSS so far {peak:.0f} MB)", flush=True)
             self.t0 = None
 
 
