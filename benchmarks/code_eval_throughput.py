@@ -70,7 +70,7 @@ def main() -> int:
     sandbox.isolation(refresh=True)
 
     n = len(problems)
-    print("## Sandboxed code evaluation throughput (issue 6)\n")
+    print("## Sandboxed code evaluation throughput\n")
     print(f"Command: `source env.sh && python benchmarks/code_eval_throughput.py --problems {args.problems} "
           f"--workers {args.workers} --repeats {args.repeats}`\n")
     print(f"Machine: {cpu_name()}, nproc {os.cpu_count()}, Python {platform.python_version()}, "

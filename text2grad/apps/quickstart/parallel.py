@@ -4,7 +4,7 @@ The tiny presets spend their policy-optimization time in autoregressive decoding
 reward model's feedback, 16 sequences at a time), where every step is many small kernels: a second torch thread
 only adds synchronisation (measured on 2 cores: 1.0-1.1 s per PPO iteration on one thread vs 1.2-1.5 s on two).
 So such work runs on one thread, and the reward modes, which do not depend on each other, run at the same time in
-separate processes, one thread each (benchmarks/README.md, issue 18). Training steps over full batches (SFT, the
+separate processes, one thread each (benchmarks/README.md). Training steps over full batches (SFT, the
 reward model) keep every thread.
 """
 

@@ -101,7 +101,7 @@ class QuickstartConfig:
     gae_lambda: float | None = config_field(
         None, "GAE lambda of both modes (policy_optimization --lam). The presets use 0: each token's advantage is its own "
         "reward plus the value step, so a span's reward is not smeared over the tokens before it. Text2Grad with 0 vs "
-        "0.95, same models, 3 seeds: ahead on 3/3 at iteration 20, 2/3 at 30 (benchmarks/README.md, issue 18)."
+        "0.95, same models, 3 seeds: ahead on 3/3 at iteration 20, 2/3 at 30 (benchmarks/README.md)."
     )
     eval_every: int | None = config_field(None, "Evaluate the policy every N PPO iterations (PPO runs in chunks with --resume auto).")
     decode_threads: int | None = config_field(
@@ -146,16 +146,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         n_train=160, n_rl=32, n_eval=16, vocab_size=420, hidden_size=32, num_layers=2, intermediate_size=0, sft_steps=200,
         sft_learning_rate=3e-3, sft_decay_steps=0, n_annotations=96, rm_steps=150, rm_learning_rate=2e-3, ppo_iterations=4,
         ppo_batch_size=8, ppo_learning_rate=3e-4, kl_coef=0.05, gae_lambda=0.0, eval_every=2, use_chat_template=False,
-        decode_threads=1, parallel_modes=True,  # decoding on one thread, the modes side by side (issue 18)
+        decode_threads=1, parallel_modes=True,  # decoding on one thread, the modes side by side
     ),
     "default": dict(
         # SFT: the first 600 steps of a 1200-step decay (policy_sft_steps = sft_steps: the reward model starts from
-        # the PPO policy); 600 reward-model steps in length-grouped batches (issue 18: 1.5x faster than 1200/800)
+        # the PPO policy); 600 reward-model steps in length-grouped batches (1.5x faster than 1200/800)
         n_train=2000, n_rl=256, n_eval=100, vocab_size=800, hidden_size=128, num_layers=2, intermediate_size=0, sft_steps=600,
         policy_sft_steps=600, sft_learning_rate=3e-3, sft_decay_steps=1200, n_annotations=3000, rm_steps=600,
         rm_learning_rate=2e-3, ppo_iterations=30,
         ppo_batch_size=16, ppo_learning_rate=1e-4, kl_coef=0.1, gae_lambda=0.0, eval_every=10, use_chat_template=False,
-        decode_threads=1, parallel_modes=True,  # decoding on one thread, the modes side by side (issue 18)
+        decode_threads=1, parallel_modes=True,  # decoding on one thread, the modes side by side
     ),
     # The pretrained SmolLM2-135M-Instruct for every phase: it already summarizes, so there is no SFT (it is both the
     # PPO start and the reward model's base); LoRA reward model and LoRA policy (PRESET_ARGS), prompted through its
@@ -171,7 +171,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         n_train=4000, n_rl=1024, n_eval=300, vocab_size=1000, hidden_size=192, num_layers=4, intermediate_size=0, sft_steps=2000,
         sft_learning_rate=2e-3, sft_decay_steps=0, n_annotations=3000, rm_steps=1500, rm_learning_rate=1e-3, ppo_iterations=150,
         ppo_batch_size=32, ppo_learning_rate=1e-4, kl_coef=0.1, gae_lambda=0.0, eval_every=25, use_chat_template=False,
-        decode_threads=1, parallel_modes=True,  # decoding on one thread, the modes side by side (issue 18)
+        decode_threads=1, parallel_modes=True,  # decoding on one thread, the modes side by side
     ),
 }
 
