@@ -177,7 +177,7 @@ export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
 export HF_DATASETS_OFFLINE="${HF_DATASETS_OFFLINE:-1}"
 export TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"
 # torch's OpenMP threads sleep instead of spinning while they wait for each other: with any other busy process on a
-# 2-core machine, spinning made CPU training 6x slower (the same SFT steps: 25.5 s vs 4.0 s; benchmarks/README.md,
-# issue 18); on an idle machine the two cost the same.
+# 2-core machine, spinning made CPU training 6x slower (the same SFT steps: 25.5 s vs 4.0 s;
+# benchmarks/README.md); on an idle machine the two cost the same.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 export PATH="$VENV/bin:$PATH"
