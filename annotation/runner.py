@@ -56,7 +56,7 @@ from annotation.llm import (
 )
 from annotation.report import RunReport, earlier_totals, write_report
 from text2grad.core.config import config_to_dict
-from text2grad.core.critics import build_feedback_source
+from text2grad.core.critics import build_critic
 from text2grad.core.data import DataError, iter_jsonl, load_records, record_id
 from text2grad.core.feedback import Feedback
 from text2grad.core.spans import locate_spans
@@ -298,7 +298,7 @@ class _Appender:
 # --------------------------------------------------------------------------------------------------
 
 
-def build_critic(
+def build_record_critic(
     cfg: AnnotationConfig, meter: UsageMeter, records: list[dict[str, Any]] | None = None
 ) -> tuple[RecordCritic, Any, str | None]:
     """The record critic for ``cfg.critic``, the API client to close afterwards (or None), and the secret to mask.
@@ -316,7 +316,7 @@ def build_critic(
     kwargs = dict(cfg.critic_kwargs)
     if cfg.critic == "code_tests":
         kwargs = {"timeout_s": cfg.test_timeout_s, "memory_mb": cfg.test_memory_mb, "tests_field": "tests", **kwargs}
-    critic = build_feedback_source(cfg.critic, kwargs, records)
+    critic = build_critic(cfg.critic, kwargs, records)
     if callable(getattr(critic, "annotate", None)):  # already a record critic (code_tests)
         return critic, None, None  # type: ignore[return-value]
     return FeedbackSourceAdapter(critic), None, None
@@ -360,7 +360,7 @@ def run_annotation(cfg: AnnotationConfig, critic: RecordCritic | None = None) ->
     meter = UsageMeter(cfg.max_requests, cfg.max_cost_usd, cfg.price_per_1k_input, cfg.price_per_1k_output)
     client, secret = None, None
     if critic is None and todo:
-        critic, client, secret = build_critic(cfg, meter, todo)
+        critic, client, secret = build_record_critic(cfg, meter, todo)
     template = getattr(critic, "template", None)
     if todo and template is not None:
         template.messages(todo[0])  # a placeholder the records lack is a configuration error: fail before any request

@@ -22,7 +22,7 @@ _EXPORTS = {
     "NonFiniteError": "policy_optimization.trainer",
     "ValueModel": "policy_optimization.models",
     "compute_score_rewards": "text2grad.core.rewards",
-    "build_feedback_source": "text2grad.core.critics",
+    "build_critic": "text2grad.core.critics",
     "CallableFeedbackSource": "text2grad.core.critics",
     "ReferenceSummaryCritic": "annotation.critics",
 }

@@ -16,7 +16,7 @@ By default the sequence reward is the feedback's own score, ``(#good - #poor quo
 source is asked once per completion (the default reward function and the token advantages share it)::
 
     trainer = Text2GradGRPOTrainer(model, args=GRPOConfig(...), train_dataset=ds, processing_class=tok,
-                                   feedback_source=build_feedback_source("reference", records=records))
+                                   critic=build_critic("reference", records=records))
     trainer.train()
 
 From the command line (`GRPORunConfig`; YAML in configs/<dataset>/grpo.yaml, flags override it)::
@@ -50,7 +50,7 @@ from policy_optimization.scores import build_score_fn
 from policy_optimization.train import build_prompt_records
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, save_config
-from text2grad.core.critics import build_feedback_source
+from text2grad.core.critics import build_critic
 from text2grad.core.data import DataError
 from text2grad.core.modeling import end_distributed, load_causal_lm, load_tokenizer
 from text2grad.core.rewards import compute_score_rewards, span_sequence_score
@@ -70,7 +70,7 @@ class Text2GradGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` whose advantages are (B, T): the group-relative sequence advantage plus span rewards.
 
     Extra keyword arguments (all others go to `GRPOTrainer`):
-        feedback_source: a `FeedbackSource`; it sees the prompt and the decoded completion.
+        critic: a `FeedbackSource`; it sees the prompt and the decoded completion.
         span_coef: weight of the span rewards in the token advantages.
         reward_scheme, boundary, overlap, occurrence: span-to-token rules (as in `PPOConfig`).
     """
@@ -78,7 +78,7 @@ class Text2GradGRPOTrainer(GRPOTrainer):
     def __init__(
         self,
         *args: Any,
-        feedback_source,
+        critic,
         span_coef: float = 1.0,
         reward_scheme: Literal["uniform", "linear_decay"] = "uniform",
         boundary: Literal["any", "majority", "all"] = "any",
@@ -86,9 +86,9 @@ class Text2GradGRPOTrainer(GRPOTrainer):
         occurrence: Literal["all", "first"] = "all",
         **kwargs: Any,
     ) -> None:
-        if not callable(getattr(feedback_source, "feedback", None)):
-            raise TypeError("feedback_source must have a feedback(prompts, responses) method")
-        self.feedback_source = feedback_source
+        if not callable(getattr(critic, "feedback", None)):
+            raise TypeError("critic must have a feedback(prompts, responses) method")
+        self.critic = critic
         self.span_coef = span_coef
         self.span_rules = dict(scheme=reward_scheme, boundary=boundary, overlap=overlap, occurrence=occurrence)
         self._feedback_cache: dict[tuple[str, str], Feedback] = {}
@@ -102,7 +102,7 @@ class Text2GradGRPOTrainer(GRPOTrainer):
         todo = [i for i, key in enumerate(zip(texts, completions)) if key not in self._feedback_cache]
         if todo:
             try:
-                got = list(self.feedback_source.feedback([texts[i] for i in todo], [completions[i] for i in todo]))
+                got = list(self.critic.feedback([texts[i] for i in todo], [completions[i] for i in todo]))
             except Exception as exc:  # a broken source costs zero reward, not the run
                 got = [Feedback.failed(f"feedback source raised {type(exc).__name__}: {exc}")] * len(todo)
             if len(got) != len(todo):
@@ -161,7 +161,7 @@ def _setup(cfg: GRPORunConfig) -> tuple[Any, list[dict[str, Any]], Any, Any, Any
     try:
         tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="left")
         items = build_prompt_records(cfg, tokenizer)
-        source = build_feedback_source(cfg.critic, cfg.critic_kwargs, records=items)
+        source = build_critic(cfg.critic, cfg.critic_kwargs, records=items)
         reward_funcs = None
         if cfg.scalar_source != "quote_count":
             spec = SCALAR_SOURCES.get(cfg.scalar_source) or cfg.scalar_source
@@ -195,7 +195,7 @@ def train_grpo(cfg: GRPORunConfig) -> int:
     )
     trainer = Text2GradGRPOTrainer(
         model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list([{"prompt": it["prompt"]} for it in items]),
-        processing_class=tokenizer, peft_config=peft_config, feedback_source=source, span_coef=cfg.span_coef,
+        processing_class=tokenizer, peft_config=peft_config, critic=source, span_coef=cfg.span_coef,
         reward_scheme=cfg.reward_scheme, boundary=cfg.boundary, overlap=cfg.overlap, occurrence=cfg.occurrence,
     )
     try:

@@ -29,7 +29,7 @@ from policy_optimization.checkpoints import open_ppo_run
 from policy_optimization.trainer import FeedbackFailureError, NLGradientPPOTrainer, NonFiniteError
 from text2grad.core.cli import EXIT_NONFINITE, EXIT_OK, RunFailed, print_error, run_cli
 from text2grad.core.config import ConfigError
-from text2grad.core.critics import build_feedback_source
+from text2grad.core.critics import build_critic
 from text2grad.core.data import DataError, load_records, record_id, render_template
 from text2grad.core.generation import apply_chat_template
 from text2grad.core.modeling import check_model_path, end_distributed, load_causal_lm, load_tokenizer
@@ -113,7 +113,7 @@ def build_trainer(cfg: PPOConfig) -> NLGradientPPOTrainer:
             if cfg.critic == "none":  # scalar baseline: the score function is the whole reward
                 source = NoFeedback()
             else:
-                source = build_feedback_source(cfg.critic, cfg.critic_kwargs, records=seen_by_source)
+                source = build_critic(cfg.critic, cfg.critic_kwargs, records=seen_by_source)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{exc} (check --critic and --critic_kwargs)") from None
         score_fn = None
@@ -157,7 +157,7 @@ def train_policy(cfg: PPOConfig) -> int:
     except FeedbackFailureError as exc:
         raise RunFailed(f"stopped: {exc}") from None
     finally:
-        close = getattr(trainer.feedback_source, "close", None)
+        close = getattr(trainer.critic, "close", None)
         if callable(close):
             close()
     if trainer.accelerator.is_main_process and metrics:

@@ -107,7 +107,7 @@ class NLGradientPPOTrainer:
         value_model: a `ValueModel` (separate backbone + scalar head), or None for ``value_model: shared_backbone``
             (the trainer puts a `ValueHead` on the policy's last hidden state). With ``value_model: auto`` a given
             ValueModel is trained (separate) and None means shared_backbone.
-        feedback_source: anything with ``feedback(prompts, responses) -> list[Feedback]``.
+        critic: anything with ``feedback(prompts, responses) -> list[Feedback]``.
         train_dataset: records with ``"prompt"`` (the policy prompt, template already applied) and optionally
             ``"feedback_prompt"`` (what the feedback source sees; default: ``"prompt"``).
         score_fn: task score ``fn(prompts, responses) -> list[float]`` for the scalar/dense/mixed modes'
@@ -122,7 +122,7 @@ class NLGradientPPOTrainer:
         policy: torch.nn.Module,
         ref_policy: torch.nn.Module | None,
         value_model: ValueModel | None,
-        feedback_source,
+        critic,
         train_dataset: Sequence[Mapping[str, Any]],
         *,
         score_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]] | None = None,
@@ -130,13 +130,13 @@ class NLGradientPPOTrainer:
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
-        self.feedback_source = feedback_source
+        self.critic = critic
         self.score_fn = score_fn
         self.base_model_path = base_model_path or config.model_name_or_path or None
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the EOS token)")
-        if not callable(getattr(feedback_source, "feedback", None)):
-            raise TypeError("feedback_source must have a feedback(prompts, responses) method")
+        if not callable(getattr(critic, "feedback", None)):
+            raise TypeError("critic must have a feedback(prompts, responses) method")
         self.dataset = [dict(r) for r in train_dataset]
         if not self.dataset:
             raise ValueError("train_dataset is empty")
@@ -270,7 +270,7 @@ class NLGradientPPOTrainer:
         t_generated = time.perf_counter()
 
         # 3. feedback (and the optional task score)
-        feedbacks, n_source_errors = collect_feedback(self.feedback_source, feedback_prompts, responses)
+        feedbacks, n_source_errors = collect_feedback(self.critic, feedback_prompts, responses)
         scores, n_score_errors = collect_scores(self.score_fn, cfg.reward_mode, feedback_prompts, responses)
         self._check_feedback_errors(feedback_errors(feedbacks, responses), n_score_errors, len(responses))
         t_feedback = time.perf_counter()

@@ -111,7 +111,7 @@ def test_code_inside_a_markdown_fence_is_extracted_and_quoted_exactly(critic):
     _exact(fb, response)
 
 
-def test_code_critic_as_a_feedback_source(critic):
+def test_code_critic_built_from_the_critic_registry(critic):
     source = CodeTestCritic({"Q-add": TESTS}, timeout_s=4.0, max_workers=2)
     out = source.feedback(["Q-add", "Q-add", "unknown"], [GOOD, GOOD.replace("a + b", "a * b"), GOOD])
     assert len(out) == 3
@@ -156,7 +156,7 @@ class ShoutCritic:
         return out
 
 
-def test_cli_with_a_custom_feedback_source_class(tmp_path):
+def test_cli_with_a_custom_critic_class(tmp_path):
     write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "p", "response": "Hello THERE friend"},
                                         {"id": "b", "prompt": "p", "response": ""}])
     rc = main(["--critic", f"{__name__}:ShoutCritic", "--critic_kwargs", '{"marker": "?"}',

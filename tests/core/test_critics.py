@@ -16,7 +16,7 @@ from text2grad.core.critics import (
     CRITICS,
     CallableFeedbackSource,
     FeedbackSource,
-    build_feedback_source,
+    build_critic,
     extract_code,
     feedback_per_pair,
     load_object,
@@ -61,7 +61,7 @@ def test_a_missing_dependency_of_a_critic_module_stays_an_import_error(monkeypat
     monkeypatch.setitem(sys.modules, "openai", None)
     monkeypatch.delitem(sys.modules, "annotation.llm", raising=False)
     with pytest.raises(ImportError) as caught:
-        build_feedback_source("llm")
+        build_critic("llm")
     assert caught.value.name == "openai"
 
 
@@ -110,34 +110,34 @@ def test_every_registered_name_resolves_to_the_critic_that_implements_it():
 
 def test_registry_builds_critics_by_name_and_by_spec():
     records = [{"prompt": "p1", "reference": "A cat.", "test": "def test_x(): pass"}]
-    source = build_feedback_source("reference", {"min_ngram": 1}, records=records)
+    source = build_critic("reference", {"min_ngram": 1}, records=records)
     assert isinstance(source, ReferenceSummaryCritic) and source.reference_for("p1") == "A cat."
-    custom = build_feedback_source(f"{__name__}:Marker", {"word": "dog"}, records=records)
+    custom = build_critic(f"{__name__}:Marker", {"word": "dog"}, records=records)
     assert custom.word == "dog" and custom.bound == records
-    wrapped = build_feedback_source(f"{__name__}:scorer_feedback")
+    wrapped = build_critic(f"{__name__}:scorer_feedback")
     assert isinstance(wrapped, CallableFeedbackSource)
     assert wrapped.feedback(["p"], ["abcdef"])[0].good_spans == ("abc",)
     with pytest.raises(ValueError, match="unknown critic 'gpt5'"):
-        build_feedback_source("gpt5")
+        build_critic("gpt5")
     with pytest.raises(ValueError, match="has no attribute"):
-        build_feedback_source(f"{__name__}:Missing")
+        build_critic(f"{__name__}:Missing")
     with pytest.raises(ValueError, match="cannot import module"):
-        build_feedback_source("no_such_package.mod:Thing")
+        build_critic("no_such_package.mod:Thing")
     with pytest.raises(ValueError, match="needs the kwarg path"):
-        build_feedback_source("reward_model", {})
+        build_critic("reward_model", {})
     with pytest.raises(ValueError, match="cannot build critic 'reference'"):
-        build_feedback_source("reference", {"no_such_option": 1})
+        build_critic("reference", {"no_such_option": 1})
     with pytest.raises(ValueError, match="only apply to classes"):
-        build_feedback_source(f"{__name__}:scorer_feedback", {"x": 1})
+        build_critic(f"{__name__}:scorer_feedback", {"x": 1})
     with pytest.raises(TypeError, match="not a FeedbackSource"):
-        build_feedback_source(f"{__name__}:NotACritic")
+        build_critic(f"{__name__}:NotACritic")
 
 
 def test_code_tests_critic_reads_tests_from_records():
     records = [
         {"prompt": "Write add(a, b).", "test": "from solution import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"},
     ]
-    source = build_feedback_source("code_tests", {"timeout_s": 20}, records=records)
+    source = build_critic("code_tests", {"timeout_s": 20}, records=records)
     good, bad = source.feedback(
         ["Write add(a, b).", "Write add(a, b)."],
         ["def add(a, b):\n    return a + b\n", "def add(a, b):\n    return a - b\n"],
@@ -146,7 +146,7 @@ def test_code_tests_critic_reads_tests_from_records():
     assert good.good_spans and not good.poor_spans
     assert bad.poor_spans and any("a - b" in s for s in bad.poor_spans)
     with pytest.raises(ValueError, match="no 'tests' field"):
-        build_feedback_source("code_tests", {"tests_field": "tests"}, records=records)
+        build_critic("code_tests", {"tests_field": "tests"}, records=records)
 
 
 # The behaviours both callers rely on: the unit-test critic (an exact substring of the response, so quoted
@@ -175,7 +175,7 @@ def test_extract_code(response, code):
 
 def test_one_extract_code_and_one_loader_in_the_repository():
     """No second definition of the shared helpers anywhere outside the core (the twins issue 12 removed)."""
-    shared = {"extract_code", "load_object", "import_object", "load_critic_class", "build_feedback_source"}
+    shared = {"extract_code", "load_object", "import_object", "load_critic_class", "build_critic"}
     twins = []
     for pkg in ("text2grad", "annotation", "reward_model", "policy_optimization"):
         for path in (REPO / pkg).rglob("*.py"):

@@ -45,7 +45,7 @@ def test_grpo_trains_with_token_level_advantages(bpe_tokenizer, tmp_path):
     )
     trainer = Recording(
         model=model, args=args, train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]),
-        processing_class=bpe_tokenizer, feedback_source=CallableFeedbackSource(first_word), span_coef=0.5,
+        processing_class=bpe_tokenizer, critic=CallableFeedbackSource(first_word), span_coef=0.5,
     )
     trainer.train()
     assert len(seen) == 2

@@ -85,7 +85,7 @@ def test_output_dir_that_is_a_file_or_an_earlier_run_is_refused_before_models_lo
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint-3"]  # no stray base_merged etc.
 
 
-def test_a_feedback_source_that_fails_stops_the_run_with_exit_1(tmp_path, model_dir, capsys):
+def test_a_critic_that_fails_stops_the_run_with_exit_1(tmp_path, model_dir, capsys):
     rc = train.main(_args(tmp_path, model_dir, "--critic", f"{__name__}:Unreachable"))
     err = capsys.readouterr().err
     assert rc == 1

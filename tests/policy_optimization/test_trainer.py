@@ -22,7 +22,7 @@ from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.models import ValueModel
 from reward_model.inference import GenerativeRewardModel
 import policy_optimization.trainer as trainer_module
-from text2grad.core.critics import CallableFeedbackSource, build_feedback_source
+from text2grad.core.critics import CallableFeedbackSource, build_critic
 from policy_optimization.trainer import (
     FeedbackFailureError,
     NLGradientPPOTrainer,
@@ -107,7 +107,7 @@ def test_failures_are_counted_and_training_goes_on(make_trainer):
         def feedback(self, prompts, responses):
             return [Feedback()]
 
-    trainer.feedback_source = WrongLength()
+    trainer.critic = WrongLength()
     with pytest.raises(TypeError, match="one per pair"):
         trainer.step()
 
@@ -354,14 +354,14 @@ def test_report_to_without_the_package_fails_early_and_clearly(make_trainer, mon
         make_trainer(CallableFeedbackSource(first_and_last_words), report_to="wandb")
 
 
-def test_generative_reward_model_as_the_feedback_source(make_trainer, bpe_tokenizer, tmp_path):
+def test_generative_reward_model_as_the_critic(make_trainer, bpe_tokenizer, tmp_path):
     """The real reward-model class behind the registry name; an untrained model writes no parseable JSON, so
     every sample is a counted feedback error with zero reward: by default the iteration stops before the update,
     with max_feedback_error_rate 1.0 training goes on."""
     rm_dir = tmp_path / "rm"
     build_tiny_llama(bpe_tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=3).save_pretrained(rm_dir)
     bpe_tokenizer.save_pretrained(rm_dir)
-    source = build_feedback_source("reward_model", {"path": str(rm_dir), "max_new_tokens": 6, "device": "cpu"})
+    source = build_critic("reward_model", {"path": str(rm_dir), "max_new_tokens": 6, "device": "cpu"})
     assert isinstance(source, GenerativeRewardModel)
     trainer = make_trainer(source, num_iterations=1)
     with pytest.raises(FeedbackFailureError, match=r"4 of 4 samples \(100%\), above max_feedback_error_rate=0.2; first cause: "):

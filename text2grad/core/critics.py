@@ -27,7 +27,7 @@ documented place where the repository imports a module by name at run time; it i
 critic's heavy dependencies (torch models, an HTTP client, the sandbox) stay unloaded.
 
 A critic that needs per-prompt data (unit tests, references) defines ``bind_records(records)``;
-`build_feedback_source` calls it with the records the critic will be asked about, each record's
+`build_critic` calls it with the records the critic will be asked about, each record's
 ``"prompt"`` being the exact string later passed to ``feedback``.
 """
 
@@ -43,7 +43,7 @@ __all__ = [
     "CRITICS",
     "CallableFeedbackSource",
     "FeedbackSource",
-    "build_feedback_source",
+    "build_critic",
     "extract_code",
     "feedback_per_pair",
     "load_object",
@@ -136,7 +136,7 @@ def feedback_per_pair(
     return out
 
 
-def build_feedback_source(
+def build_critic(
     name_or_spec: str,
     kwargs: Mapping[str, Any] | None = None,
     records: Sequence[Mapping[str, Any]] | None = None,

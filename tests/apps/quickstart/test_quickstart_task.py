@@ -126,7 +126,7 @@ def test_wrong_problem_phrase_is_a_false_fact():
     assert check.wrong == {"problem": [PROBLEM_PHRASES["dog"]]} and "problem" in check.missing
 
 
-def test_fact_critic_is_a_feedback_source_and_reads_task_files(tmp_path):
+def test_fact_critic_implements_the_protocol_and_reads_task_files(tmp_path):
     paths = write_task(SMALL, tmp_path)
     critic = FactCritic(data_path=[str(paths["rl"]), str(paths["eval"])])
     assert isinstance(critic, FeedbackSource)

@@ -28,7 +28,7 @@ from text2grad.apps.evaluation.compare_feedback_config import CompareConfig
 from text2grad.apps.evaluation.judge import JudgeConfig, PairwiseItem, judge_pairwise, load_prompt, win_rate_summary
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError
-from text2grad.core.critics import build_feedback_source
+from text2grad.core.critics import build_critic
 from text2grad.core.data import load_records
 from text2grad.core.feedback import Feedback
 from text2grad.core.modeling import load_tokenizer
@@ -87,7 +87,7 @@ def run_compare(cfg: CompareConfig) -> int:
         tokenizer = load_tokenizer(cfg.tokenizer)
         for name, critic_name, kwargs in (("candidate", cfg.candidate_critic, cfg.candidate_critic_kwargs),
                                           ("baseline", cfg.baseline_critic, cfg.baseline_critic_kwargs)):
-            critic = build_feedback_source(critic_name, kwargs, records=records)
+            critic = build_critic(critic_name, kwargs, records=records)
             feedback[name] = list(critic.feedback(prompts, responses))
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from None
