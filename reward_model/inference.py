@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -38,6 +37,7 @@ from reward_model.train_config import CONFIG_FILENAME
 from text2grad.core.feedback import Feedback
 from text2grad.core.generation import generate
 from text2grad.core.modeling import load_causal_lm, load_tokenizer, resolve_dtype
+from text2grad.core.placement import resolve_device
 
 __all__ = ["GenerativeRewardModel", "RewardModelStats", "json_complete", "cut_at_json", "CONFIG_FILENAME"]
 
@@ -171,6 +171,13 @@ class GenerativeRewardModel:
         if model is not None:
             model.eval()
 
+    @property
+    def device(self) -> torch.device | None:
+        """Where the "hf" backend's model sits (None for vLLM, which places its own engine)."""
+        if self.model is None:
+            return None
+        return next(self.model.parameters()).device
+
     # ----------------------------------------------------------------------------------------------
     # Loading
     # ----------------------------------------------------------------------------------------------
@@ -198,7 +205,8 @@ class GenerativeRewardModel:
             adapter: a LoRA adapter directory to put on ``path_or_hub_id``.
             merge_adapter: fold the adapter into the weights (same outputs, faster generation).
             dtype: "auto", "bf16", "fp16" or "fp32".
-            device: defaults to CUDA when available, else CPU.
+            device: default: this process's own device (`text2grad.core.placement.resolve_device`:
+                ``cuda:<LOCAL_RANK>`` under a launcher, ``cuda:0`` alone, cpu without CUDA).
             backend: "hf" (transformers) or "vllm".
             tokenizer_name_or_path: defaults to the adapter/model directory when it has tokenizer files.
             vllm_kwargs: extra arguments for ``vllm.LLM`` (e.g. gpu_memory_utilization).
@@ -231,8 +239,7 @@ class GenerativeRewardModel:
             return cls(None, tokenizer, backend="vllm", engine=engine, **options)
 
         model = load_causal_lm(path_or_hub_id, adapter=adapter, dtype=dtype, merge_adapter=merge_adapter)
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        return cls(model.to(device), tokenizer, **options)
+        return cls(model.to(resolve_device(device)), tokenizer, **options)
 
     @classmethod
     def from_critic_kwargs(
@@ -241,15 +248,13 @@ class GenerativeRewardModel:
         """The reward model as a critic (registry name ``reward_model`` in `text2grad.core.critics`).
 
         ``path`` (or ``model_name_or_path``) is the trained reward model; the other kwargs go to
-        `from_pretrained`. Under a distributed launcher (``LOCAL_RANK`` set) each process puts its reward
-        model on its own GPU unless ``device`` is given.
+        `from_pretrained`. Under a distributed launcher each process loads its own copy of the reward model
+        onto its own GPU (``cuda:<LOCAL_RANK>``, `text2grad.core.placement`) unless ``device`` is given.
         """
         path = path or model_name_or_path
         if not path:
             raise ValueError("critic 'reward_model' needs the kwarg path (the trained reward model directory), "
                              "e.g. critic_kwargs: {path: outputs/slf5k/reward_model}")
-        if "device" not in kwargs and "LOCAL_RANK" in os.environ and torch.cuda.is_available():
-            kwargs["device"] = f"cuda:{int(os.environ['LOCAL_RANK'])}"
         return cls.from_pretrained(path, **kwargs)
 
     # ----------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, load_config, save_config
 from text2grad.core.data import DataError, load_records
 from text2grad.core.modeling import end_distributed, load_tokenizer, resolve_dtype
+from text2grad.core.placement import resolve_device
 from text2grad.core.run_dir import MetricsJsonl
 
 __all__ = [
@@ -128,7 +129,8 @@ class ScalarRewardScorer:
 
     Args:
         path: the ``output_dir`` of `train` (LoRA adapter or full weights, tokenizer, config).
-        device: torch device (default: cuda if available, else cpu).
+        device: torch device (default: this process's own device, `text2grad.core.placement.resolve_device`:
+            ``cuda:<LOCAL_RANK>`` under a launcher, so every rank scores on its own GPU; cpu without CUDA).
         batch_size: sequences per forward pass.
         model: an already built model (tests); ``tokenizer`` and ``config`` must come with it.
     """
@@ -149,7 +151,7 @@ class ScalarRewardScorer:
             model, tokenizer, config = _load_trained(path)
         if tokenizer is None or config is None:
             raise ValueError("pass tokenizer and config together with model")
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer, self.config, self.batch_size = tokenizer, config, batch_size
 

@@ -15,6 +15,14 @@ from text2grad.core.ppo_math import (
 
     explained_variance,
 
+    explained_variance_from_moments,
+
+    masked_moments,
+
+    variance_from_moments,
+
+    whiten_with_moments,
+
     gae,
 
     kl_penalty,
@@ -244,3 +252,30 @@ def test_value_loss_is_half_mse_when_values_did_not_move(batch, cliprange):
     loss, stats = value_loss(values, values.clone(), returns, mask, cliprange)
     assert loss.item() == pytest.approx(0.5 * masked_mean((values - returns) ** 2, mask).item(), rel=1e-5, abs=1e-5)
     assert stats["vf_clipfrac"].item() == 0
+
+
+def test_whitening_over_a_batch_split_across_two_processes():
+    """Global whitening: each process's (count, sum, sum of squares) are added (the all-reduce) and every
+    process whitens with the global mean and variance. Hand-computed: the real entries are {1, 2, 3, 4, 6},
+    mean 16/5 = 3.2, Bessel-corrected variance (4.84 + 1.44 + 0.04 + 0.64 + 7.84) / 4 = 3.7."""
+    x1, m1 = torch.tensor([[1.0, 2.0], [3.0, 9.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])  # 9 is padding
+    x2, m2 = torch.tensor([[4.0, 6.0]]), torch.tensor([[1.0, 1.0]])
+    assert masked_moments(x1, m1).tolist() == [3.0, 6.0, 14.0]
+    total = masked_moments(x1, m1) + masked_moments(x2, m2)
+    assert total.tolist() == [5.0, 16.0, 66.0]
+    assert float(variance_from_moments(total)) == pytest.approx(3.7)
+    sd = 3.7 ** 0.5
+    w1, w2 = whiten_with_moments(x1, m1, total), whiten_with_moments(x2, m2, total)
+    assert w1.flatten().tolist() == pytest.approx([(1 - 3.2) / sd, (2 - 3.2) / sd, (3 - 3.2) / sd, 0.0], abs=1e-6)
+    assert w2.flatten().tolist() == pytest.approx([(4 - 3.2) / sd, (6 - 3.2) / sd], abs=1e-6)
+    kept = whiten_with_moments(x2, m2, total, shift_mean=False)  # the reward whitening keeps the mean
+    assert kept.flatten().tolist() == pytest.approx([(4 - 3.2) / sd + 3.2, (6 - 3.2) / sd + 3.2], abs=1e-6)
+    # Per process (each with its own moments) the same entries come out differently: process 2 alone has mean 5.
+    alone = whiten_with_moments(x2, m2, masked_moments(x2, m2))
+    assert alone.flatten().tolist() == pytest.approx([-(2 ** 0.5) / 2, (2 ** 0.5) / 2], abs=1e-6)
+    # One process holding everything: the moments path equals masked_whiten and explained_variance.
+    x, m = torch.cat([x1, x2]), torch.cat([m1, m2])
+    assert whiten_with_moments(x, m, masked_moments(x, m)).flatten().tolist() == pytest.approx(masked_whiten(x, m).flatten().tolist(), abs=1e-6)
+    values = torch.tensor([[1.5, 2.0], [2.0, 0.0], [4.0, 5.0]])
+    ev = explained_variance_from_moments(masked_moments(x, m), masked_moments(x - values, m))
+    assert ev == pytest.approx(float(explained_variance(values, x, m)), abs=1e-6)

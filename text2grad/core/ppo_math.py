@@ -1,8 +1,8 @@
 """The PPO math: small pure functions over tensors.
 
 Shapes: ``B`` batch, ``T`` response tokens (right-padded), ``V`` vocabulary. ``mask`` is 1.0 on real response
-tokens and 0.0 on padding. Every function is unit-tested against hand-computed values in
-tests/core/test_ppo_math.py.
+tokens and 0.0 on padding. Every function is unit-tested in
+tests/core/test_rewards.py (hand-computed cases and property tests).
 
 How the pieces fit in one PPO iteration (Text2Grad, paper Sec. 3.5)::
 
@@ -24,6 +24,10 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "masked_moments",
+    "variance_from_moments",
+    "whiten_with_moments",
+    "explained_variance_from_moments",
     "logprobs_from_logits",
     "entropy_from_logits",
     "kl_penalty",
@@ -64,6 +68,46 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, 
     if not shift_mean:
         whitened = whitened + mean
     return whitened * mask
+
+
+def masked_moments(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(count, sum, sum of squares) of the masked entries of ``x``, a float64 tensor of shape (3,).
+
+    Moments add up: summed over processes (an all-reduce) they describe the global batch, which is how
+    `whiten_with_moments` and `explained_variance_from_moments` work across processes.
+    """
+    x64, m64 = x.detach().double(), mask.double()
+    return torch.stack([m64.sum(), (x64 * m64).sum(), (x64 * x64 * m64).sum()])
+
+
+def variance_from_moments(moments: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """The variance (Bessel-corrected by default) of the entries that `masked_moments` summarised; 0 if empty."""
+    count, total, squares = moments[0], moments[1], moments[2]
+    mean = total / count.clamp(min=1.0)
+    var = (squares / count.clamp(min=1.0) - mean * mean).clamp(min=0.0)
+    if unbiased:
+        var = var * count / (count - 1).clamp(min=1.0)
+    return var
+
+
+def whiten_with_moments(
+    x: torch.Tensor, mask: torch.Tensor, moments: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """`masked_whiten` with the mean and variance of ``moments`` (`masked_moments`, possibly summed over
+    processes) instead of those of ``x`` alone; padding stays 0. ``x``, ``mask``: (B, T); moments: (3,)."""
+    mean = (moments[1] / moments[0].clamp(min=1.0)).to(x.dtype)
+    var = variance_from_moments(moments).to(x.dtype)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened * mask
+
+
+def explained_variance_from_moments(returns_moments: torch.Tensor, residual_moments: torch.Tensor) -> float:
+    """1 - Var[R - V] / Var[R] from the moments of the returns and of the residuals R - V (`masked_moments`,
+    possibly summed over processes): `explained_variance` over a batch split across processes."""
+    var_returns = variance_from_moments(returns_moments)
+    return float(1.0 - variance_from_moments(residual_moments) / var_returns.clamp(min=1e-8))
 
 
 # --------------------------------------------------------------------------------------------------
