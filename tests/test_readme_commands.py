@@ -25,6 +25,7 @@ READMES = [
     "policy_optimization/README.md",
     "text2grad/apps/evaluation/README.md",
     "text2grad/apps/evaluation/README_code.md",
+    "text2grad/apps/prepare_data/README.md",
     "text2grad/apps/quickstart/README.md",
 ]
 # `python -m X`, and launchers that take a module: `deepspeed ... --module X`, `accelerate launch ... -m X`, `torchrun -m X`
