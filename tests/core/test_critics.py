@@ -174,7 +174,7 @@ def test_extract_code(response, code):
 
 
 def test_one_extract_code_and_one_loader_in_the_repository():
-    """No second definition of the shared helpers anywhere outside the core (the twins issue 12 removed)."""
+    """No second definition of the shared helpers anywhere outside the core (copies of them once drifted apart)."""
     shared = {"extract_code", "load_object", "import_object", "load_critic_class", "build_critic"}
     twins = []
     for pkg in ("text2grad", "annotation", "reward_model", "policy_optimization"):
