@@ -171,5 +171,5 @@ def check_columns(data: SplitData, required: Sequence[str]) -> None:
     if missing:
         raise SchemaError(
             f"{data.dataset} split {data.split!r} ({data.origin}) lacks column(s) {missing}; it has columns "
-            f"{sorted(data.columns)}. (The native layouts are listed in the README section on data preparation.)"
+            f"{sorted(data.columns)}. (The native layouts: text2grad/apps/prepare_data/README.md.)"
         )
