@@ -33,6 +33,7 @@ from text2grad.apps.evaluation.code.code_eval_config import CodeEvalConfig
 from text2grad.apps.evaluation.compare_feedback_config import CompareConfig
 from text2grad.apps.evaluation.qa_config import QAEvalConfig
 from text2grad.apps.evaluation.summarization_config import SummarizationEvalConfig
+from text2grad.apps.feedback_ui.feedback_ui_config import FeedbackUIConfig
 from text2grad.apps.prepare_data.prepare_data_config import PrepareDataConfig
 from text2grad.apps.quickstart.quickstart_config import QuickstartConfig
 import text2grad.core.config as config_module
@@ -48,7 +49,7 @@ CONFIGS = {
     "train-rm": RewardModelConfig, "eval-rm": EvalConfig, "merge-rm": MergeConfig, "train-scalar-rm": ScalarRMConfig,
     "sft": SFTRunConfig, "train-policy": PPOConfig, "train-grpo": GRPORunConfig, "dpo": DPORunConfig,
     "code-pairs": CodePairsConfig, "eval-summarization": SummarizationEvalConfig, "eval-code": CodeEvalConfig,
-    "eval-qa": QAEvalConfig, "compare-feedback": CompareConfig,
+    "eval-qa": QAEvalConfig, "compare-feedback": CompareConfig, "feedback-ui": FeedbackUIConfig,
 }
 # Module CLIs that are not subcommands of `text2grad` (or are, under another name).
 MODULES = ["text2grad.annotate", "text2grad.apps.tiny", "annotation.cli", "policy_optimization.train", "reward_model.train"]
@@ -191,6 +192,11 @@ def test_renamed_keys_fail_naming_the_new_key_on_the_command_line(capsys):
     assert rc == 2 and "error: feedback_source_kwargs was renamed to critic_kwargs" in err
     rc, _, err = _run(["train-rm", "--disable_tqdm", "true"], capsys)
     assert rc == 2 and "disable_tqdm was renamed to progress_bar (with the opposite value" in err
+
+
+def test_a_renamed_value_fails_naming_the_new_value(capsys):
+    rc, _, err = _run(["train-policy", "--scalar_source", "spans"], capsys)
+    assert rc == 2 and "scalar_source 'spans' was renamed to quote_count" in err and "--scalar_source quote_count" in err
 
 
 def test_renamed_keys_fail_naming_the_new_key_in_a_yaml_file(tmp_path, capsys):

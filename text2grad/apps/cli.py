@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "quickstart": ("text2grad.apps.quickstart", "Run all three phases offline on a generated toy task (the embedded default)."),
     "prepare-data": ("text2grad.apps.prepare_data", "Phase 0: the paper's datasets (hub id or local copy) -> the files each phase reads."),
     "annotate": ("annotation.cli", "Phase 1: annotate (prompt, response) records with critiques and good/poor spans."),
+    "feedback-ui": ("text2grad.apps.feedback_ui", "Phase 1 by hand: a local web page where people critique responses and mark spans."),
     "train-rm": ("reward_model.train", "Phase 2: train the generative reward model (LoRA or full)."),
     "eval-rm": ("reward_model.evaluate", "Phase 2: evaluate a reward model on held-out annotations."),
     "merge-rm": ("reward_model.merge", "Phase 2: merge a LoRA reward model into its base model."),

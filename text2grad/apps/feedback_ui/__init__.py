@@ -1,0 +1,175 @@
+"""``text2grad feedback-ui`` / ``python -m text2grad.apps.feedback_ui``: people write critiques and mark good/poor
+spans on a local web page; every submission is an annotation record the reward model trains on.
+
+    text2grad feedback-ui --dataset_path samples.jsonl --output human_feedback.jsonl      # serve the page
+    text2grad feedback-ui --output human_feedback.jsonl --agreement true                  # annotator agreement
+    text2grad feedback-ui --dataset_path samples.jsonl --label_studio_dir ls/             # Label Studio config + tasks
+    text2grad feedback-ui --import_label_studio export.json --output human_feedback.jsonl # Label Studio export in
+
+Records have the annotate command's layout (``id, prompt, response, critique, good_spans, poor_spans,
+unmatched_spans, source, meta``) with ``source: "human"``, ``annotator``, ``started_at``, ``submitted_at`` and the
+exact ``span_offsets``; see the package README for the page, the guarantees and the multi-person set-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from tqdm.auto import tqdm
+
+from annotation.annotation_config import AnnotationConfig
+from annotation.runner import _Appender, load_inputs, repair_torn_tail
+from text2grad.apps.feedback_ui.agreement import agreement_summary, format_agreement
+from text2grad.apps.feedback_ui.feedback_ui_config import TOKEN_ENV, FeedbackUIConfig, is_loopback
+from text2grad.apps.feedback_ui.label_studio import ImportReport, records_from_export, write_label_studio_files
+from text2grad.apps.feedback_ui.server import bind_socket, create_app, serve
+from text2grad.apps.feedback_ui.store import (
+    FeedbackStore,
+    FeedbackUIError,
+    acquire_output_lock,
+    check_output_paths,
+    record_annotator,
+)
+from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.config import ConfigError
+from text2grad.core.data import DataError, iter_jsonl
+
+__all__ = ["FeedbackUIConfig", "load_items", "build_server", "run", "main"]
+
+
+def load_items(cfg: FeedbackUIConfig) -> list[dict[str, Any]]:
+    """The input records as the annotate command reads them (field mapping, chat messages to text, unique ids)."""
+    if not cfg.dataset_path:
+        raise ConfigError("--dataset_path is required: the (prompt, response) records to annotate")
+    items = load_inputs(AnnotationConfig(
+        dataset_path=cfg.dataset_path, dataset_split=cfg.dataset_split, dataset=cfg.dataset,
+        field_map=cfg.field_map, limit=cfg.limit, critic="llm",
+    ))
+    if not items:
+        raise DataError(f"{cfg.dataset_path} holds no records: nothing to annotate")
+    return items
+
+
+def resolve_token(cfg: FeedbackUIConfig) -> str | None:
+    """The access token: --access_token, else $TEXT2GRAD_FEEDBACK_UI_TOKEN, else a random one off loopback."""
+    token = cfg.access_token or os.environ.get(TOKEN_ENV) or None
+    if token is None and not is_loopback(cfg.host):
+        token = secrets.token_urlsafe(24)
+    if token is not None and len(token) < 16:
+        raise ConfigError(f"${TOKEN_ENV} must be at least 16 characters")
+    return token
+
+
+def build_server(cfg: FeedbackUIConfig) -> tuple[Any, FeedbackStore, socket.socket, str | None]:
+    """Everything `run` serves: the app, its store, a bound socket and the token (checked before listening)."""
+    try:
+        check_output_paths(cfg.dataset_path, cfg.output, cfg.skipped_path)
+    except FeedbackUIError as exc:
+        raise ConfigError(str(exc)) from None
+    items = load_items(cfg)
+    token = resolve_token(cfg)
+    try:
+        sock = bind_socket(cfg.host, cfg.port)
+        try:
+            store = FeedbackStore(items, Path(cfg.output), cfg.skipped_path, cfg.annotations_per_item,
+                                  cfg.lease_minutes * 60, cfg.require_critique)
+        except BaseException:
+            sock.close()
+            raise
+    except FeedbackUIError as exc:
+        raise ConfigError(str(exc)) from None
+    app = create_app(store, token, cfg.annotator, loopback_only=is_loopback(cfg.host))
+    return app, store, sock, token
+
+
+def _address(cfg: FeedbackUIConfig, sock: socket.socket, token: str | None) -> str:
+    port = sock.getsockname()[1]
+    host = cfg.host if cfg.host not in ("0.0.0.0", "::", "[::]") else socket.gethostname()
+    host = f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host
+    query = f"?token={token}" if token else ""
+    return f"http://{host}:{port}/{query}"
+
+
+def _serve(cfg: FeedbackUIConfig) -> int:
+    app, store, sock, token = build_server(cfg)
+    try:
+        progress = store.progress(cfg.annotator) if cfg.annotator else None
+        done = f"; {progress['yours']} done by {cfg.annotator}" if progress else ""
+        print(f"feedback-ui: {len(store.items)} items from {cfg.dataset_path}{done}; records go to {cfg.output}",
+              file=sys.stderr)
+        print(f"feedback-ui: open {_address(cfg, sock, token)} in a browser (Ctrl-C stops; nothing submitted is lost)",
+              file=sys.stderr, flush=True)
+        serve(app, sock)
+    finally:
+        store.close()
+        sock.close()
+    return EXIT_OK
+
+
+def _label_studio_files(cfg: FeedbackUIConfig) -> int:
+    items = load_items(cfg)
+    config, tasks = write_label_studio_files(items, Path(cfg.label_studio_dir or "."))
+    print(f"wrote {config} (the labelling config: paste it into the project's Settings > Labeling Interface > Code)")
+    print(f"wrote {tasks} ({len(items)} tasks to import into that project)")
+    print(f"after annotating, export the project as JSON and run: text2grad feedback-ui --import_label_studio "
+          f"<export.json> --output <records.jsonl>")
+    return EXIT_OK
+
+
+def _import_label_studio(cfg: FeedbackUIConfig) -> int:
+    if not cfg.output:
+        raise ConfigError("--output is required: the records file the export's annotations are appended to")
+    output, export = Path(cfg.output), Path(cfg.import_label_studio or "")
+    if output.is_dir():
+        raise ConfigError(f"--output {output} is a directory; name a file, e.g. {output / 'human_feedback.jsonl'}")
+    if output.resolve() == export.resolve():
+        raise ConfigError(f"--output {output} is the export itself; choose another file")
+    try:
+        lock = acquire_output_lock(output)
+    except FeedbackUIError as exc:
+        raise ConfigError(str(exc)) from None
+    report = ImportReport()
+    try:
+        repair_torn_tail(output)
+        done = {(str(r["id"]), record_annotator(r)) for r in iter_jsonl(output) if "id" in r} if output.is_file() else set()
+        writer = _Appender(output)  # one complete line per record; fsync'd once at the end (close)
+        try:
+            for record in tqdm(records_from_export(export, done, report), desc="import", unit="rec",
+                               disable=not cfg.progress_bar):
+                writer.append(record)
+        finally:
+            writer.close()
+    finally:
+        lock.close()
+    print(json.dumps({"output": str(output), **report.to_dict()}, indent=1))
+    if report.spans_unmatched:
+        print(f"warning: {report.spans_unmatched} span(s) quote text that is not in their response; they are listed "
+              "under unmatched_spans and give no reward", file=sys.stderr)
+    return EXIT_OK
+
+
+def _agreement(cfg: FeedbackUIConfig) -> int:
+    output = Path(cfg.output)
+    if not cfg.output or not output.is_file():
+        raise ConfigError(f"--output {cfg.output or '(unset)'} is not a records file; point it at the feedback-ui output")
+    summary = agreement_summary(iter_jsonl(output))
+    cfg.agreement_path.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    print(format_agreement(summary))
+    print(f"(written to {cfg.agreement_path})")
+    return EXIT_OK
+
+
+def run(cfg: FeedbackUIConfig) -> int:
+    jobs = {"serve": _serve, "agreement": _agreement, "label_studio_config": _label_studio_files,
+            "import_label_studio": _import_label_studio}
+    return jobs[cfg.mode](cfg)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(FeedbackUIConfig, run, argv)

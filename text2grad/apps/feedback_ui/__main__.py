@@ -1,0 +1,5 @@
+import sys
+
+from text2grad.apps.feedback_ui import main
+
+sys.exit(main())

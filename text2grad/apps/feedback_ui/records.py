@@ -1,0 +1,151 @@
+"""Human feedback as annotation records: marked character intervals in, the annotate command's record out.
+
+The page sends what the person selected as character offsets into the response, in the browser's own unit
+(JavaScript counts UTF-16 code units; Python indexes code points, so an emoji before a span shifts every later
+offset by one). `spans_from_offsets` converts, checks that each interval quotes the response exactly, trims
+surrounding whitespace (the span-to-token mapping ignores it anyway) and refuses overlaps. `human_record` then
+writes the record exactly as `annotation.runner.build_record` writes an LLM's (same keys, same span grounding
+through `text2grad.core.spans.locate_spans`), with ``source: "human"``, the annotator, timestamps, and the
+exact intervals under ``span_offsets`` (a quote alone cannot say which of two identical passages was meant).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Sequence
+
+from annotation.critics import CriticResult
+from annotation.runner import build_record
+from text2grad.core.feedback import Feedback
+
+__all__ = [
+    "HUMAN_SOURCE",
+    "MarkedSpan",
+    "OffsetUnit",
+    "SpanError",
+    "codepoint_offsets",
+    "human_record",
+    "spans_from_offsets",
+    "utc_now",
+]
+
+HUMAN_SOURCE = "human"
+Label = Literal["good", "poor"]
+OffsetUnit = Literal["utf16", "codepoint"]
+
+
+class SpanError(ValueError):
+    """A marked span does not fit the response (out of range, splits a character, overlaps another, ...)."""
+
+
+@dataclass(frozen=True)
+class MarkedSpan:
+    """``response[start:end]`` (code point offsets) marked ``label`` by a person; ``text`` is that slice."""
+
+    start: int
+    end: int
+    label: Label
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"start": self.start, "end": self.end, "label": self.label, "text": self.text}
+
+
+def utc_now() -> str:
+    """The current time as an ISO 8601 UTC timestamp, to the second (the records' timestamp format)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def codepoint_offsets(text: str) -> dict[int, int]:
+    """``{UTF-16 offset: code point offset}`` for every character boundary of ``text`` (both ends included).
+
+    An offset that falls between the two halves of a surrogate pair is not a boundary and is absent.
+    """
+    table, units = {0: 0}, 0
+    for index, char in enumerate(text, 1):
+        units += 2 if ord(char) > 0xFFFF else 1
+        table[units] = index
+    return table
+
+
+def spans_from_offsets(
+    response: str, spans: Sequence[Mapping[str, Any]], unit: OffsetUnit = "utf16", allow_overlap: bool = False
+) -> list[MarkedSpan]:
+    """Turn ``[{"start", "end", "label", "text"?}, ...]`` into checked `MarkedSpan` s, sorted by position.
+
+    Args:
+        response: the text the spans index into.
+        spans: offsets in ``unit`` (``utf16``: as JavaScript counts; ``codepoint``: as Python indexes); ``label``
+            is ``good`` or ``poor``; an optional ``text`` must equal the slice (a check that the page showed the
+            same response the server holds).
+        unit: the unit of ``start`` and ``end``.
+        allow_overlap: keep overlapping spans (the span-to-token mapping then lets poor win, as for any critic)
+            instead of refusing them.
+
+    Raises:
+        SpanError: an offset out of range or inside a character, a label other than good/poor, a ``text`` that
+            differs from the slice, or (unless ``allow_overlap``) two spans that overlap: each character gets one
+            judgement.
+    """
+    table = codepoint_offsets(response) if unit == "utf16" else None
+    out: list[MarkedSpan] = []
+    for n, span in enumerate(spans, 1):
+        label = span.get("label")
+        if label not in ("good", "poor"):
+            raise SpanError(f"span {n}: label must be 'good' or 'poor', got {label!r}")
+        start, end = span.get("start"), span.get("end")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)):
+            raise SpanError(f"span {n}: start and end must be integers, got {start!r} and {end!r}")
+        if table is not None:
+            if start not in table or end not in table:
+                raise SpanError(f"span {n}: offsets {start}-{end} are outside the response or split a character")
+            start, end = table[start], table[end]
+        if not 0 <= start < end <= len(response):
+            raise SpanError(f"span {n}: offsets {start}-{end} are not a non-empty range inside the response "
+                            f"({len(response)} characters)")
+        if "text" in span and span["text"] is not None and span["text"] != response[start:end]:
+            raise SpanError(f"span {n}: the text {span['text']!r} is not the response's text at {start}-{end} "
+                            f"({response[start:end]!r}); reload the page")
+        while start < end and response[start].isspace():
+            start += 1
+        while end > start and response[end - 1].isspace():
+            end -= 1
+        if start < end:
+            out.append(MarkedSpan(start, end, label, response[start:end]))
+    out.sort(key=lambda s: (s.start, s.end))
+    for before, after in zip(out, out[1:]):
+        if after.start < before.end and not allow_overlap:
+            raise SpanError(f"spans {before.text!r} ({before.label}) and {after.text!r} ({after.label}) overlap; "
+                            "remove one of them")
+    return out
+
+
+def human_record(
+    item: Mapping[str, Any],
+    critique: str,
+    spans: Sequence[MarkedSpan],
+    annotator: str,
+    started_at: str,
+    submitted_at: str,
+    via: str = "feedback-ui",
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The annotation record of one person's feedback on ``item`` (a mapped input record: id, prompt, response, meta).
+
+    The keys and span grounding are `annotation.runner.build_record`'s; added: ``annotator``, ``started_at``,
+    ``submitted_at`` and ``span_offsets`` (the exact intervals, in code points). ``via`` names the tool in
+    ``meta._annotation``.
+    """
+    feedback = Feedback(
+        critique=critique.strip(),
+        good_spans=tuple(s.text for s in spans if s.label == "good"),
+        poor_spans=tuple(s.text for s in spans if s.label == "poor"),
+    )
+    info = {"critic": via, "annotator": annotator, **(extra or {})}
+    record = build_record(item, CriticResult(feedback, 0, info), HUMAN_SOURCE)
+    record["annotator"] = annotator
+    record["started_at"] = started_at
+    record["submitted_at"] = submitted_at
+    record["span_offsets"] = [s.to_dict() for s in spans]
+    return record
