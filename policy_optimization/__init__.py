@@ -1,8 +1,8 @@
 """Phase 3 of Text2Grad: Text2Grad PPO (token-level rewards from natural-language feedback) and baselines.
 
 - `PPOConfig` (ppo_config.py) and `NLGradientPPOTrainer` (trainer.py): the trainer; `python -m policy_optimization.train`.
-- the reward modes (nl_gradient, scalar, dense, mixed) are pure functions in `text2grad.core.rewards`.
-- scores.py: task score functions for the scalar/dense/mixed reward modes. The critics themselves (reward
+- the reward modes (named in `text2grad.core.reward_options`) are pure functions in `text2grad.core.rewards`.
+- scores.py: task score functions for the scalar/score_spread/mixed reward modes. The critics themselves (reward
   model, LLM, unit tests, reference, any ``module:Class``) come from the one registry in `text2grad.core.critics`.
 - sft.py / dpo.py: TRL SFTTrainer and DPOTrainer runs (``text2grad sft`` / ``text2grad dpo``); their configs in
   sft_config.py / dpo_config.py.

@@ -53,6 +53,7 @@ from text2grad.core.config import ConfigError, save_config
 from text2grad.core.critics import build_critic
 from text2grad.core.data import DataError
 from text2grad.core.modeling import end_distributed, load_causal_lm, load_tokenizer
+from text2grad.core.reward_options import Boundary, Occurrence, Overlap, RewardScheme
 from text2grad.core.rewards import compute_score_rewards, span_sequence_score
 from text2grad.core.feedback import Feedback
 
@@ -80,10 +81,10 @@ class Text2GradGRPOTrainer(GRPOTrainer):
         *args: Any,
         critic,
         span_coef: float = 1.0,
-        reward_scheme: Literal["uniform", "linear_decay"] = "uniform",
-        boundary: Literal["any", "majority", "all"] = "any",
-        overlap: Literal["poor", "good"] = "poor",
-        occurrence: Literal["all", "first"] = "all",
+        reward_scheme: RewardScheme = "uniform",
+        boundary: Boundary = "any",
+        overlap: Overlap = "poor",
+        occurrence: Occurrence = "all",
         **kwargs: Any,
     ) -> None:
         if not callable(getattr(critic, "feedback", None)):

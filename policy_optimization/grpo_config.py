@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from text2grad.core.config import config_field
 from text2grad.core.model_config import ModelConfig
+from text2grad.core.reward_options import Boundary, Occurrence, Overlap, RewardScheme
 
 __all__ = ["GRPORunConfig"]
 
@@ -37,10 +38,10 @@ class GRPORunConfig(ModelConfig):
     )
     scalar_source_kwargs: dict[str, Any] = config_field({}, "Keyword arguments when scalar_source names a class.")
     span_coef: float = config_field(1.0, "Weight of the span rewards added to each token's group advantage (0 = plain GRPO).")
-    reward_scheme: Literal["uniform", "linear_decay"] = config_field("uniform", "Reward shape inside a span.")
-    boundary: Literal["any", "majority", "all"] = config_field("any", "Which tokens a span edge labels.")
-    overlap: Literal["poor", "good"] = config_field("poor", "Label that wins where spans overlap.")
-    occurrence: Literal["all", "first"] = config_field("all", "Label every occurrence of a repeated quote, or the first.")
+    reward_scheme: RewardScheme = config_field("uniform", "Reward shape inside a span.")
+    boundary: Boundary = config_field("any", "Which tokens a span edge labels.")
+    overlap: Overlap = config_field("poor", "Label that wins where spans overlap.")
+    occurrence: Occurrence = config_field("all", "Label every occurrence of a repeated quote, or the first.")
 
     num_generations: int = config_field(4, "Completions per prompt (the group).")
     max_completion_length: int = config_field(128, "Maximum new tokens per completion.")

@@ -20,10 +20,20 @@ from typing import Any, Literal
 from text2grad.core.config import config_field, literal_choices, range_problems
 from text2grad.core.model_config import ModelConfig
 from text2grad.core.modeling import resolve_dtype
+from text2grad.core.reward_options import (
+    REWARD_MODES,
+    Boundary,
+    Occurrence,
+    Overlap,
+    RewardMode,
+    RewardScheme,
+    TokenWeightingName,
+)
 
 __all__ = ["PPOConfig", "REWARD_MODES", "SCALAR_SOURCES"]
 
-# Named sequence-score sources for the scalar/score_spread/mixed modes (any 'package.module:function' also works).
+# Named sequence-score sources for the modes with a sequence score (SEQUENCE_SCORE_MODES: scalar, score_spread,
+# mixed); any 'package.module:function' also works.
 SCALAR_SOURCES = {
     "quote_count": None,  # (#good - #poor quotes) / (#good + #poor) of the same feedback; not the paper's baseline
     "scalar_rm": "reward_model.scalar:ScalarRewardScorer",  # Bradley-Terry reward model: the paper's PPO baseline
@@ -67,7 +77,7 @@ class PPOConfig(ModelConfig):
     prompt_template: str = config_field("{prompt}", "Policy prompt, with {field} placeholders filled from each record.")
     feedback_prompt_template: str | None = config_field(
         None,
-        "The prompt the feedback source sees (e.g. '{post}' when the reward model was trained on bare posts). "
+        "The prompt the critic sees (e.g. '{post}' when the reward model was trained on bare posts). "
         "Default: the policy prompt before any chat template.",
     )
     use_chat_template: bool = config_field(False, "Wrap policy prompts in the tokenizer's chat template.")
@@ -86,7 +96,7 @@ class PPOConfig(ModelConfig):
         "only with reward_mode scalar and a scalar_source other than quote_count (the scalar baseline needs no critic).",
     )
     critic_kwargs: dict[str, Any] = config_field({}, "Keyword arguments for the critic's constructor, e.g. {\"path\": \"runs/slf5k/reward_model\"}.")
-    reward_mode: Literal["nl_gradient", "scalar", "dense", "score_spread", "mixed"] = config_field(
+    reward_mode: RewardMode = config_field(
         "nl_gradient",
         "nl_gradient: span token rewards (the method); scalar: one sequence score at the last token (PPO baseline; "
         "with scalar_source scalar_rm it is the paper's PPO); dense: span token rewards from a critic/reward model "
@@ -94,21 +104,21 @@ class PPOConfig(ModelConfig):
         "score_spread: span rewards plus the sequence score spread over every other token; mixed: span rewards "
         "plus scalar_coef * sequence score at the last token.",
     )
-    reward_scheme: Literal["uniform", "linear_decay"] = config_field("uniform", "Reward shape inside a span.")
+    reward_scheme: RewardScheme = config_field("uniform", "Reward shape inside a span.")
     span_normalize: bool = config_field(False, "Divide each span's token rewards by its length (every span worth +-1).")
-    reward_weighting: Literal["none", "pos_importance"] = config_field(
+    reward_weighting: TokenWeightingName = config_field(
         "none",
         "Within-span token weights: pos_importance = the paper's token-importance ablation (1.0 on nouns and verbs, "
         "0.2 on other tokens; TextBlob's offline Pattern tagger, extra 'pos').",
     )
-    boundary: Literal["any", "majority", "all"] = config_field("any", "Which tokens a span edge labels (text2grad.core.spans).")
-    overlap: Literal["poor", "good"] = config_field("poor", "Label that wins where a good and a poor span overlap.")
-    occurrence: Literal["all", "first"] = config_field("all", "Label every occurrence of a repeated quote, or the first.")
+    boundary: Boundary = config_field("any", "Which tokens a span edge labels (text2grad.core.spans).")
+    overlap: Overlap = config_field("poor", "Label that wins where a good and a poor span overlap.")
+    occurrence: Occurrence = config_field("all", "Label every occurrence of a repeated quote, or the first.")
     scalar_source: str = config_field(
         "quote_count",
         "Sequence score for scalar/score_spread/mixed modes: scalar_rm = a Bradley-Terry reward model trained on "
         "preference pairs (reward_model.scalar; pass scalar_source_kwargs {\"path\": ...}), the paper's PPO "
-        "baseline; quote_count (alias: spans) = (#good - #poor quotes) / (#good + #poor) of the same feedback, in "
+        "baseline; quote_count = (#good - #poor quotes) / (#good + #poor) of the same feedback, in "
         "[-1, 1], a derived score and NOT the paper's baseline; or 'package.module:function' called as "
         "fn(prompts, responses) -> list[float].",
     )
@@ -118,7 +128,7 @@ class PPOConfig(ModelConfig):
         None,
         "Subtracted from the reward of the last token of a response that hit response_length without EOS, in "
         "every reward_mode: on top of delta_t there in nl_gradient (which has no sequence score), of c*s there "
-        "in scalar and mixed, of that token's share in dense. Empty responses pay it too (None or 0 = off).",
+        "in scalar and mixed, of that token's share in score_spread. Empty responses pay it too (None or 0 = off).",
     )
 
     # ---- generation --------------------------------------------------------------------------------
@@ -231,9 +241,12 @@ class PPOConfig(ModelConfig):
             problems.append(
                 f"save_total_limit must be >= 1, got {self.save_total_limit} (use null/none to keep every checkpoint)"
             )
-        if self.scalar_source == "spans":  # the earlier name of quote_count
-            self.scalar_source = "quote_count"
-        if self.scalar_source not in SCALAR_SOURCES and ":" not in self.scalar_source:
+        if self.scalar_source == "spans":  # an old value fails like an old key: named, never taken silently
+            problems.append(
+                "scalar_source 'spans' was renamed to quote_count: use --scalar_source quote_count on the command line "
+                "or 'scalar_source: quote_count' in a YAML file"
+            )
+        elif self.scalar_source not in SCALAR_SOURCES and ":" not in self.scalar_source:
             problems.append(
                 f"scalar_source must be one of {list(SCALAR_SOURCES)} or 'package.module:function', got {self.scalar_source!r}"
             )
@@ -273,7 +286,3 @@ class PPOConfig(ModelConfig):
             return math.ceil(self.total_episodes / (self.batch_size * num_processes))
         raise ValueError("set num_iterations or total_episodes (how long to train)")
 
-
-# The reward modes of text2grad.core.rewards (REWARD_MODES there; a test keeps the two equal). Read from the
-# field's Literal so that importing the config does not import torch.
-REWARD_MODES = literal_choices(PPOConfig)["reward_mode"]

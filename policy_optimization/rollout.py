@@ -18,6 +18,7 @@ import torch
 from text2grad.core.feedback import Feedback
 from text2grad.core.generation import Generation
 from text2grad.core.ppo_math import masked_mean
+from text2grad.core.reward_options import SEQUENCE_SCORE_MODES
 from text2grad.core.rewards import ScoreRewards
 
 __all__ = [
@@ -70,7 +71,7 @@ def collect_feedback(source, prompts: Sequence[str], responses: Sequence[str]) -
         if isinstance(fb, Mapping):
             fb = Feedback.from_dict(dict(fb))
         if not isinstance(fb, Feedback):
-            raise TypeError(f"the feedback source returned a {type(fb).__name__}; expected text2grad.core.feedback.Feedback")
+            raise TypeError(f"the critic returned a {type(fb).__name__}; expected text2grad.core.feedback.Feedback")
         out[i] = fb
     return out, 0
 
@@ -82,8 +83,9 @@ def collect_scores(
     responses: Sequence[str],
 ) -> tuple[list[float | None] | None, int]:
     """(task scores from ``score_fn``, number of samples without one). None when the sequence score comes from
-    the feedback (no ``score_fn``, or the nl_gradient mode, which has no sequence score)."""
-    if score_fn is None or reward_mode == "nl_gradient":
+    the feedback (no ``score_fn``) or the mode has none (nl_gradient, dense: not in `SEQUENCE_SCORE_MODES`), so
+    a scalar reward model never runs for a score that would be thrown away."""
+    if score_fn is None or reward_mode not in SEQUENCE_SCORE_MODES:
         return None, 0
     try:
         raw = list(score_fn(prompts, responses))

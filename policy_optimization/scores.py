@@ -1,4 +1,4 @@
-"""Task score functions for the scalar, dense and mixed reward modes (``scalar_source: package.module:name``).
+"""Task score functions for the scalar, score_spread and mixed reward modes (``scalar_source: package.module:name``).
 
 The critics that write span feedback are built by the one registry in `text2grad.core.critics`; a score
 function is the other, scalar, input of the reward modes, loaded with the same spec loader.

@@ -109,9 +109,10 @@ class NLGradientPPOTrainer:
             ValueModel is trained (separate) and None means shared_backbone.
         critic: anything with ``feedback(prompts, responses) -> list[Feedback]``.
         train_dataset: records with ``"prompt"`` (the policy prompt, template already applied) and optionally
-            ``"feedback_prompt"`` (what the feedback source sees; default: ``"prompt"``).
-        score_fn: task score ``fn(prompts, responses) -> list[float]`` for the scalar/dense/mixed modes'
-            sequence score (default: from the feedback's quotes). It gets the feedback prompts.
+            ``"feedback_prompt"`` (what the critic sees; default: ``"prompt"``).
+        score_fn: task score ``fn(prompts, responses) -> list[float]`` for the sequence score of the
+            scalar/score_spread/mixed modes (`SEQUENCE_SCORE_MODES`; never called in the other modes). Default:
+            the score from the feedback's quotes. It gets the feedback prompts.
         base_model_path: written as the base of the saved LoRA adapter (default: ``config.model_name_or_path``).
     """
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,16 @@ def test_the_import_check_sees_nested_and_relative_imports():
     )
     assert function_local_imports(tree) == [(3, "json"), (5, "."), (7, "vllm")]
     assert _is_optional("vllm") and _is_optional("torch.utils.tensorboard") and not _is_optional("torch")
+
+
+def test_every_test_file_named_in_the_code_and_package_docs_exists():
+    """A docstring or package README that sends the reader to tests/<...>.py names a file that is there."""
+    pattern = re.compile(r"\btests/[A-Za-z0-9_/]+\.py\b")
+    docs = [p for d in CHECKED for p in sorted((ROOT / d).rglob("README.md"))]
+    missing = [
+        f"{_rel(path)}: {name}"
+        for path in [*FILES, *docs]
+        for name in sorted(set(pattern.findall(path.read_text(encoding="utf-8"))))
+        if not (ROOT / name).is_file()
+    ]
+    assert not missing, missing

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from policy_optimization.ppo_config import REWARD_MODES as CONFIG_MODES, PPOConfig
+from policy_optimization.ppo_config import PPOConfig
 from text2grad.core.feedback import Feedback, parse_feedback
-from text2grad.core.rewards import REWARD_MODES, compute_score_rewards, labelled_token_share
+from text2grad.core.rewards import compute_score_rewards, labelled_token_share
 from text2grad.core.spans import decode_with_offsets
 from text2grad.core.token_importance import (
     importance_weights,
@@ -21,10 +21,6 @@ from text2grad.core.token_importance import (
 
 def enc(tok, text: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
-
-
-def test_reward_modes_of_the_config_are_the_ones_rewards_implements():
-    assert tuple(CONFIG_MODES) == REWARD_MODES
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from policy_optimization.trainer import (
     find_latest_checkpoint,
 )
 from text2grad.core.feedback import Feedback
+from text2grad.core.reward_options import SEQUENCE_SCORE_MODES
 from text2grad.core.modeling import SPECIAL_TOKENS, build_tiny_llama
 from text2grad.core.ppo_math import adaptive_kl_coef
 
@@ -44,6 +45,19 @@ REQUIRED_METRICS = [
 def trainable_snapshot(trainer) -> dict[str, torch.Tensor]:
     model = trainer.accelerator.unwrap_model(trainer.model)
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("mode", ["nl_gradient", "dense", "score_spread"])
+def test_the_sequence_score_is_computed_only_in_the_modes_that_use_it(make_trainer, mode):
+    """nl_gradient and dense have no sequence score: a scalar reward model given as scalar_source is never run."""
+    calls = []
+
+    def counting_score(prompts, responses):
+        calls.append(len(responses))
+        return [0.5] * len(responses)
+
+    make_trainer(CallableFeedbackSource(first_and_last_words), reward_mode=mode, score_fn=counting_score).train()
+    assert (sum(calls) > 0) == (mode in SEQUENCE_SCORE_MODES), (mode, calls)
 
 
 @pytest.mark.parametrize("mode", ["nl_gradient", "scalar", "dense", "mixed"])

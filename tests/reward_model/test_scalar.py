@@ -128,7 +128,8 @@ def test_ppo_config_names_the_scalar_reward_model():
     assert cfg.scalar_source == "scalar_rm"
     with pytest.raises(ValueError, match="critic 'none'"):
         PPOConfig(reward_mode="nl_gradient", critic="none")
-    assert PPOConfig(scalar_source="spans").scalar_source == "quote_count"  # the earlier name still works
+    with pytest.raises(ValueError, match="scalar_source 'spans' was renamed to quote_count"):
+        PPOConfig(scalar_source="spans")  # the earlier name fails, naming the new one
 
 
 def test_both_reward_models_build_their_trainer_arguments_with_one_builder(tmp_path):

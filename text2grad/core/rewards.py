@@ -1,8 +1,8 @@
 """From feedback on generated token ids to the per-token score rewards of each reward mode.
 
-This module is where the reward modes are defined; everything here is pure (no model, no trainer state)
-and tested on hand-built batches in tests/policy_optimization/test_reward_modes.py. The trainer adds the KL
-term afterwards: ``rewards = score_rewards - kl_coef * kl``.
+This module computes the reward modes (their names: `text2grad.core.reward_options`); everything here is
+pure (no model, no trainer state) and tested on hand-built batches in tests/policy_optimization/test_reward_modes.py.
+The trainer adds the KL term afterwards: ``rewards = score_rewards - kl_coef * kl``.
 
 For one response of ``T_b`` generated tokens (up to and including EOS) with feedback ``fb``:
 
@@ -44,8 +44,8 @@ Failure rules (each counted by `ScoreRewards.stats` as ``samples/<status>``):
   feedback-derived score of 0; an external score (``scores``) still counts, since it does not come from the
   feedback.
 - ok feedback none of whose quotes could be located (``no_matched_span``): the span part is zero; the
-  outcome part stays, i.e. scalar/mixed keep ``c * s`` at the last token and dense spreads ``c * s`` over
-  every token (no token is labelled).
+  outcome part stays, i.e. scalar/mixed keep ``c * s`` at the last token and score_spread spreads ``c * s``
+  over every token (no token is labelled).
 
 Unlabelled tokens earn 0 in nl_gradient/mixed mode, so a longer response earns nothing for its length alone.
 """
@@ -58,6 +58,18 @@ from typing import Callable, Literal, Sequence
 import torch
 
 from text2grad.core.feedback import Feedback
+from text2grad.core.reward_options import (
+    REWARD_MODES,
+    SEQUENCE_SCORE_MODES,
+    SPAN_MODES,
+    TOKEN_WEIGHTINGS,
+    Boundary,
+    Occurrence,
+    Overlap,
+    RewardMode,
+    RewardScheme,
+    TokenWeightingName,
+)
 from text2grad.core.spans import decode_with_offsets, feedback_token_labels
 from text2grad.core.token_importance import pos_importance_weights
 
@@ -76,12 +88,6 @@ __all__ = [
     "NoFeedback",
 ]
 
-REWARD_MODES = ("nl_gradient", "scalar", "dense", "score_spread", "mixed")
-SPAN_MODES = ("nl_gradient", "dense", "score_spread", "mixed")  # modes whose reward uses span labels
-TOKEN_WEIGHTINGS = ("none", "pos_importance")
-RewardMode = Literal["nl_gradient", "scalar", "dense", "score_spread", "mixed"]
-
-RewardScheme = Literal["uniform", "linear_decay"]
 # A weighting hook gets (token ids, token labels) of one response and returns one weight per token;
 # e.g. the paper's "token importance" ablation (1.0 on nouns/verbs, 0.2 elsewhere).
 TokenWeighting = Callable[[Sequence[int], Sequence[int]], Sequence[float]]
@@ -160,7 +166,7 @@ class SampleReward:
     labels: list[int] = field(default_factory=list)  # per token; empty in scalar mode (no alignment is done)
     n_quotes: int = 0  # quotes that went through span alignment (0 in scalar mode)
     n_unmatched: int = 0
-    score: float = 0.0  # the sequence score s used by scalar/dense/mixed (0 in nl_gradient)
+    score: float = 0.0  # the sequence score s used by scalar/score_spread/mixed (0 in nl_gradient and dense)
 
 
 @dataclass
@@ -238,14 +244,14 @@ def compute_score_rewards(
     length: int | None = None,
     scores: Sequence[float | None] | None = None,
     finished: Sequence[bool] | None = None,
-    scheme: Literal["uniform", "linear_decay"] = "uniform",
+    scheme: RewardScheme = "uniform",
     span_normalize: bool = False,
-    boundary: Literal["any", "majority", "all"] = "any",
-    overlap: Literal["poor", "good"] = "poor",
-    occurrence: Literal["all", "first"] = "all",
+    boundary: Boundary = "any",
+    overlap: Overlap = "poor",
+    occurrence: Occurrence = "all",
     scalar_coef: float = 1.0,
     missing_eos_penalty: float | None = None,
-    weighting: Literal["none", "pos_importance"] = "none",
+    weighting: TokenWeightingName = "none",
     pos_tagger: Callable[[str], list[tuple[str, str]]] | None = None,
 ) -> ScoreRewards:
     """Per-token score rewards for a batch of generated responses.
@@ -254,7 +260,7 @@ def compute_score_rewards(
         feedbacks: one `Feedback` per response, on the text ``tokenizer.decode(ids, skip_special_tokens=True)``.
         response_ids: the exact sampled ids of each response, up to and including EOS (no padding).
         tokenizer: the policy's (fast) tokenizer.
-        mode: nl_gradient | scalar | dense | score_spread | mixed (module docstring).
+        mode: one of `REWARD_MODES` (``text2grad.core.reward_options``; the module docstring gives each formula).
         length: padded length T (default: the longest response).
         scores: external sequence scores (``None`` entries: the score function failed for that sample, 0
             is used; empty responses get 0 whatever their score). Without ``scores`` the score comes from the
@@ -308,7 +314,7 @@ def compute_score_rewards(
                     delta = delta * torch.tensor(weights, dtype=torch.float32)
             else:
                 info.status = "no_matched_span"
-        if mode in ("scalar", "score_spread", "mixed") and info.status != "empty":
+        if mode in SEQUENCE_SCORE_MODES and info.status != "empty":
             if external is not None:
                 info.score = float(external)
             elif scores is None and info.status != "feedback_error":

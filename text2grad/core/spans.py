@@ -28,11 +28,12 @@ from __future__ import annotations
 import functools
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from text2grad.core.feedback import Feedback
+from text2grad.core.reward_options import Boundary, Occurrence, Overlap
 
 __all__ = [
     "CharSpan",
@@ -46,9 +47,6 @@ __all__ = [
     "sequence_token_labels",
 ]
 
-Occurrence = Literal["all", "first"]
-Overlap = Literal["poor", "good"]
-Boundary = Literal["any", "majority", "all"]
 
 GOOD, POOR, NEUTRAL = 1, -1, 0
 

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from text2grad.core.assets import smollm2_path
 from text2grad.core.config import config_field
+from text2grad.core.reward_options import REWARD_MODES
 
 __all__ = ["QuickstartConfig", "PRESETS", "Preset", "resolve"]
 
@@ -202,9 +203,9 @@ def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
         out = replace(out, ppo_seed=out.seed)
     if out.policy_sft_steps is None:
         out = replace(out, policy_sft_steps=max(1, out.sft_steps // 2))
-    bad = [m for m in out.modes if m not in ("nl_gradient", "scalar", "dense", "mixed")]
+    bad = [m for m in out.modes if m not in REWARD_MODES]
     if bad or not out.modes:
-        raise ValueError(f"modes must be a non-empty list of nl_gradient, scalar, dense, mixed; got {out.modes}")
+        raise ValueError(f"modes must be a non-empty list of {', '.join(REWARD_MODES)}; got {out.modes}")
     if out.decode_threads < 0:
         raise ValueError(f"decode_threads must be >= 0 (0: torch's default); got {out.decode_threads}")
     if out.ppo_iterations < 1 or out.eval_every < 1 or out.n_val < 1 or out.rm_refresh_steps < 1:

@@ -88,8 +88,9 @@ def _metrics(path: Path) -> list[dict[str, Any]]:
     return list(iter_jsonl(path)) if path.is_file() else []
 
 
-_COLORS = {"nl_gradient": "#1b7837", "scalar": "#b2182b", "dense": "#2166ac", "mixed": "#762a83"}
-_LABELS = {"nl_gradient": "Text2Grad (NL-gradient)", "scalar": "scalar PPO", "dense": "dense", "mixed": "mixed"}
+_COLORS = {"nl_gradient": "#1b7837", "scalar": "#b2182b", "dense": "#2166ac", "score_spread": "#e08214", "mixed": "#762a83"}
+_LABELS = {"nl_gradient": "Text2Grad (NL-gradient)", "scalar": "scalar PPO", "dense": "dense", "score_spread": "score spread",
+           "mixed": "mixed"}
 
 
 def plot_curves(

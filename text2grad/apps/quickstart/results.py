@@ -248,7 +248,7 @@ def installed_versions(lock: Path = LOCK_FILE) -> dict[str, Any]:
 
 
 _NAMES = {"sft": "SFT policy", "scalar": "scalar PPO", "nl_gradient": "Text2Grad (NL-gradient PPO)",
-          "dense": "dense PPO", "mixed": "mixed PPO"}
+          "dense": "dense PPO", "score_spread": "score-spread PPO", "mixed": "mixed PPO"}
 
 
 def results_table(results: Mapping[str, Mapping[str, float]]) -> str:
