@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv and installs text2grad with its dependencies. Idempotent: a second run only checks.
 #
-#   bash env.sh                  # torch==2.13.0 from the default index (public PyPI unless your pip config says otherwise)
+#   bash env.sh                  # torch==2.13.0: the CPU build on a Linux x86_64 machine without an NVIDIA driver, else PyPI's
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash env.sh     # a CPU-only torch (no CUDA wheels)
 #   TORCH_SPEC="torch==2.13.0" TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash env.sh   # a CUDA 12.8 torch
 #   TEXT2GRAD_EXTRAS=test,offline-eval,real-assets,vllm bash env.sh   # choose extras (default: test,offline-eval,real-assets)
@@ -17,10 +17,13 @@
 # the versions it ran with in results.json and its report). Torch is not in the lock: TORCH_SPEC pins it, because
 # its build label (+cpu, CUDA) depends on the index.
 #
-# Which torch you get: a plain `torch==2.13.0` from the public PyPI on Linux x86_64 is a CUDA build (it pulls
-# the nvidia-* wheels, several GB). On a CPU-only Linux machine pass
-# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu to get the small CPU build. That is not the default
-# because some machines (CI among them) can reach PyPI but not download.pytorch.org.
+# Which torch you get without TORCH_INDEX_URL: a plain `torch==2.13.0` from the public PyPI on Linux x86_64 is a
+# CUDA build (it pulls the nvidia-* wheels, several GB). So on Linux x86_64 with no NVIDIA driver (no `nvidia-smi`,
+# no /proc/driver/nvidia) env.sh asks https://download.pytorch.org/whl/cpu (TEXT2GRAD_CPU_TORCH_INDEX: a mirror)
+# for the small CPU build (about 200 MB), if that index answers within a few seconds. Otherwise (a GPU node; a
+# machine that reaches PyPI but not download.pytorch.org, as some CI machines do; macOS; ARM) torch comes from
+# PyPI, and env.sh says before downloading when that means the CUDA build. The choice is made only when torch
+# is (re)installed; the install records it as "(default index)", so a later run keeps that torch.
 #
 # Torch is reinstalled whenever TORCH_SPEC or TORCH_INDEX_URL differs from what the last install used
 # (recorded in $VENV/.text2grad-torch), so switching from the CPU build to a CUDA one is just a rerun with
@@ -35,6 +38,7 @@ VENV="${VENV:-$_t2g_root/.venv}"
 (
 set -euo pipefail
 _default_torch_spec="torch==2.13.0"
+_cpu_torch_index="${TEXT2GRAD_CPU_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 TORCH_SPEC="${TORCH_SPEC:-$_default_torch_spec}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
 EXTRAS="${TEXT2GRAD_EXTRAS:-test,offline-eval,real-assets}"
@@ -103,13 +107,46 @@ _torch_decision() {
     fi
 }
 
+# Answers within a few seconds or not at all: a host that is blocked or does not resolve must not stall the install.
+_index_answers() {
+    if command -v curl >/dev/null 2>&1; then
+        curl --silent --head --fail --location --max-time 5 --output /dev/null "$1/"
+    else
+        "$PYTHON" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/", timeout=5)' "$1" 2>/dev/null
+    fi
+}
+
+# Where torch comes from when TORCH_INDEX_URL is not set: sets _torch_index (empty = pip's default index, PyPI
+# unless the pip config says otherwise) and _torch_index_note (what that means, printed before the download).
+_choose_torch_index() {
+    _torch_index=""
+    if [ -n "$TORCH_INDEX_URL" ]; then
+        _torch_index="$TORCH_INDEX_URL"
+        _torch_index_note="$TORCH_INDEX_URL (TORCH_INDEX_URL)"
+    elif [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
+        _torch_index_note="the default index (PyPI: the CPU build on this platform)"
+    elif command -v nvidia-smi >/dev/null 2>&1 || [ -e /proc/driver/nvidia ]; then
+        _torch_index_note="the default index (PyPI: an NVIDIA driver is present, so the CUDA build, with several GB of nvidia-* wheels)"
+    elif _index_answers "$_cpu_torch_index"; then
+        _torch_index="$_cpu_torch_index"
+        _torch_index_note="$_cpu_torch_index (no NVIDIA driver found: the CPU build, about 200 MB)"
+    else
+        _torch_index_note="the default index (PyPI: the CUDA build, with several GB of nvidia-* wheels, because $_cpu_torch_index did not answer; set TORCH_INDEX_URL to a CPU index you can reach to avoid them)"
+    fi
+}
+
 if [ "$_dry_run" = "1" ]; then
     if _up_to_date; then
         echo "[env.sh] dry run: $VENV is up to date"
     else
         echo "[env.sh] dry run: would install text2grad[$EXTRAS] into $VENV ($_lock_id)"
     fi
-    echo "[env.sh] dry run: torch: $(_torch_decision)"
+    _torch="$(_torch_decision)"
+    echo "[env.sh] dry run: torch: $_torch"
+    if [ "$_torch" != "keep" ]; then
+        _choose_torch_index
+        echo "[env.sh] dry run: torch from: $_torch_index_note"
+    fi
     echo "[env.sh] dry run: browser: $(_browser_decision)"
     exit 0
 fi
@@ -136,8 +173,10 @@ case "$_torch" in
         if [ "${_torch%%:*}" = "reinstall" ]; then
             _pip uninstall --quiet --yes torch
         fi
-        if [ -n "$TORCH_INDEX_URL" ]; then
-            _pip install --quiet "${_lock_args[@]}" "$TORCH_SPEC" --index-url "$TORCH_INDEX_URL"
+        _choose_torch_index
+        echo "[env.sh] torch: $TORCH_SPEC from $_torch_index_note"
+        if [ -n "$_torch_index" ]; then
+            _pip install --quiet "${_lock_args[@]}" "$TORCH_SPEC" --index-url "$_torch_index"
         else
             _pip install --quiet "${_lock_args[@]}" "$TORCH_SPEC"
         fi

@@ -7,9 +7,14 @@ Nothing here installs anything: the decision tests use env.sh's dry run against 
 from __future__ import annotations
 
 import hashlib
+import http.server
 import os
+import platform
+import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU_URL = "https://download.pytorch.org/whl/cpu"
 CUDA_URL = "https://download.pytorch.org/whl/cu128"
 # What a user may have exported for their own setup; the decision tests set these explicitly instead.
-_SETUP_VARS = ("TORCH_SPEC", "TORCH_INDEX_URL", "TEXT2GRAD_EXTRAS", "VENV", "TEXT2GRAD_ENV_DRY_RUN", "TEXT2GRAD_UNLOCKED")
+_SETUP_VARS = ("TORCH_SPEC", "TORCH_INDEX_URL", "TEXT2GRAD_EXTRAS", "VENV", "TEXT2GRAD_ENV_DRY_RUN", "TEXT2GRAD_UNLOCKED",
+               "TEXT2GRAD_CPU_TORCH_INDEX")
 
 
 def _bash(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -181,6 +187,92 @@ def test_missing_torch_or_venv_means_install_and_a_dry_run_creates_nothing(tmp_p
     output = _dry_run(absent)
     assert "would install" in output and _torch_line(output).startswith("install:")
     assert not absent.exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# Where torch comes from: the CPU index on a Linux x86_64 machine without an NVIDIA driver when it answers
+# --------------------------------------------------------------------------------------------------
+
+
+def _torch_source(output: str) -> str:
+    lines = [ln for ln in output.splitlines() if ln.startswith("[env.sh] dry run: torch from: ")]
+    assert len(lines) == 1, output
+    return lines[0].removeprefix("[env.sh] dry run: torch from: ")
+
+
+@pytest.fixture
+def answering_index():
+    """A local HTTP server standing in for the CPU wheel index; yields (url, list of request paths)."""
+    requests: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802 (the http.server method name)
+            requests.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        do_GET = do_HEAD  # noqa: N815
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/whl/cpu", requests
+    server.shutdown()
+    server.server_close()
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as sock:  # bind and release: nothing listens there afterwards
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/whl/cpu"
+
+
+def _require_linux_x86_64_without_nvidia_driver() -> None:
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        pytest.skip("the CPU-index default applies to Linux x86_64 only")
+    if shutil.which("nvidia-smi") or Path("/proc/driver/nvidia").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+
+
+def test_without_an_nvidia_driver_torch_comes_from_the_cpu_index_when_it_answers(tmp_path, answering_index):
+    _require_linux_x86_64_without_nvidia_driver()
+    url, requests = answering_index
+    output = _dry_run(_stub_venv(tmp_path, torch_importable=False), TEXT2GRAD_CPU_TORCH_INDEX=url)
+    assert _torch_source(output) == f"{url} (no NVIDIA driver found: the CPU build, about 200 MB)"
+    assert requests == ["/whl/cpu/"]
+
+
+def test_an_index_that_does_not_answer_falls_back_to_pypi_fast_and_says_what_downloads(tmp_path):
+    _require_linux_x86_64_without_nvidia_driver()
+    venv = _stub_venv(tmp_path, torch_importable=False)
+    for url in (_closed_port_url(), "https://unresolvable.invalid/whl/cpu"):
+        start = time.monotonic()
+        source = _torch_source(_dry_run(venv, TEXT2GRAD_CPU_TORCH_INDEX=url))
+        assert time.monotonic() - start < 15
+        assert source.startswith("the default index (PyPI: the CUDA build, with several GB of nvidia-* wheels")
+        assert f"because {url} did not answer" in source
+
+
+def test_with_an_nvidia_driver_or_a_chosen_index_the_cpu_index_is_not_asked(tmp_path, answering_index):
+    url, requests = answering_index
+    venv = _stub_venv(tmp_path, torch_importable=False)
+    chosen = _dry_run(venv, TORCH_INDEX_URL=CUDA_URL, TEXT2GRAD_CPU_TORCH_INDEX=url)
+    assert _torch_source(chosen) == f"{CUDA_URL} (TORCH_INDEX_URL)"
+    if platform.system() == "Linux" and platform.machine() == "x86_64":
+        bin_dir = tmp_path / "driver-bin"
+        bin_dir.mkdir()
+        (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+        gpu = _dry_run(venv, TEXT2GRAD_CPU_TORCH_INDEX=url, PATH=f"{bin_dir}:{os.environ['PATH']}")
+        assert "an NVIDIA driver is present, so the CUDA build" in _torch_source(gpu)
+    assert requests == []
+    _write_stamps(venv, "torch==2.13.0", "")  # torch kept: nothing to choose, nothing asked
+    kept = _dry_run(_stub_venv(tmp_path / "kept"), TEXT2GRAD_CPU_TORCH_INDEX=url)
+    assert _torch_line(kept) == "keep" and "torch from:" not in kept and requests == []
 
 
 # --------------------------------------------------------------------------------------------------
