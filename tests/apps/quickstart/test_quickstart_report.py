@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy
@@ -14,7 +15,7 @@ import pytest
 import torch
 from transformers import get_scheduler
 
-from text2grad.apps.quickstart.pipeline import SFT_WARMUP_STEPS, _sft_schedule_args, stage_data
+from text2grad.apps.quickstart.pipeline import STAGES, SFT_WARMUP_STEPS, _sft_schedule_args, stage_data, start_policy_note
 from text2grad.apps.quickstart.quickstart_config import QuickstartConfig, resolve
 from text2grad.apps.quickstart.report import (
     logprob_shift,
@@ -24,7 +25,14 @@ from text2grad.apps.quickstart.report import (
     rollout_curves,
     token_logprobs,
 )
-from text2grad.apps.quickstart.results import installed_versions, machine_speed, read_lock, results_table
+from text2grad.apps.quickstart.results import (
+    installed_versions,
+    machine_speed,
+    print_results,
+    read_lock,
+    results_table,
+    start_policy_name,
+)
 from text2grad.apps.quickstart.task import FactCritic, TaskConfig, generate_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
@@ -81,6 +89,25 @@ def test_plot_curves_writes_a_png(tmp_path):
     metrics = {m: [{"iteration": i, "objective/kl": 0.2 * i} for i in range(1, 6)] for m in curves}
     png = plot_curves(tmp_path / "c.png", curves, rollouts, metrics)
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10_000
+
+
+def test_a_given_start_policy_is_named_as_what_it_is_and_no_sft_is_announced(capsys):
+    """--preset smollm2 starts PPO from SmolLM2-135M-Instruct as given: no "tiny Llama, SFT" stage, no "SFT policy"."""
+    given = QuickstartConfig(preset="smollm2", sft_model="/cache/text2grad/assets/smollm2-135m-instruct-0.1.2-v1")
+    name = start_policy_name(asdict(given))
+    assert name == "start policy (SmolLM2-135M-Instruct)"
+    note = start_policy_note(given)
+    assert note == "start policy (SmolLM2-135M-Instruct), as given: no SFT"
+    results = {"sft": {"fact_score": -0.037}, "nl_gradient": {"fact_score": 0.05}}
+    table = results_table(results, name)
+    assert "| start policy (SmolLM2-135M-Instruct) | -0.037 |" in table and "SFT" not in table
+    print_results({"config": asdict(given), "results": results, "curves": {}, "stage_seconds": {}, "total_seconds": 1.0,
+                   "png": "c.png", "html": "index.html"})
+    assert "SFT policy" not in capsys.readouterr().out
+    built = QuickstartConfig(preset="ci")
+    assert start_policy_name(asdict(built)) == "SFT policy"
+    assert start_policy_note(built) == "tokenizer, tiny Llama, SFT (cached after the first run)"
+    assert "start policy" in STAGES and not any("SFT" in stage for stage in STAGES)
 
 
 def test_results_table_and_presets():

@@ -50,6 +50,7 @@ from text2grad.apps.quickstart.results import (
     peak_rss_mb,
     print_results,
     results_table,
+    start_policy_name,
 )
 from text2grad.apps.quickstart.task import TaskConfig, config_fingerprint, corpus_texts, generate_task, noisy_summary
 from text2grad.core.cli import EXIT_OK, RunFailed, run_cli
@@ -61,7 +62,7 @@ from text2grad.core.modeling import build_tiny_llama, train_tokenizer
 __all__ = ["QuickstartConfig", "PRESETS", "resolve", "run", "main", "stage_ppo", "stage_ppo_modes", "refresh_reward_model",
            "PPOResult"]
 
-STAGES = ("task data", "policy (tokenizer, tiny Llama, SFT)", "annotation", "reward model", "policy optimization",
+STAGES = ("task data", "start policy", "annotation", "reward model", "policy optimization",
           "evaluation", "report")
 
 
@@ -158,6 +159,14 @@ def stage_data(cfg: QuickstartConfig, out: Path) -> dict[str, Path]:
     return paths
 
 
+def start_policy_note(cfg: QuickstartConfig) -> str:
+    """What the start-policy stage does, for its header: an SFT run, or nothing for a policy given as sft_model."""
+    if cfg.sft_model:
+        return f"{start_policy_name(asdict(cfg))}, as given: no SFT"
+    model = cfg.policy_model or "tokenizer, tiny Llama"
+    return f"{model}, SFT (cached after the first run)"
+
+
 def stage_policy(cfg: QuickstartConfig, data: dict[str, Path]) -> tuple[Path, Path]:
     """The SFT run: a cached tokenizer + tiny Llama (or ``policy_model``) fine-tuned by policy_optimization.sft.
 
@@ -165,7 +174,7 @@ def stage_policy(cfg: QuickstartConfig, data: dict[str, Path]) -> tuple[Path, Pa
     the end of the run at ``sft_steps`` (where the reward model starts); the same path when they are equal.
     """
     if cfg.sft_model:
-        print(f"using the given SFT policy {cfg.sft_model}")
+        print(f"starting from {cfg.sft_model} as given (no SFT in this run)")
         return Path(cfg.sft_model), Path(cfg.sft_model)
     key = {
         "task": asdict(_task_config(cfg)) if not cfg.data_dir else str(Path(cfg.data_dir).resolve()),
@@ -531,7 +540,7 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     data = stage_data(cfg, out)
     eval_records = _read_jsonl(data["eval"])
 
-    stages.start("policy (tokenizer, tiny Llama, SFT)", "cached after the first run")
+    stages.start("start policy", start_policy_note(cfg))
     sft, rm_base = stage_policy(cfg, data)
 
     stages.start("annotation", f"critic {cfg.critic}")
@@ -550,7 +559,7 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     stages.start("evaluation", "greedy summaries of the eval split (final policies, evaluated after their last chunk)")
     results = {"sft": evaluator.sft_results["eval"][0], **{m: r.scores for m, r in runs.items()}}
     predictions = {"sft": evaluator.sft_results["eval"][1], **{m: r.predictions for m, r in runs.items()}}
-    print(results_table(results))
+    print(results_table(results, start_policy_name(asdict(cfg))))
 
     write_jsonl(out / "eval_predictions.jsonl", [
         {"id": r["id"], "reference": r["reference"], **{name: predictions[name][i] for name in predictions}}
@@ -563,7 +572,7 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
         metrics_files={m: out / f"ppo-{m}" / "metrics.jsonl" for m in cfg.modes}, reward_model=rm,
         results=results, rm_report=rm_report, n_samples=cfg.n_report_samples, response_length=cfg.response_length,
         seed=cfg.seed, grounded_spans=cfg.grounded_spans, versions=versions, use_chat_template=cfg.use_chat_template,
-        commands=(out / "commands.sh").read_text().splitlines()[2:],
+        commands=(out / "commands.sh").read_text().splitlines()[2:], start_name=start_policy_name(asdict(cfg)),
     )
     stages.finish()
     summary = {

@@ -379,6 +379,7 @@ def write_report(
     versions: Mapping[str, Any] | None = None,
     commands: Sequence[str] = (),
     use_chat_template: bool = False,
+    start_name: str = "SFT policy",
 ) -> dict[str, Any]:
     """Write curves.png, rm_confusion.png and index.html under ``out_dir``; returns their paths and the
     log-prob shift summaries."""
@@ -404,7 +405,7 @@ def write_report(
              f"<style>{_CSS}</style></head><body>",
              "<h1>Text2Grad quickstart: what the reward model said, and what the policy learned</h1>",
              "<nav>" + "".join(f"<a href='#{a}'>{t}</a>" for a, t in _SECTIONS) + "</nav>",
-             "<h2 id='results'>Results (eval split, greedy decoding)</h2>", _md_table_html(results_table(results)),
+             "<h2 id='results'>Results (eval split, greedy decoding)</h2>", _md_table_html(results_table(results, start_name)),
              "<p class='note'>fact_score = (correct - false facts) / 5 per summary; fact_recall = correct facts / 5; "
              "n_false = false facts per summary; perfect = share of summaries with every fact right and none false.</p>",
              "<h2 id='reward-model'>Reward model on held-out annotations</h2>", _rm_section(rm_report, out_dir),

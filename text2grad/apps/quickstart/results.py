@@ -251,19 +251,32 @@ _NAMES = {"sft": "SFT policy", "scalar": "scalar PPO", "nl_gradient": "Text2Grad
           "dense": "dense PPO", "score_spread": "score-spread PPO", "mixed": "mixed PPO"}
 
 
-def results_table(results: Mapping[str, Mapping[str, float]]) -> str:
-    """Markdown table of the final evaluation, one row per policy."""
+def start_policy_name(config: Mapping[str, Any]) -> str:
+    """How the tables and the report name the policy PPO starts from (results key ``"sft"``): "SFT policy" when the
+    run fine-tuned it, else the model it was given as ``sft_model``, e.g. "start policy (SmolLM2-135M-Instruct)"."""
+    given = config.get("sft_model")
+    if not given:
+        return _NAMES["sft"]
+    name = Path(str(given)).name
+    if name.lower().startswith("smollm2-135m-instruct"):  # the converted asset's folder carries a version suffix
+        name = "SmolLM2-135M-Instruct"
+    return f"start policy ({name})"
+
+
+def results_table(results: Mapping[str, Mapping[str, float]], start_name: str = _NAMES["sft"]) -> str:
+    """Markdown table of the final evaluation, one row per policy; ``start_name`` names the ``"sft"`` row
+    (`start_policy_name`)."""
     cols = ["fact_score", "fact_recall", "n_false", "perfect", "rouge1", "rouge2", "rougeL", "bleu"]
     cols = [c for c in cols if all(c in r for r in results.values())]
     lines = ["| policy | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for name, r in results.items():
-        lines.append(f"| {_NAMES.get(name, name)} | " + " | ".join(f"{r[c]:.3f}" for c in cols) + " |")
+        lines.append(f"| {start_name if name == 'sft' else _NAMES.get(name, name)} | " + " | ".join(f"{r[c]:.3f}" for c in cols) + " |")
     return "\n".join(lines)
 
 
 def print_results(summary: Mapping[str, Any]) -> None:
     print(f"\n{'=' * 100}\nResults on {summary['config']['n_eval']} eval posts (greedy decoding)\n{'=' * 100}")
-    print(results_table(summary["results"]))
+    print(results_table(summary["results"], start_policy_name(summary.get("config") or {})))
     flat = flatten(summary.get("reward_model_eval") or {})
     keys = [k for k in flat if any(s in k for s in ("json_valid", "unmatched", "token_f1", "token_precision", "token_recall"))]
     if keys:
