@@ -18,7 +18,7 @@ from text2grad.core import run_dir
 from text2grad.core.config import save_config
 
 __all__ = [
-    "CONFIG_FILE", "RESUMABLE_KEYS", "RUN_FILES", "STATE_FILE", "TrainerState", "find_latest_checkpoint",
+    "CONFIG_FILE", "RESUMABLE_KEYS", "RUN_FILES", "STATE_FILE", "TrainerState", "check_process_count", "find_latest_checkpoint",
     "open_ppo_run", "read_trainer_state", "write_checkpoint_files",
 ]
 
@@ -66,15 +66,24 @@ def write_checkpoint_files(path: Path, state: TrainerState, cfg: PPOConfig, num_
     save_config(cfg, path / CONFIG_FILE)
 
 
-def read_trainer_state(path: Path, num_processes: int) -> TrainerState:
-    """The `TrainerState` saved in the checkpoint ``path`` (a warning if it was written by another number of
-    processes: the data order and RNG streams then differ from an uninterrupted run)."""
-    saved = json.loads((path / STATE_FILE).read_text())
-    if saved.get("num_processes", num_processes) != num_processes:
-        logger.warning(
-            "checkpoint was written by %s processes, resuming with %s: the data order and RNG streams differ",
-            saved.get("num_processes"), num_processes,
+def check_process_count(path: Path, num_processes: int) -> None:
+    """Refuse to resume the checkpoint ``path`` with another number of processes than wrote it (ValueError)."""
+    saved = json.loads((path / STATE_FILE).read_text()).get("num_processes", num_processes)
+    if saved != num_processes:
+        raise ValueError(
+            f"{path} was written by {saved} process(es) but this run has {num_processes}: resume with the same number "
+            f"of processes (accelerate launch --num_processes {saved}, or torchrun --nproc_per_node ... with "
+            f"{saved} in total over all machines). Each process keeps its own random stream and optimizer shard, "
+            "so another count would not continue the saved run; to train on with a different count, start a new "
+            "run (another output_dir, or --overwrite_output_dir true)."
         )
+
+
+def read_trainer_state(path: Path, num_processes: int) -> TrainerState:
+    """The `TrainerState` saved in the checkpoint ``path``; a ValueError if it was written by another number of
+    processes (`check_process_count`)."""
+    check_process_count(path, num_processes)
+    saved = json.loads((path / STATE_FILE).read_text())
     state = TrainerState()
     for key in TrainerState.__dataclass_fields__:
         if key in saved:

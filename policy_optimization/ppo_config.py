@@ -5,10 +5,12 @@ then the YAML file, then the flags (`text2grad.core.config.parse_config`). Defau
 setting (lr 1e-6, batch 12, 4 PPO epochs, initial KL coefficient 0.2 with adaptive control toward a
 sequence KL of 6 nats, LoRA policy).
 
-Batch arithmetic, per process (like TRL): each iteration samples ``batch_size`` prompts, splits the rollouts
-into ``num_mini_batches`` minibatches (one optimizer step each, per PPO epoch) and each minibatch into
-``gradient_accumulation_steps`` micro-batches (one forward/backward each). With N processes an iteration
-sees ``batch_size * N`` episodes.
+Batch arithmetic, global (the same run at any number of processes): each iteration samples ``batch_size``
+rollouts over all processes, ``batch_size / N`` on each of N processes (`PPOConfig.process_batch`; N must divide
+it). The rollouts split into ``num_mini_batches`` minibatches (one optimizer step each, per PPO epoch; each
+process contributes its share of every minibatch and the gradients are averaged), and each process's share of
+a minibatch into ``gradient_accumulation_steps`` micro-batches (one forward/backward each). Advantages (and
+rewards, with ``whiten_rewards``) are whitened over the whole batch (``whiten_scope: global``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from text2grad.core.reward_options import (
     TokenWeightingName,
 )
 
-__all__ = ["PPOConfig", "REWARD_MODES", "SCALAR_SOURCES"]
+__all__ = ["PPOConfig", "ProcessBatch", "REWARD_MODES", "SCALAR_SOURCES", "batch_split_problem"]
 
 # Named sequence-score sources for the modes with a sequence score (SEQUENCE_SCORE_MODES: scalar, score_spread,
 # mixed); any 'package.module:function' also works.
@@ -142,9 +144,15 @@ class PPOConfig(ModelConfig):
     # ---- PPO ---------------------------------------------------------------------------------------
     num_iterations: int | None = config_field(None, "PPO iterations (rollout + update rounds).")
     total_episodes: int | None = config_field(None, "Alternative to num_iterations: episodes over all processes.")
-    batch_size: int = config_field(12, "Rollouts per process per iteration.")
-    num_mini_batches: int = config_field(1, "Minibatches (optimizer steps) per PPO epoch.")
-    gradient_accumulation_steps: int = config_field(1, "Micro-batches per minibatch (forward/backward chunks).")
+    batch_size: int = config_field(
+        12,
+        "Rollouts per iteration over ALL processes (the global batch; the paper's SLF5K setting is 12). Each of N "
+        "processes samples batch_size/N, so N must divide it (and each share must split into num_mini_batches x "
+        "gradient_accumulation_steps); the same config gives the same run at any N. (TRL's old PPOTrainer, which "
+        "the paper's code forked, counted it per process: use batch_size = 12 x N for that reading.)",
+    )
+    num_mini_batches: int = config_field(1, "Minibatches (optimizer steps) per PPO epoch, each of batch_size/num_mini_batches rollouts over all processes.")
+    gradient_accumulation_steps: int = config_field(1, "Micro-batches per minibatch on each process (forward/backward chunks).")
     num_ppo_epochs: int = config_field(4, "Passes over each batch of rollouts.")
     learning_rate: float = config_field(1e-6, "Policy learning rate.")
     value_learning_rate: float | None = config_field(None, "Value model learning rate (default: learning_rate).")
@@ -165,6 +173,12 @@ class PPOConfig(ModelConfig):
     lam: float = config_field(0.95, "GAE lambda.")
     whiten_rewards: bool = config_field(False, "Scale total token rewards to unit variance per batch (mean kept).")
     whiten_advantages: bool = config_field(True, "Normalize advantages per batch.")
+    whiten_scope: Literal["global", "process"] = config_field(
+        "global",
+        "Which batch whiten_advantages / whiten_rewards (and value/explained_variance) take their mean and variance "
+        "from: global = all processes' rollouts together (summed statistics; the same numbers at any process "
+        "count), process = each process's own share (TRL's behaviour; differs with the process count).",
+    )
 
     # ---- run ---------------------------------------------------------------------------------------
     output_dir: str = config_field("outputs/ppo", "Checkpoints, metrics.jsonl, samples.jsonl and the final policy/value model.")
@@ -214,13 +228,10 @@ class PPOConfig(ModelConfig):
         for name in ("batch_size", "num_mini_batches", "gradient_accumulation_steps", "num_ppo_epochs", "response_length", "max_prompt_length"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.batch_size % self.num_mini_batches:
-            problems.append(f"batch_size ({self.batch_size}) must be divisible by num_mini_batches ({self.num_mini_batches})")
-        elif (self.batch_size // self.num_mini_batches) % self.gradient_accumulation_steps:
-            problems.append(
-                f"the minibatch size batch_size/num_mini_batches = {self.batch_size // self.num_mini_batches} must be "
-                f"divisible by gradient_accumulation_steps ({self.gradient_accumulation_steps})"
-            )
+        if min(self.batch_size, self.num_mini_batches, self.gradient_accumulation_steps) >= 1:
+            split = batch_split_problem(self.batch_size, 1, self.num_mini_batches, self.gradient_accumulation_steps)
+            if split:
+                problems.append(split)
         if not 0 <= self.max_feedback_error_rate <= 1:
             problems.append(f"max_feedback_error_rate is a share in [0, 1], got {self.max_feedback_error_rate}")
         if self.temperature <= 0:
@@ -268,21 +279,52 @@ class PPOConfig(ModelConfig):
         return "shared_backbone" if self.use_lora and not self.value_model_name_or_path else "separate"
 
     # ---- derived sizes -----------------------------------------------------------------------------
-    @property
-    def mini_batch_size(self) -> int:
-        """Rollouts per optimizer step, per process."""
-        return self.batch_size // self.num_mini_batches
+    def process_batch(self, num_processes: int = 1) -> "ProcessBatch":
+        """One process's share of the iteration's ``batch_size`` rollouts when ``num_processes`` share it; a
+        ValueError that says which sizes work when it does not split evenly."""
+        problem = batch_split_problem(self.batch_size, num_processes, self.num_mini_batches, self.gradient_accumulation_steps)
+        if problem:
+            raise ValueError(problem)
+        rollouts = self.batch_size // num_processes
+        mini_batch = rollouts // self.num_mini_batches
+        return ProcessBatch(rollouts, mini_batch, mini_batch // self.gradient_accumulation_steps)
 
-    @property
-    def micro_batch_size(self) -> int:
-        """Rollouts per forward/backward pass, per process."""
-        return self.mini_batch_size // self.gradient_accumulation_steps
-
-    def iterations(self, num_processes: int = 1) -> int:
-        """How many PPO iterations this config asks for with ``num_processes`` processes."""
+    def iterations(self) -> int:
+        """How many PPO iterations this config asks for (the same at any number of processes)."""
         if self.num_iterations is not None:
             return self.num_iterations
         if self.total_episodes is not None:
-            return math.ceil(self.total_episodes / (self.batch_size * num_processes))
+            return math.ceil(self.total_episodes / self.batch_size)
         raise ValueError("set num_iterations or total_episodes (how long to train)")
+
+
+@dataclass(frozen=True)
+class ProcessBatch:
+    """One process's share of a PPO iteration (`PPOConfig.process_batch`)."""
+
+    rollouts: int  # rollouts this process samples per iteration (batch_size / processes)
+    mini_batch: int  # of them, per optimizer step
+    micro_batch: int  # of them, per forward/backward pass
+
+
+def batch_split_problem(batch_size: int, num_processes: int, num_mini_batches: int, accumulation: int) -> str | None:
+    """Why ``batch_size`` rollouts do not split evenly over ``num_processes`` processes x ``num_mini_batches``
+    minibatches x ``accumulation`` micro-batches (what to change, with sizes that work), or None if they do."""
+    step = num_processes * num_mini_batches * accumulation
+    if batch_size % step == 0:
+        return None
+    lower, upper = batch_size // step * step, (batch_size // step + 1) * step
+    sizes = f"{lower} or {upper}" if lower else f"{upper}"
+    parts = [f"{num_processes} processes"] if num_processes > 1 else []
+    parts += [f"num_mini_batches {num_mini_batches}"] + ([f"gradient_accumulation_steps {accumulation}"] if accumulation > 1 else [])
+    counts = [n for n in range(1, batch_size + 1) if batch_size % (n * num_mini_batches * accumulation) == 0]
+    where = (f"; or launch a number of processes that works with this batch: {', '.join(map(str, counts))}"
+             if num_processes > 1 and counts else "")
+    product = " x ".join(parts) + (f" = {step}" if len(parts) > 1 else "")
+    return (
+        f"batch_size {batch_size} (rollouts per iteration over all processes) must be divisible by "
+        f"{product}, so every process gets the same whole number of rollouts per micro-batch: "
+        f"set batch_size to a multiple of {step} (e.g. {sizes}), or lower num_mini_batches / "
+        f"gradient_accumulation_steps{where}"
+    )
 

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from policy_optimization.ppo_config import SCALAR_SOURCES, PPOConfig
 from policy_optimization.models import ValueModel
 from policy_optimization.scores import build_score_fn
-from policy_optimization.checkpoints import open_ppo_run
+from policy_optimization.checkpoints import check_process_count, open_ppo_run
 from policy_optimization.trainer import FeedbackFailureError, NLGradientPPOTrainer, NonFiniteError
 from text2grad.core.cli import EXIT_NONFINITE, EXIT_OK, RunFailed, print_error, run_cli
 from text2grad.core.config import ConfigError
@@ -33,6 +33,7 @@ from text2grad.core.critics import build_critic
 from text2grad.core.data import DataError, load_records, record_id, render_template
 from text2grad.core.generation import apply_chat_template
 from text2grad.core.modeling import check_model_path, end_distributed, load_causal_lm, load_tokenizer
+from text2grad.core.placement import world_size
 from text2grad.core.rewards import NoFeedback
 
 __all__ = ["main", "build_prompt_records", "load_models"]
@@ -89,10 +90,13 @@ def load_models(cfg: PPOConfig, tokenizer):
     return policy, ref, value, base_path
 
 
-def check_run_dir(cfg: PPOConfig) -> None:
+def check_run_dir(cfg: PPOConfig, num_processes: int = 1) -> None:
     """The output directory rules (`text2grad.core.run_dir`), checked before any model loads: no file in
-    its place, no earlier run unless resumed or overwritten, and a resumed checkpoint's config matches."""
-    open_ppo_run(cfg, write=False)
+    its place, no earlier run unless resumed or overwritten, and a resumed checkpoint's config matches and was
+    written by as many processes as this run has."""
+    resume_from = open_ppo_run(cfg, write=False)
+    if resume_from is not None:
+        check_process_count(resume_from, num_processes)
 
 
 def build_trainer(cfg: PPOConfig) -> NLGradientPPOTrainer:
@@ -104,7 +108,8 @@ def build_trainer(cfg: PPOConfig) -> NLGradientPPOTrainer:
         raise ConfigError("set --dataset_path (a .jsonl/.json file, a saved dataset or a hub id)")
     try:
         cfg.iterations()  # fails early if neither num_iterations nor total_episodes is set
-        check_run_dir(cfg)
+        cfg.process_batch(world_size())  # batch_size must split evenly over the launched processes
+        check_run_dir(cfg, world_size())
         check_model_path(cfg.model_name_or_path)
         tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="left")
         items = build_prompt_records(cfg, tokenizer)

@@ -2,7 +2,7 @@
 
 One iteration (`NLGradientPPOTrainer.step`), top to bottom:
 
-1. take ``batch_size`` prompts (this process's share of a seeded global order);
+1. take this process's share (``batch_size`` / processes) of the next ``batch_size`` prompts of a seeded order;
 2. sample one response per prompt (left-padded prompts, KV cache, exact sampled ids, cut at the first EOS);
 3. ask the feedback source for a `Feedback` on each (prompt, response); optional task score function;
 4. turn feedback into per-token score rewards on the sampled ids (`text2grad.core.rewards`, per mode);
@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
-from accelerate.utils import set_seed
+from accelerate.utils import broadcast_object_list, set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -73,13 +73,16 @@ from text2grad.core.ppo_math import (
     adaptive_kl_coef,
     entropy_from_logits,
     explained_variance,
+    explained_variance_from_moments,
     gae,
     kl_penalty,
     logprobs_from_logits,
     masked_mean,
+    masked_moments,
     masked_whiten,
     policy_loss,
     value_loss,
+    whiten_with_moments,
 )
 
 __all__ = ["NLGradientPPOTrainer", "NonFiniteError", "FeedbackFailureError", "TrainerState", "find_latest_checkpoint"]
@@ -147,7 +150,8 @@ class NLGradientPPOTrainer:
 
         self.accelerator = make_accelerator(config)
         acc = self.accelerator
-        self.num_iterations = config.iterations(acc.num_processes)
+        self.num_iterations = config.iterations()
+        self.batch = config.process_batch(acc.num_processes)  # this process's share of the global batch_size
         set_seed(config.seed)  # the same LoRA initialisation on every process
 
         if config.use_lora and not is_peft(policy):
@@ -194,9 +198,9 @@ class NLGradientPPOTrainer:
         ds_plugin = acc.state.deepspeed_plugin
         if ds_plugin is not None:
             ds = ds_plugin.deepspeed_config
-            ds["train_micro_batch_size_per_gpu"] = config.micro_batch_size
+            ds["train_micro_batch_size_per_gpu"] = self.batch.micro_batch
             ds["gradient_accumulation_steps"] = config.gradient_accumulation_steps
-            ds["train_batch_size"] = config.micro_batch_size * config.gradient_accumulation_steps * acc.num_processes
+            ds["train_batch_size"] = self.batch.micro_batch * config.gradient_accumulation_steps * acc.num_processes
             ds["gradient_clipping"] = config.max_grad_norm
             self.zero_stage = int(ds_plugin.zero_stage or 0)
         self.model, self.optimizer, self.scheduler = acc.prepare(wrapper, optimizer, scheduler)
@@ -297,10 +301,10 @@ class NLGradientPPOTrainer:
         kl = torch.where(mask > 0, kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator), 0.0)
         rewards = score_rewards - self.state.kl_coef * kl
         if cfg.whiten_rewards:
-            rewards = masked_whiten(rewards, mask, shift_mean=False)
+            rewards = self._whiten(rewards, mask, shift_mean=False)
         advantages, returns = gae(rewards, values, mask, cfg.gamma, cfg.lam)
         if cfg.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
+            advantages = self._whiten(advantages, mask)
         self._guard_finite(
             {"score rewards": score_rewards, "KL": kl, "values": values, "advantages": advantages, "returns": returns},
             mask, during_update=False,
@@ -314,9 +318,9 @@ class NLGradientPPOTrainer:
 
         # 8. KL controller, bookkeeping, metrics
         stats = batch_stats(score, rewards, kl, entropy, mask, generations, n_source_errors, n_score_errors)
-        stats["value/explained_variance"] = float(explained_variance(values, returns, mask))
         stats = self._reduce_mean(stats, sums=SUM_KEYS)
-        global_batch = cfg.batch_size * acc.num_processes
+        stats["value/explained_variance"] = self._explained_variance(values, returns, mask)
+        global_batch = cfg.batch_size
         kl_used = self.state.kl_coef
         if cfg.adaptive_kl:
             self.state.kl_coef = adaptive_kl_coef(kl_used, stats["objective/kl"], cfg.target_kl, global_batch, cfg.kl_horizon)
@@ -344,9 +348,10 @@ class NLGradientPPOTrainer:
     # ---------------------------------------------------------------------------------------------
 
     def _next_items(self) -> list[dict[str, Any]]:
-        """This process's ``batch_size`` records of the next global batch; every epoch is a new seeded shuffle."""
+        """This process's share of the next global batch of ``batch_size`` records; every epoch is a new seeded
+        shuffle. Process k takes the k-th slice, so the batch is the same at any number of processes."""
         cfg, acc = self.config, self.accelerator
-        n, need = len(self.dataset), cfg.batch_size * acc.num_processes
+        n, need, share = len(self.dataset), cfg.batch_size, self.batch.rollouts
         picked: list[int] = []
         while len(picked) < need:
             if self.state.data_pos >= n:
@@ -355,7 +360,7 @@ class NLGradientPPOTrainer:
             take = min(need - len(picked), n - self.state.data_pos)
             picked.extend(int(i) for i in perm[self.state.data_pos : self.state.data_pos + take])
             self.state.data_pos += take
-        mine = picked[acc.process_index * cfg.batch_size : (acc.process_index + 1) * cfg.batch_size]
+        mine = picked[acc.process_index * share : (acc.process_index + 1) * share]
         return [self.dataset[i] for i in mine]
 
     def _permutation(self, epoch: int) -> np.ndarray:
@@ -389,7 +394,7 @@ class NLGradientPPOTrainer:
         T = rollout.response_length
         outs: list[tuple[torch.Tensor, ...]] = []
         self.model.eval()
-        for rows in chunks(len(rollout.generations), cfg.micro_batch_size):
+        for rows in chunks(len(rollout.generations), self.batch.micro_batch):
             ids, attn, pos = rollout.input_ids[rows], rollout.attention_mask[rows], rollout.position_ids[rows]
             logits, values = self.model(ids, attn, pos, T)
             logits = logits.float() / cfg.temperature
@@ -419,11 +424,12 @@ class NLGradientPPOTrainer:
         totals: dict[str, float] = {}
         n_micro = 0
         for _ in range(cfg.num_ppo_epochs):
-            order = torch.randperm(cfg.batch_size)
-            for mb_start in range(0, cfg.batch_size, cfg.mini_batch_size):
-                minibatch = order[mb_start : mb_start + cfg.mini_batch_size]
-                for micro_start in range(0, cfg.mini_batch_size, cfg.micro_batch_size):
-                    rows = minibatch[micro_start : micro_start + cfg.micro_batch_size].to(acc.device)
+            batch = self.batch
+            order = torch.randperm(batch.rollouts)
+            for mb_start in range(0, batch.rollouts, batch.mini_batch):
+                minibatch = order[mb_start : mb_start + batch.mini_batch]
+                for micro_start in range(0, batch.mini_batch, batch.micro_batch):
+                    rows = minibatch[micro_start : micro_start + batch.micro_batch].to(acc.device)
                     with acc.accumulate(self.model):
                         logits, vpred = self.model(rollout.input_ids[rows], rollout.attention_mask[rows], rollout.position_ids[rows], T)
                         logits = logits.float() / cfg.temperature
@@ -481,6 +487,24 @@ class NLGradientPPOTrainer:
             "causes: a feedback source or scalar_source returning inf/NaN scores, or a learning rate too high for "
             "this model; fix it and rerun with --resume auto."
         )
+
+    def _whiten(self, x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+        """`masked_whiten` over the whole batch (``whiten_scope: global``: the processes' moments are summed) or
+        over this process's share (``process``)."""
+        acc = self.accelerator
+        if self.config.whiten_scope == "process" or acc.num_processes == 1:
+            return masked_whiten(x, mask, shift_mean=shift_mean)
+        return whiten_with_moments(x, mask, acc.reduce(masked_moments(x, mask), "sum"), shift_mean=shift_mean)
+
+    def _explained_variance(self, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+        """`explained_variance` of the whole batch (global scope) or the mean of the processes' own (process)."""
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return float(explained_variance(values, returns, mask))
+        if self.config.whiten_scope == "process":
+            return self._reduce_mean({"ev": float(explained_variance(values, returns, mask))})["ev"]
+        moments = acc.reduce(torch.stack([masked_moments(returns, mask), masked_moments(returns - values, mask)]), "sum")
+        return explained_variance_from_moments(moments[0], moments[1])
 
     def _reduce_mean(self, stats: dict[str, float], sums: frozenset[str] = frozenset()) -> dict[str, float]:
         """Average ``stats`` over processes (keys in ``sums`` are summed instead)."""
@@ -572,7 +596,12 @@ class NLGradientPPOTrainer:
         trackers; the output-directory rules are `text2grad.core.run_dir`'s."""
         cfg, acc = self.config, self.accelerator
         if self.state.step == 0:  # (a trainer stepped by hand before train() keeps its state)
-            resume_from = open_ppo_run(cfg, is_main=acc.is_main_process)
+            # The main process alone applies the output-directory rules (it may cut logs or remove an earlier
+            # run) and the others take its decision, rather than each reading a directory that is being changed.
+            decision = [str(open_ppo_run(cfg) or "") if acc.is_main_process else ""]
+            if acc.num_processes > 1:
+                broadcast_object_list(decision, from_process=0)
+            resume_from = Path(decision[0]) if decision[0] else None
             if resume_from is not None:
                 self.load_checkpoint(resume_from)
                 logger.info("resumed from %s at iteration %d", resume_from, self.state.step)

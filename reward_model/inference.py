@@ -124,6 +124,7 @@ class GenerativeRewardModel:
             every quote in the span lists is forced to be an exact substring of the response, so no span is
             lost as unmatched. The critique is generated freely. Off by default, so the model is measured as
             trained; the quickstart turns it on (see benchmarks/README.md for its effect).
+        device: where ``model`` was placed (recorded as ``self.device``; default: its first parameter's device).
     """
 
     def __init__(
@@ -143,6 +144,7 @@ class GenerativeRewardModel:
         grounded_spans: bool = False,
         backend: Backend = "hf",
         engine: Any = None,
+        device: torch.device | None = None,
     ):
         if backend not in ("hf", "vllm"):
             raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
@@ -170,13 +172,8 @@ class GenerativeRewardModel:
             raise ValueError("the 'hf' backend needs a model")
         if model is not None:
             model.eval()
-
-    @property
-    def device(self) -> torch.device | None:
-        """Where the "hf" backend's model sits (None for vLLM, which places its own engine)."""
-        if self.model is None:
-            return None
-        return next(self.model.parameters()).device
+        # Where the "hf" backend's model was placed (from_pretrained: this process's own device); None for vLLM.
+        self.device = device if device is not None or model is None else next(model.parameters()).device
 
     # ----------------------------------------------------------------------------------------------
     # Loading
@@ -239,7 +236,8 @@ class GenerativeRewardModel:
             return cls(None, tokenizer, backend="vllm", engine=engine, **options)
 
         model = load_causal_lm(path_or_hub_id, adapter=adapter, dtype=dtype, merge_adapter=merge_adapter)
-        return cls(model.to(resolve_device(device)), tokenizer, **options)
+        placed = resolve_device(device)
+        return cls(model.to(placed), tokenizer, device=placed, **options)
 
     @classmethod
     def from_critic_kwargs(

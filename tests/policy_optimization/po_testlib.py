@@ -37,3 +37,8 @@ def first_and_last_words(prompt: str, response: str) -> Feedback:
 def word_count_score(prompts, responses) -> list[float]:
     """A task score for the scalar/mixed modes: response length in words, capped at 1 (for CLI tests)."""
     return [min(1.0, len(r.split()) / 10) for r in responses]
+
+
+def character_count_score(prompts, responses) -> list[float]:
+    """A task score that differs between most responses of a tiny random model (their length in characters / 40)."""
+    return [len(r) / 40 for r in responses]

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from policy_optimization import dpo, sft, train
-from policy_optimization.ppo_config import PPOConfig
+from policy_optimization.ppo_config import PPOConfig, ProcessBatch
 from policy_optimization.dpo_config import DPORunConfig
 from policy_optimization.sft import load_pairs
 from text2grad.apps.tiny import make_tiny_world
@@ -125,10 +125,19 @@ def test_config_checks_choice_fields_and_save_total_limit_when_built():
 def test_config_rejects_inconsistent_batch_settings():
     with pytest.raises(ValueError, match="divisible by num_mini_batches"):
         PPOConfig(batch_size=6, num_mini_batches=4)
-    with pytest.raises(ValueError, match="divisible by gradient_accumulation_steps"):
+    with pytest.raises(ValueError, match="divisible by num_mini_batches 2 x gradient_accumulation_steps 3 = 6"):
         PPOConfig(batch_size=8, num_mini_batches=2, gradient_accumulation_steps=3)
     cfg = PPOConfig(batch_size=8, num_mini_batches=2, gradient_accumulation_steps=2, total_episodes=100)
-    assert (cfg.mini_batch_size, cfg.micro_batch_size, cfg.iterations(num_processes=2)) == (4, 2, 7)
+    # batch_size is global: 2 processes sample 4 rollouts each, 2 per minibatch, 1 per micro-batch
+    assert cfg.process_batch(1) == ProcessBatch(rollouts=8, mini_batch=4, micro_batch=2)
+    assert cfg.process_batch(2) == ProcessBatch(rollouts=4, mini_batch=2, micro_batch=1)
+    assert cfg.iterations() == 13  # ceil(100 episodes / 8 per iteration), at any process count
+    with pytest.raises(ValueError, match=r"divisible by 4 processes x num_mini_batches 2 x gradient_accumulation_steps 2 = 16"
+                                         r".*multiple of 16 \(e.g. 16\).*launch a number of processes that works with this batch: 1, 2"):
+        cfg.process_batch(4)
+    paper = PPOConfig(batch_size=12, num_mini_batches=2)  # configs/slf5k/ppo.yaml on 8 GPUs
+    with pytest.raises(ValueError, match=r"multiple of 16 \(e.g. 16\).*: 1, 2, 3, 6$"):
+        paper.process_batch(8)
     with pytest.raises(ValueError, match="num_iterations or total_episodes"):
         PPOConfig().iterations()
 

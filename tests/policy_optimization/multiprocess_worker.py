@@ -1,0 +1,87 @@
+"""One process of the multi-process PPO tests, started by a launcher (``accelerate launch`` / ``torchrun``):
+
+    accelerate launch ... -m tests.policy_optimization.multiprocess_worker [--seeded_rollouts] <train-policy flags>
+
+It builds the trainer exactly as ``python -m policy_optimization.train`` does, writes where each of this
+process's models sits to ``<output_dir>/placement-rank<k>.json``, then trains. The reward models are placed by a
+device resolver that maps local rank k to ``cpu:k``: on a CPU the index is the only trace of which rank a device
+was meant for, so a model built for the wrong rank (e.g. every rank's copy on device 0) shows up.
+
+``--seeded_rollouts`` samples each prompt on its own with a seed made from the prompt and the iteration, so a
+prompt gets the same response whichever process samples it (the trainer's sampling streams differ per process by
+design); the world-size comparison needs that.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import zlib
+from pathlib import Path
+
+import torch
+
+from policy_optimization.distributed import policy_for_generation
+from policy_optimization.ppo_config import PPOConfig
+from policy_optimization.train import build_trainer
+from policy_optimization.trainer import NLGradientPPOTrainer
+from text2grad.core.config import parse_config
+from text2grad.core.generation import Generation, generate
+from text2grad.core.modeling import end_distributed
+from text2grad.core.placement import local_rank, set_device_resolver
+
+
+def rank_device() -> torch.device:
+    """``cpu:<LOCAL_RANK>``: usable on a CPU, and the index says which rank asked."""
+    return torch.device("cpu", local_rank() or 0)
+
+
+def seeded_generate(self: NLGradientPPOTrainer, prompts: list[str]) -> list[Generation]:
+    cfg = self.config
+    self.model.eval()
+    with policy_for_generation(self.model, self.accelerator, self.zero_stage) as policy:
+        return [
+            generate(policy, self.tokenizer, [prompt], max_new_tokens=cfg.response_length, do_sample=True,
+                     temperature=cfg.temperature, max_prompt_length=cfg.max_prompt_length,
+                     generator_seed=zlib.crc32(f"{self.state.step}:{prompt}".encode()))[0]
+            for prompt in prompts
+        ]
+
+
+def devices(module: torch.nn.Module | None) -> list[str]:
+    return sorted({str(p.device) for p in module.parameters()}) if module is not None else []
+
+
+def placement(trainer: NLGradientPPOTrainer) -> dict:
+    acc = trainer.accelerator
+    unwrapped = acc.unwrap_model(trainer.model)
+    critic = getattr(trainer, "critic", None)
+    scorer = trainer.score_fn
+    return {
+        "local_rank": local_rank(), "process_index": acc.process_index, "num_processes": acc.num_processes,
+        "accelerator_device": str(acc.device), "zero_stage": trainer.zero_stage,
+        "critic": str(critic.device) if getattr(critic, "device", None) is not None else None,
+        "scalar_reward_model": str(scorer.device) if getattr(scorer, "device", None) is not None else None,
+        "policy": devices(unwrapped.policy), "value": devices(unwrapped.value_model),
+        "reference": devices(getattr(trainer.ref_model, "module", trainer.ref_model)),
+        "rollouts_per_process": trainer.batch.rollouts,
+    }
+
+
+def main(argv: list[str]) -> int:
+    if "--seeded_rollouts" in argv:
+        argv = [a for a in argv if a != "--seeded_rollouts"]
+        NLGradientPPOTrainer._generate = seeded_generate
+    set_device_resolver(rank_device)
+    cfg = parse_config(PPOConfig, argv)
+    trainer = build_trainer(cfg)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"placement-rank{trainer.accelerator.process_index}.json").write_text(json.dumps(placement(trainer)))
+    trainer.train()
+    end_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

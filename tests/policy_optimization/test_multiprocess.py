@@ -1,0 +1,137 @@
+"""PPO as several processes on CPU (gloo), as it runs on a multi-GPU node: every model on its process's own
+device, both reward models in the loop, the global batch, resume under DeepSpeed, and what a changed process
+count does on resume.
+
+Each launch starts 2 processes of `tests.policy_optimization.multiprocess_worker` on the tiny offline model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForSequenceClassification
+
+from policy_optimization.checkpoints import check_process_count
+from policy_optimization.train import main as train_main
+from reward_model.scalar import CONFIG_FILENAME as SCALAR_CONFIG
+from reward_model.scalar_config import ScalarRMConfig
+from tests.policy_optimization.test_training_scripts import ROOT, read_metrics, script_env
+from text2grad.apps.tiny import make_tiny_world
+from text2grad.core.config import save_config
+from text2grad.core.modeling import load_tokenizer
+
+WORKER = "tests.policy_optimization.multiprocess_worker"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """The tiny SLF5K world (model, tokenizer, prepared prompts) and an untrained scalar reward model on it."""
+    root = make_tiny_world("slf5k", tmp_path_factory.mktemp("mp") / "world")
+    scalar = root / "scalar_rm"
+    if not (scalar / SCALAR_CONFIG).is_file():
+        model = AutoModelForSequenceClassification.from_pretrained(root / "model", num_labels=1)
+        tokenizer = load_tokenizer(str(root / "model"), padding_side="right")
+        model.config.pad_token_id = tokenizer.pad_token_id
+        model.save_pretrained(scalar)
+        tokenizer.save_pretrained(scalar)
+        save_config(ScalarRMConfig(model_name_or_path=str(scalar), max_length=256), scalar / SCALAR_CONFIG)
+    return root
+
+
+def ppo_flags(world: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--config", str(ROOT / "configs" / "slf5k" / "ppo.yaml"), "--model_name_or_path", str(world / "model"),
+        "--adapter", "none", "--dataset_path", str(world / "data" / "rl_prompts.jsonl"),
+        "--num_iterations", "1", "--batch_size", "4", "--num_mini_batches", "1", "--num_ppo_epochs", "1",
+        "--response_length", "8", "--dtype", "auto", "--gradient_checkpointing", "false", "--progress_bar", "false",
+        "--stop_strings", "none", "--output_dir", str(out), *extra,
+    ]
+
+
+def launch(tmp_path: Path, launcher: list[str], flags: list[str], **env: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", *launcher, "-m", WORKER, *flags] if launcher else [sys.executable, "-m", WORKER, *flags]
+    proc = subprocess.run(cmd, cwd=ROOT, env=script_env(tmp_path, OMP_NUM_THREADS="1", **env), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return proc
+
+
+def placements(out: Path) -> list[dict]:
+    return [json.loads((out / f"placement-rank{k}.json").read_text()) for k in (0, 1)]
+
+
+ZERO2 = ["accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate" / "cpu_deepspeed_zero2.yaml")]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_zero2_ppo_with_the_generative_and_scalar_reward_models_on_each_rank_resumes(world, tmp_path):
+    out = tmp_path / "run"
+    both_reward_models = [
+        "--critic", "reward_model", "--critic_kwargs", json.dumps({"path": str(world / "model"), "max_new_tokens": 8}),
+        "--reward_mode", "mixed", "--scalar_source", "scalar_rm",
+        "--scalar_source_kwargs", json.dumps({"path": str(world / "scalar_rm")}),
+        "--feedback_prompt_template", "{prompt}",
+        "--max_feedback_error_rate", "1.0",  # the untrained generative reward model writes no valid JSON
+        "--save_steps", "1",
+    ]
+    launch(tmp_path, ZERO2, ppo_flags(world, out, *both_reward_models), DS_ACCELERATOR="cpu")
+    for rank, seen in enumerate(placements(out)):
+        assert (seen["local_rank"], seen["process_index"], seen["num_processes"], seen["zero_stage"]) == (rank, rank, 2, 2)
+        # each rank's own copy of each reward model, on that rank's device (cpu:<local rank> under the test resolver)
+        assert seen["critic"] == seen["scalar_reward_model"] == f"cpu:{rank}"
+        # policy and (shared-backbone) value head where accelerate put this process: its own device
+        assert seen["policy"] == seen["value"] == [seen["accelerator_device"]] == ["cpu"]
+        assert seen["rollouts_per_process"] == 2  # batch_size 4 is the global batch
+    first = read_metrics(out)
+    assert [(m["iteration"], m["episodes"], m["samples/batch"]) for m in first] == [(1, 4, 4.0)]
+    assert first[0]["samples/feedback_error"] == 4.0 and first[0]["samples/score_error"] == 0.0
+    assert (out / "checkpoint-1" / "pytorch_model").is_dir()  # DeepSpeed's sharded checkpoint
+
+    launch(tmp_path, ZERO2, ppo_flags(world, out, *both_reward_models, "--num_iterations", "2", "--resume", "auto"),
+           DS_ACCELERATOR="cpu")
+    resumed = read_metrics(out)
+    assert [(m["iteration"], m["episodes"]) for m in resumed] == [(1, 4), (2, 8)]
+    assert resumed[0] == first[0]  # the first iteration's line is kept, not rewritten
+    assert (out / "checkpoint-2" / "pytorch_model").is_dir() and (out / "policy" / "adapter_config.json").is_file()
+
+    # The same checkpoint with one process instead of two is refused before any model loads.
+    with pytest.raises(ValueError, match="was written by 2 process\\(es\\) but this run has 1: resume with the same"):
+        check_process_count(out / "checkpoint-2", 1)
+
+
+DDP = ["torch.distributed.run", "--nproc_per_node", "2"]  # with ACCELERATE_USE_CPU=true: DDP over gloo
+COMPARED = ("reward/score_mean", "reward/total_mean", "objective/kl", "objective/kl_coef", "policy/rollout_entropy",
+            "loss/policy", "loss/value", "loss/total", "policy/entropy", "policy/approx_kl", "policy/clipfrac",
+            "value/explained_variance", "tokens/nonzero_reward_share", "episodes")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_the_same_global_batch_gives_the_same_metrics_on_one_and_two_processes(world, tmp_path):
+    """batch_size is the global batch: one process samples all 4 rollouts, or two processes 2 each, and with
+    seeded rollouts (the same response whichever process samples a prompt) every metric of both iterations
+    agrees to 1e-4 (relative; 1e-6 absolute): data split, whitening over the global batch (rewards and
+    advantages), gradient averaging, explained variance and the metric reductions all see the same batch."""
+    flags = ["--critic", "tests.policy_optimization.po_testlib:first_and_last_words", "--critic_kwargs", "{}",
+             "--reward_mode", "mixed", "--scalar_source", "tests.policy_optimization.po_testlib:character_count_score",
+             "--missing_eos_penalty", "0",
+             "--num_iterations", "2", "--num_ppo_epochs", "2", "--learning_rate", "3e-3", "--value_learning_rate", "3e-3",
+             "--lr_scheduler_type", "constant", "--whiten_rewards", "true", "--use_chat_template", "false",
+             "--save_steps", "0", "--seeded_rollouts"]
+    launch(tmp_path, [], ppo_flags(world, tmp_path / "one", *flags))  # no launcher: one process
+    launch(tmp_path, DDP, ppo_flags(world, tmp_path / "two", *flags), ACCELERATE_USE_CPU="true")
+    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert [m["iteration"] for m in one] == [m["iteration"] for m in two] == [1, 2]
+    assert [p["rollouts_per_process"] for p in placements(tmp_path / "two")] == [2, 2]
+    for a, b in zip(one, two):
+        # equal token counts on both processes (every response runs to response_length), or the per-process
+        # loss means would weigh tokens differently from one process's mean by design
+        assert a["response/length_mean"] == b["response/length_mean"] == 8.0
+        assert a["tokens/nonzero_reward_share"] > 0  # the critic rewarded something: the update had a signal
+        for key in COMPARED:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    assert one[1]["loss/policy"] != one[0]["loss/policy"]  # the second iteration ran on updated weights
