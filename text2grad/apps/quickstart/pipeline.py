@@ -45,6 +45,7 @@ from text2grad.apps.quickstart.results import (
     StageClock,
     generate_responses,
     describe_speed,
+    feedback_error_rates,
     installed_versions,
     machine_speed,
     peak_rss_mb,
@@ -394,8 +395,8 @@ def stage_ppo(cfg: QuickstartConfig, data: dict[str, Path], sft: Path, rm: Path,
         # a quote labels only its first occurrence: repeating a praised phrase must not pay
         "--occurrence", "first",
         "--seed", str(cfg.ppo_seed), "--log_samples", str(cfg.ppo_batch_size),  # every rollout, for the report
-        # a sample without feedback scores zero and is counted (the small presets' reward models often fail)
-        "--max_feedback_error_rate", "1.0",
+        # the ci preset's tiny reward model needs 1.0 (see the config field); every iteration's rate is in results.json
+        "--max_feedback_error_rate", str(cfg.max_feedback_error_rate),
         # the policy's prompts through its chat template (the reward model still reads the raw post: feedback_prompt)
         *(["--use_chat_template", "true"] if cfg.use_chat_template else []),
     ]
@@ -573,13 +574,20 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
         results=results, rm_report=rm_report, n_samples=cfg.n_report_samples, response_length=cfg.response_length,
         seed=cfg.seed, grounded_spans=cfg.grounded_spans, versions=versions, use_chat_template=cfg.use_chat_template,
         commands=(out / "commands.sh").read_text().splitlines()[2:], start_name=start_policy_name(asdict(cfg)),
+        max_feedback_error_rate=cfg.max_feedback_error_rate,
+        selected={m: r.selected_iteration for m, r in runs.items()},
     )
     stages.finish()
     summary = {
         "config": asdict(cfg), "results": results, "curves": curves, "reward_model_eval": rm_report,
         "logprob_shift": report["logprob_shift"], "logprob_shift_by_position": report["logprob_shift_by_position"],
+        "logprob_shift_true": report["logprob_shift_true"],
+        "logprob_shift_true_by_position": report["logprob_shift_true_by_position"],
+        "interpretation": report["interpretation"],
         "selection": {m: {"selected_iteration": r.selected_iteration, "validation": r.validation,
                           "reward_models": r.reward_models} for m, r in runs.items()},
+        "feedback_error_rate": feedback_error_rates({m: out / f"ppo-{m}" / "metrics.jsonl" for m in cfg.modes}),
+        "max_feedback_error_rate": cfg.max_feedback_error_rate,
         "versions": versions, "machine_speed": speed, "stage_seconds": stages.times,
         "stage_peak_rss_mb": stages.peak_rss_mb,
         "total_seconds": time.perf_counter() - stages.start_all, "png": str(report["png"]), "html": str(report["html"]),

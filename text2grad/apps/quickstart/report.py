@@ -34,7 +34,8 @@ import numpy as np
 import yaml
 
 from reward_model.inference import GenerativeRewardModel
-from text2grad.apps.quickstart.results import generate_responses, results_table
+from text2grad.apps.quickstart.results import _NAMES, generate_responses, results_table
+from text2grad.apps.quickstart.results import describe_feedback_errors, feedback_error_rates
 from text2grad.apps.quickstart.task import FactCritic, critique_summary, fact_scores
 from text2grad.core.data import iter_jsonl
 from text2grad.core.feedback import Feedback
@@ -48,7 +49,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless back
 import torch  # noqa: E402
 
 __all__ = ["rollout_curves", "token_logprobs", "logprob_shift", "logprob_shift_by_position", "plot_curves",
-           "plot_confusion", "write_report"]
+           "plot_confusion", "write_report", "describe_results", "describe_shift"]
 
 # How PPO labels its rollouts in the quickstart (pipeline.stage_ppo passes --occurrence first).
 LABEL_OCCURRENCE = "first"
@@ -175,24 +176,26 @@ def _label_key(label: int) -> str:
     return "good" if label > 0 else "poor" if label < 0 else "neutral"
 
 
-def logprob_shift(items: Sequence[Mapping[str, Any]], policy: str) -> dict[str, float]:
-    """Mean change of token log-prob (``policy`` minus SFT) over all tokens with each reward-model label."""
+def logprob_shift(items: Sequence[Mapping[str, Any]], policy: str, labels: str = "labels") -> dict[str, float]:
+    """Mean change of token log-prob (``policy`` minus SFT) over all tokens with each label: the reward model's
+    (``labels="labels"``) or the critic's true ones (``labels="true_labels"``)."""
     sums = {"good": [0.0, 0], "poor": [0.0, 0], "neutral": [0.0, 0]}
     for it in items:
-        for lab, before, after in zip(it["labels"], it["logp"]["sft"], it["logp"][policy]):
+        for lab, before, after in zip(it[labels], it["logp"]["sft"], it["logp"][policy]):
             sums[_label_key(lab)][0] += after - before
             sums[_label_key(lab)][1] += 1
     return {k: (s / n if n else float("nan")) for k, (s, n) in sums.items()}
 
 
-def logprob_shift_by_position(items: Sequence[Mapping[str, Any]], policy: str) -> dict[str, dict[str, float]]:
+def logprob_shift_by_position(items: Sequence[Mapping[str, Any]], policy: str,
+                              labels: str = "labels") -> dict[str, dict[str, float]]:
     """The same change split by where a labelled token sits: ``first`` token of a labelled run (where the
     policy chooses to start the quote) or ``inside`` it (continuations once the run has started); each entry
     ``{"mean": ..., "n": ...}``. Unlabelled tokens are ``neutral``."""
     sums: dict[str, list[float]] = {}
     for it in items:
         prev = 0
-        for lab, before, after in zip(it["labels"], it["logp"]["sft"], it["logp"][policy]):
+        for lab, before, after in zip(it[labels], it["logp"]["sft"], it["logp"][policy]):
             key = "neutral" if lab == 0 else f"{_label_key(lab)}_{'inside' if lab == prev else 'first'}"
             acc = sums.setdefault(key, [0.0, 0])
             acc[0] += after - before
@@ -215,9 +218,11 @@ def _token_items(eval_records, sft_generations, policies, reward_model, grounded
         text, offsets = decode_with_offsets(tokenizer, ids)
         labels = (feedback_token_labels(fb, text, offsets, occurrence=LABEL_OCCURRENCE).labels if fb.ok
                   else [0] * len(ids))
+        truth = critique_summary(rec["facts"], gen.text)
         items.append({
             "record": rec, "response": gen.text, "ids": ids, "prompt_ids": list(gen.prompt_ids), "offsets": offsets,
-            "text": text, "labels": labels, "feedback": fb, "truth": critique_summary(rec["facts"], gen.text), "logp": {},
+            "text": text, "labels": labels, "feedback": fb, "truth": truth, "logp": {},
+            "true_labels": feedback_token_labels(truth, text, offsets, occurrence=LABEL_OCCURRENCE).labels,
         })
     for name, path in policies.items():
         model = load_causal_lm(str(path)).eval()
@@ -318,31 +323,85 @@ def _rm_section(rm_report: Mapping[str, Any], out_dir: Path) -> str:
     return "".join(parts)
 
 
-def _logprob_section(shift: Mapping[str, Mapping[str, float]], by_position: Mapping[str, Mapping[str, Mapping[str, float]]],
-                     n_tokens: Mapping[str, int]) -> str:
-    parts = ["<p class='note'>Over the SFT policy's greedy summaries of every eval post, the same token ids "
-             "(exactly as the SFT policy generated them) are scored by the SFT policy and by each trained policy, "
-             "and the reward model labels them the way PPO labels its rollouts. Text2Grad rewards each poor token "
-             "with -1 and each good one with +1, so it is expected to lower poor tokens and raise good ones.</p>",
-             _table(["policy", "good tokens", "poor tokens", "unlabelled tokens"],
-                    [(p, *(_signed(s[k]) for k in ("good", "poor", "neutral"))) for p, s in shift.items()]),
-             f"<p class='note'>Tokens: {n_tokens.get('good', 0)} good, {n_tokens.get('poor', 0)} poor, "
-             f"{n_tokens.get('neutral', 0)} unlabelled. Split by position in the labelled run:</p>"]
+def describe_shift(policy: str, shift: Mapping[str, float], by_position: Mapping[str, Mapping[str, float]],
+                   whose: str) -> str:
+    """One or two sentences read from a log-prob shift table: which way poor and good tokens moved, and whether
+    the poor ones lost probability relative to the good ones (``whose``: whose labels, e.g. "the reward model's")."""
+    poor, good = shift.get("poor", float("nan")), shift.get("good", float("nan"))
+    if poor != poor or good != good:
+        return f"{policy}: {whose} labels mark no {'poor' if poor != poor else 'good'} tokens here, so there is nothing to compare."
+    gap = poor - good
+    text = (f"Under {policy}, tokens {whose} labels call poor moved by {poor:+.3f} nats and good ones by {good:+.3f}: "
+            + (f"the poor tokens lost {-gap:.3f} nats relative to the good ones." if gap < 0 else
+               f"the poor tokens did not lose probability relative to the good ones (they gained {gap:.3f} nats more)."))
+    first = by_position.get("poor_first")
+    if first:
+        text += (f" The first tokens of poor quotes, where the policy chooses to write the flaw, moved by {first['mean']:+.3f} "
+                 f"(n={first['n']}): they {'fell' if first['mean'] < 0 else 'rose'}.")
+    return text
+
+
+def _shift_tables(shift, by_position) -> list[str]:
     keys = ("good_first", "good_inside", "poor_first", "poor_inside", "neutral")
-    parts.append(_table(["policy", *(k.replace("_", " ") for k in keys)],
-                        [(p, *(f"{_signed(b[k]['mean'])} (n={b[k]['n']})" if k in b else "no tokens" for k in keys))
-                         for p, b in by_position.items()]))
-    parts.append(
-        "<p class='note'><b>How to read it.</b> The first token of a poor quote is where the policy chooses to "
-        "write the wrong fact; the tokens inside the quote are continuations, nearly forced once it has started (a "
-        "name, then its role), so span rewards act mostly through the first token. Every token here is the SFT "
-        "policy's greedy choice, so it starts near log p = 0 and can mostly only fall: compare the columns with "
-        "each other, not with zero. With GAE lambda near 1 (PPO's default 0.95, gamma 1) a token's advantage is "
-        "dominated by the rewards of the tokens after it, so a poor token followed by correct facts is credited "
-        "for them and need not fall; with lambda 0 each token's advantage is its own reward against the value "
-        "step, and the first poor tokens fall clearly (measured, with alignment, whitening and KL ruled out, in "
-        "benchmarks/README.md, 'Why poor tokens could gain probability').</p>")
+    return [_table(["policy", "good tokens", "poor tokens", "unlabelled tokens"],
+                   [(p, *(_signed(s[k]) for k in ("good", "poor", "neutral"))) for p, s in shift.items()]),
+            "<p class='note'>Split by position in the labelled run:</p>",
+            _table(["policy", *(k.replace("_", " ") for k in keys)],
+                   [(p, *(f"{_signed(b[k]['mean'])} (n={b[k]['n']})" if k in b else "no tokens" for k in keys))
+                    for p, b in by_position.items()])]
+
+
+def _logprob_section(shift: Mapping[str, Mapping[str, float]], by_position: Mapping[str, Mapping[str, Mapping[str, float]]],
+                     n_tokens: Mapping[str, int], true_shift: Mapping[str, Mapping[str, float]] | None = None,
+                     true_by_position: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None) -> str:
+    parts = ["<p class='note'>Over the SFT policy's greedy summaries of every eval post, the same token ids "
+             "(exactly as the SFT policy generated them) are scored by the SFT policy and by each trained policy. "
+             "Text2Grad rewards each poor token with -1 and each good one with +1, so it is expected to lower poor "
+             "tokens relative to good ones. Every token here is the SFT policy's greedy choice, so it starts near "
+             "log p = 0 and can mostly only fall: compare the columns with each other, not with zero.</p>",
+             "<h3>By the reward model's labels (as PPO labels its rollouts)</h3>",
+             f"<p class='note'>Tokens: {n_tokens.get('good', 0)} good, {n_tokens.get('poor', 0)} poor, "
+             f"{n_tokens.get('neutral', 0)} unlabelled.</p>", *_shift_tables(shift, by_position),
+             "<p>" + " ".join(html.escape(describe_shift(_policy_name(p), shift[p], by_position.get(p, {}),
+                                                          "the reward model's")) for p in shift) + "</p>"]
+    if true_shift:
+        parts += ["<h3>By the critic's true labels (the task's fact check)</h3>",
+                  *_shift_tables(true_shift, true_by_position or {}),
+                  "<p>" + " ".join(html.escape(describe_shift(_policy_name(p), true_shift[p], (true_by_position or {}).get(p, {}),
+                                                               "the critic's true")) for p in true_shift) + "</p>"]
     return "".join(parts)
+
+
+def describe_results(results: Mapping[str, Mapping[str, float]], curves: Mapping[str, Sequence[Mapping[str, float]]],
+                     selected: Mapping[str, int] | None = None, kl_end: Mapping[str, float] | None = None) -> list[str]:
+    """Sentences read from the results: each trained policy against the start policy and the other modes, the
+    iteration early stopping kept against the end of training, and the KL to the start at the end."""
+    start = results.get("sft", {}).get("fact_score")
+    lines = []
+    modes = [m for m in results if m != "sft"]
+    for m in modes:
+        score = results[m]["fact_score"]
+        name = _policy_name(m)
+        others = [o for o in modes if o != m]
+        text = f"{name} scores {score:.3f} on the eval split"
+        if start is not None:
+            text += f", {score - start:+.3f} against the start policy ({start:.3f})"
+        if others:
+            text += "; " + ", ".join(f"{score - results[o]['fact_score']:+.3f} against {_policy_name(o)}" for o in others)
+        curve = [p for p in curves.get(m, []) if "fact_score" in p]
+        kept = (selected or {}).get(m)
+        if curve and kept is not None and kept != curve[-1]["iteration"]:
+            end = curve[-1]
+            text += (f". Early stopping kept iteration {kept}; at the end of training (iteration {end['iteration']}) it "
+                     f"scored {end['fact_score']:.3f} ({end['fact_score'] - score:+.3f})")
+        if kl_end and m in kl_end:
+            text += f"; KL to the start policy at the end: {kl_end[m]:.2f} nats"
+        lines.append(text + ".")
+    return lines
+
+
+def _policy_name(mode: str) -> str:
+    return _NAMES.get(mode, mode)
 
 
 def _provenance_section(versions: Mapping[str, Any] | None, commands: Sequence[str]) -> str:
@@ -380,15 +439,20 @@ def write_report(
     commands: Sequence[str] = (),
     use_chat_template: bool = False,
     start_name: str = "SFT policy",
+    max_feedback_error_rate: float | None = None,
+    selected: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Write curves.png, rm_confusion.png and index.html under ``out_dir``; returns their paths and the
-    log-prob shift summaries."""
+    """Write curves.png, rm_confusion.png and index.html under ``out_dir``; returns their paths, the log-prob shift
+    summaries (by the reward model's and by the critic's true labels) and the sentences that read the results.
+
+    ``selected``: the iteration each mode's reported policy comes from (early stopping), if not the last."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     critic = FactCritic(records=list(eval_records) + _rl_records(metrics_files))
     rollouts = {m: rollout_curves(Path(p).with_name("samples.jsonl"), critic) for m, p in metrics_files.items()}
     metrics = {m: _metrics(Path(p)) for m, p in metrics_files.items()}
     png = plot_curves(out_dir / "curves.png", curves, rollouts, metrics)
+    kl_end = {m: rows[-1]["objective/kl"] for m, rows in metrics.items() if rows and "objective/kl" in rows[-1]}
 
     sft_generations = generate_responses(Path(policies["sft"]), [r["prompt"] for r in eval_records], response_length,
                                          False, seed, use_chat_template=use_chat_template)
@@ -396,6 +460,8 @@ def write_report(
     trained = [p for p in policies if p != "sft"]
     shift = {p: logprob_shift(items, p) for p in trained}
     by_position = {p: logprob_shift_by_position(items, p) for p in trained}
+    true_shift = {p: logprob_shift(items, p, "true_labels") for p in trained}
+    true_by_position = {p: logprob_shift_by_position(items, p, "true_labels") for p in trained}
     n_tokens = {k: sum(_label_key(l) == k for it in items for l in it["labels"]) for k in ("good", "poor", "neutral")}
     main = "nl_gradient" if "nl_gradient" in shift else (trained[0] if trained else None)
 
@@ -406,11 +472,14 @@ def write_report(
              "<h1>Text2Grad quickstart: what the reward model said, and what the policy learned</h1>",
              "<nav>" + "".join(f"<a href='#{a}'>{t}</a>" for a, t in _SECTIONS) + "</nav>",
              "<h2 id='results'>Results (eval split, greedy decoding)</h2>", _md_table_html(results_table(results, start_name)),
+             "<p>" + " ".join(html.escape(x) for x in describe_results(results, curves, selected, kl_end)) + "</p>",
              "<p class='note'>fact_score = (correct - false facts) / 5 per summary; fact_recall = correct facts / 5; "
              "n_false = false facts per summary; perfect = share of summaries with every fact right and none false.</p>",
              "<h2 id='reward-model'>Reward model on held-out annotations</h2>", _rm_section(rm_report, out_dir),
+             "<p class='note'>During PPO: " + html.escape(describe_feedback_errors(
+                 feedback_error_rates(metrics_files), max_feedback_error_rate)) + ".</p>",
              "<h2 id='logprob'>Mean change of token log-probability after training, by reward-model label</h2>",
-             _logprob_section(shift, by_position, n_tokens),
+             _logprob_section(shift, by_position, n_tokens, true_shift, true_by_position),
              "<h2 id='curves'>Curves</h2>",
              f"<p><img src='{png.name}' alt='training and evaluation curves'></p>",
              "<h2 id='samples'>Samples</h2><p class='legend'>Token colour = reward-model label: "
@@ -437,6 +506,11 @@ def write_report(
     page.write_text("\n".join(parts), encoding="utf-8")
     return {"png": png, "html": page, "logprob_shift": shift.get(main, {}) if main else {},
             "logprob_shift_all": shift, "logprob_shift_by_position": by_position.get(main, {}) if main else {},
+            "logprob_shift_true": true_shift.get(main, {}) if main else {},
+            "logprob_shift_true_by_position": true_by_position.get(main, {}) if main else {},
+            "interpretation": describe_results(results, curves, selected, kl_end)
+            + [describe_shift(_policy_name(p), shift[p], by_position[p], "the reward model's") for p in trained]
+            + [describe_shift(_policy_name(p), true_shift[p], true_by_position[p], "the critic's true") for p in trained],
             "rollouts": rollouts}
 
 

@@ -24,6 +24,7 @@ import torch
 
 from text2grad.apps.evaluation.summarization import bleu, rouge_scores
 from text2grad.apps.quickstart.task import fact_accuracy
+from text2grad.core.data import iter_jsonl
 from text2grad.core.generation import Generation, apply_chat_template, generate
 from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
@@ -251,6 +252,28 @@ _NAMES = {"sft": "SFT policy", "scalar": "scalar PPO", "nl_gradient": "Text2Grad
           "dense": "dense PPO", "score_spread": "score-spread PPO", "mixed": "mixed PPO"}
 
 
+def feedback_error_rates(metrics_files: Mapping[str, Path]) -> dict[str, list[float]]:
+    """Per mode, the share of each PPO iteration's samples whose feedback failed: the quantity PPO's
+    max_feedback_error_rate guard compares (failed feedback on a non-empty response, or a failed score)."""
+    rates = {}
+    for mode, path in metrics_files.items():
+        rows = [r for r in (iter_jsonl(path) if Path(path).is_file() else []) if r.get("samples/batch")]
+        rates[mode] = [(r.get("samples/feedback_error", 0.0) + r.get("samples/score_error", 0.0)) / r["samples/batch"]
+                       for r in rows]
+    return rates
+
+
+def describe_feedback_errors(rates: Mapping[str, Sequence[float]], guard: float | None) -> str:
+    """One sentence on how often the reward model's feedback failed during PPO, and whether the guard was on."""
+    worst = max((max(r) for r in rates.values() if r), default=0.0)
+    n_bad = sum(sum(x > 0 for x in r) for r in rates.values())
+    n_all = sum(len(r) for r in rates.values())
+    guard_text = ("the guard was off (max_feedback_error_rate 1.0: a failed sample gets zero reward)" if guard is not None
+                  and guard >= 1 else f"PPO stops above max_feedback_error_rate {guard}")
+    return (f"feedback failed in {n_bad} of {n_all} PPO iterations (worst iteration {worst:.0%} of its samples); "
+            f"{guard_text}")
+
+
 def start_policy_name(config: Mapping[str, Any]) -> str:
     """How the tables and the report name the policy PPO starts from (results key ``"sft"``): "SFT policy" when the
     run fine-tuned it, else the model it was given as ``sft_model``, e.g. "start policy (SmolLM2-135M-Instruct)"."""
@@ -277,6 +300,8 @@ def results_table(results: Mapping[str, Mapping[str, float]], start_name: str = 
 def print_results(summary: Mapping[str, Any]) -> None:
     print(f"\n{'=' * 100}\nResults on {summary['config']['n_eval']} eval posts (greedy decoding)\n{'=' * 100}")
     print(results_table(summary["results"], start_policy_name(summary.get("config") or {})))
+    if summary.get("feedback_error_rate"):
+        print(describe_feedback_errors(summary["feedback_error_rate"], summary.get("max_feedback_error_rate")))
     flat = flatten(summary.get("reward_model_eval") or {})
     keys = [k for k in flat if any(s in k for s in ("json_valid", "unmatched", "token_f1", "token_precision", "token_recall"))]
     if keys:
@@ -285,6 +310,11 @@ def print_results(summary: Mapping[str, Any]) -> None:
     if shift:
         print("mean change of token log-prob after Text2Grad, by the reward model's label: "
               + ", ".join(f"{k} {v:+.3f}" for k, v in shift.items()))
+    true_shift = summary.get("logprob_shift_true") or {}
+    if true_shift:
+        print("... by the critic's true label: " + ", ".join(f"{k} {v:+.3f}" for k, v in true_shift.items()))
+    for sentence in summary.get("interpretation") or []:
+        print(f"- {sentence}")
     versions = summary.get("versions") or {}
     if versions:
         pk = versions["packages"]

@@ -1,0 +1,672 @@
+"""The method study: Text2Grad against its scalar and dense baselines, each tuned on validation, over seeds.
+
+    python benchmarks/method_study.py --output_dir runs/method_study                      # every phase (hours)
+    python benchmarks/method_study.py --output_dir runs/method_study --phases sweep final --arms oracle
+    python benchmarks/method_study.py --output_dir runs/method_study --phases report      # tables and plot only
+    python benchmarks/method_study.py --output_dir /tmp/ms --iterations 4 --eval_every 2 --preset ci --jobs 1  # smoke
+
+Every method starts from the same SFT policy of the quickstart task (`text2grad.apps.quickstart`) and gets the same
+number of rollouts (``iterations`` x 16). Methods (PPO reward modes of `policy_optimization`):
+
+====================  ==========================================================================================
+``text2grad``         span token rewards from the critic's good/poor quotes (``reward_mode nl_gradient``)
+``scalar_collapsed``  the same critic's feedback collapsed to one number at the last token:
+                      ``(#good - #poor quotes) / (#good + #poor)`` (``reward_mode scalar``, ``quote_count``)
+``dense``             span token rewards from a critic that labels every clause (``reward_mode dense``)
+``scalar_bt``         the score of a Bradley-Terry reward model trained on preference pairs at the last token
+                      (the paper's PPO baseline; it does not read the critic, so it is the same in both arms)
+====================  ==========================================================================================
+
+Feedback arms: ``oracle`` = the task's programmatic critic (`FactCritic`, or its dense version) gives the feedback
+directly, which isolates credit assignment; ``learned`` = the generative reward model trained on the critic's
+annotations gives it, as in the paper.
+
+Phases (each resumable: a run whose ``result.json`` exists is not run again):
+
+- ``sweep``: per (arm, method) a coordinate search on the VALIDATION split, seed ``--sweep_seed``: GAE lambda in
+  {0, 0.95, 1.0} at the base setting, then the learning rate around the base at the best lambda, then the paper's
+  adaptive KL controller instead of the fixed coefficient. The criterion is the mean validation fact score of the
+  last two evaluation points (the end of training, not a peak).
+- ``final``: every (arm, method) at its chosen setting, ``--seeds``; each evaluation point scores validation AND test.
+- ``ablation``: the quickstart's learned-arm Text2Grad setting with one change each (reward scale, whitening, value
+  strength, entropy, clip range, oracle critic), to find what drives its late collapse.
+- ``report``: ``study.json`` (everything), ``study.md`` (tables and sentences generated from the numbers) and
+  ``curves.png`` (test fact score per method, mean and 95 % band over seeds).
+
+The test split is never read by the sweep or by early stopping: it is scored only in the final and ablation phases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field, replace
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the critic "benchmarks.baselines:DenseFactCritic" is imported by name
+    sys.path.insert(0, str(ROOT))
+
+METHODS = ("text2grad", "scalar_collapsed", "dense", "scalar_bt")
+ARMS = ("oracle", "learned")
+LABELS = {"sft": "SFT policy (start)", "text2grad": "Text2Grad (span rewards)",
+          "scalar_collapsed": "scalar PPO, critic's quotes collapsed", "dense": "dense-label PPO",
+          "scalar_bt": "scalar PPO, Bradley-Terry RM"}
+REWARD_MODE = {"text2grad": "nl_gradient", "scalar_collapsed": "scalar", "dense": "dense", "scalar_bt": "scalar"}
+LAMBDAS = (0.0, 0.95, 1.0)
+# One change each to the quickstart's learned-arm Text2Grad setting (PPOConfig fields, or the critic).
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "span_normalize": {"span_normalize": True},  # reward scale: every span worth +-1 in total, not +-1 per token
+    "whiten_rewards": {"whiten_rewards": True},  # reward scale: total token rewards scaled to unit variance
+    "no_advantage_whitening": {"whiten_advantages": False},
+    "strong_value": {"vf_coef": 1.0},  # value head trained 10x harder (its error feeds every advantage)
+    "entropy_bonus": {"entropy_coef": 0.01},
+    "cliprange_0.1": {"cliprange": 0.1},
+    "oracle_critic": {"_arm": "oracle"},  # the same setting with the critic itself: reward-model exploitation
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The tuned knobs of one method: learning rate, KL control and GAE lambda."""
+
+    lr: float
+    kl: str  # "fixed" (kl_coef constant) or "adaptive" (the paper's controller toward target_kl)
+    lam: float
+
+    def label(self) -> str:
+        return f"lr {self.lr:g}, KL {self.kl}, lambda {self.lam:g}"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    arm: str
+    method: str
+    setting: Setting
+    seed: int
+    phase: str  # sweep | final | ablation
+    ablation: str = "none"
+
+    @property
+    def run_id(self) -> str:
+        s = self.setting
+        abl = "" if self.ablation == "none" else f"-abl_{self.ablation}"
+        return f"{self.phase}/{self.arm}-{self.method}-lr{s.lr:g}-kl_{s.kl}-lam{s.lam:g}{abl}-seed{self.seed}"
+
+
+@dataclass
+class StudyContext:
+    """What every run needs, built once by the parent (paths are strings so it pickles to worker processes)."""
+
+    sft: str
+    rl: str
+    val_records: list[dict[str, Any]]
+    test_records: list[dict[str, Any]]
+    rm: str
+    dense_rm: str
+    scalar_rm: str
+    iterations: int
+    eval_every: int
+    batch_size: int
+    response_length: int
+    kl_coef: float
+    target_kl: float
+    out: str
+    sft_scores: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> scores
+
+
+# --------------------------------------------------------------------------------------------------
+# Statistics and selection (pure)
+# --------------------------------------------------------------------------------------------------
+
+
+def mean_ci95(xs: Sequence[float]) -> tuple[float, float]:
+    """(mean, half-width of the 95 % t-interval of the mean); half-width nan for fewer than 2 values."""
+    from scipy.stats import t
+
+    n = len(xs)
+    if n == 0:
+        return float("nan"), float("nan")
+    m = statistics.fmean(xs)
+    if n < 2:
+        return m, float("nan")
+    return m, float(t.ppf(0.975, n - 1) * statistics.stdev(xs) / math.sqrt(n))
+
+
+def end_score(curve: Sequence[Mapping[str, Any]], split: str = "val", last: int = 2) -> float:
+    """The sweep's criterion: the mean fact score on ``split`` of the last ``last`` evaluation points."""
+    pts = [p[split]["fact_score"] for p in curve if split in p][-last:]
+    return statistics.fmean(pts) if pts else float("nan")
+
+
+def early_stopped(curve: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The evaluation point with the best validation fact score (the start included; the earliest on ties)."""
+    best = max(curve, key=lambda p: (p["val"]["fact_score"], -p["iteration"]))
+    return {"iteration": best["iteration"], "val": best["val"]["fact_score"],
+            "test": best["test"]["fact_score"] if "test" in best else float("nan")}
+
+
+def first_reaching(curve: Sequence[Mapping[str, Any]], target: float, split: str = "test") -> int | None:
+    """The first evaluated iteration (> 0) whose ``split`` fact score is >= target, or None."""
+    return next((p["iteration"] for p in curve if p["iteration"] > 0 and split in p
+                 and p[split]["fact_score"] >= target - 1e-12), None)
+
+
+def choose(candidates: Mapping[Setting, float]) -> Setting:
+    """The setting with the highest criterion (the first listed on ties: the base setting is listed first)."""
+    return max(candidates, key=lambda s: (candidates[s], -list(candidates).index(s)))
+
+
+# --------------------------------------------------------------------------------------------------
+# One run (in a worker process)
+# --------------------------------------------------------------------------------------------------
+
+
+def _ppo_config(ctx: StudyContext, spec: RunSpec, run_dir: Path):
+    from policy_optimization.ppo_config import PPOConfig
+
+    overrides = dict(ABLATIONS[spec.ablation])
+    arm = overrides.pop("_arm", spec.arm)
+    method, s = spec.method, spec.setting
+    critic: dict[str, Any]
+    if method == "scalar_bt":
+        critic = {"critic": "none", "scalar_source": "scalar_rm", "scalar_source_kwargs": {"path": ctx.scalar_rm}}
+    elif arm == "oracle":
+        name = "benchmarks.baselines:DenseFactCritic" if method == "dense" else "text2grad.apps.quickstart.task:FactCritic"
+        critic = {"critic": name, "critic_kwargs": {"data_path": ctx.rl}}
+    else:
+        critic = {"critic": "reward_model", "critic_kwargs": {
+            "path": ctx.dense_rm if method == "dense" else ctx.rm, "max_new_tokens": 128, "batch_size": 64,
+            "grounded_spans": True}}
+    return PPOConfig(
+        model_name_or_path=ctx.sft, dataset_path=ctx.rl, prompt_template="{prompt}", reward_mode=REWARD_MODE[method],
+        use_lora=False, output_dir=str(run_dir), overwrite_output_dir=True, batch_size=ctx.batch_size,
+        num_mini_batches=2, num_ppo_epochs=2, learning_rate=s.lr, lr_scheduler_type="constant",
+        kl_coef=0.2 if s.kl == "adaptive" else ctx.kl_coef, adaptive_kl=s.kl == "adaptive", target_kl=ctx.target_kl,
+        # the controller's horizon is this run's episodes, so it can move the coefficient within the budget
+        kl_horizon=ctx.iterations * ctx.batch_size, lam=s.lam, response_length=ctx.response_length, temperature=0.7,
+        vf_coef=0.1, save_steps=0, save_total_limit=1, occurrence="first", seed=spec.seed, log_samples=0,
+        # a sample without feedback scores zero and is counted (samples/source_error in the metrics)
+        max_feedback_error_rate=1.0, num_iterations=ctx.iterations, progress_bar=False, **critic, **overrides,
+    )
+
+
+def _greedy(model, tokenizer, records: Sequence[Mapping[str, Any]], max_new_tokens: int):
+    from text2grad.apps.quickstart.task import fact_accuracy
+    from text2grad.core.generation import generate
+
+    was_training = model.training
+    model.eval()
+    gens = generate(model, tokenizer, [r["prompt"] for r in records], max_new_tokens=max_new_tokens, batch_size=64,
+                    do_sample=False)
+    model.train(was_training)
+    return dict(fact_accuracy(records, [g.text for g in gens])), gens
+
+
+def true_label_shift(model, sft_model, tokenizer, records, sft_gens) -> dict[str, dict[str, float]]:
+    """Mean log-prob change (policy minus SFT) of the SFT policy's greedy test summaries' tokens, grouped by the
+    TRUE critic's labels (`critique_summary`): good, poor (first token of a poor quote / inside it), unlabelled."""
+    from text2grad.apps.quickstart.report import token_logprobs
+    from text2grad.apps.quickstart.task import critique_summary
+    from text2grad.core.spans import decode_with_offsets, feedback_token_labels
+
+    sums: dict[str, list[float]] = {}
+    for rec, gen in zip(records, sft_gens):
+        ids = list(gen.response_ids)
+        if not ids:
+            continue
+        text, offsets = decode_with_offsets(tokenizer, ids)
+        labels = feedback_token_labels(critique_summary(rec["facts"], gen.text), text, offsets, occurrence="first").labels
+        before = token_logprobs(sft_model, gen.prompt_ids, ids)
+        after = token_logprobs(model, gen.prompt_ids, ids)
+        prev = 0
+        for lab, b, a in zip(labels, before, after):
+            key = "neutral" if lab == 0 else ("good" if lab > 0 else ("poor_first" if lab != prev else "poor_inside"))
+            acc = sums.setdefault(key, [0.0, 0])
+            acc[0] += a - b
+            acc[1] += 1
+            prev = lab
+    return {k: {"mean": v[0] / v[1], "n": v[1]} for k, v in sums.items()}
+
+
+def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
+    """Train one (arm, method, setting, seed) and evaluate it every ``eval_every`` iterations; returns the result
+    (also written to ``<out>/<run_id>/result.json``)."""
+    import torch
+
+    from policy_optimization.train import build_trainer
+    from text2grad.core.modeling import load_causal_lm
+
+    torch.set_num_threads(1)  # decoding-bound on a tiny model: one thread per run, runs side by side
+    run_dir = Path(ctx.out) / spec.run_id
+    t0 = time.perf_counter()
+    cfg = _ppo_config(ctx, spec, run_dir / "ppo")
+    trainer = build_trainer(cfg)
+    score_test = spec.phase != "sweep"
+    curve = [{"iteration": 0, "val": ctx.sft_scores["val"], **({"test": ctx.sft_scores["test"]} if score_test else {})}]
+    metrics = []
+    for it in range(1, ctx.iterations + 1):
+        m = trainer.step()
+        metrics.append({k: m.get(k) for k in ("iteration", "reward/score_mean", "objective/kl", "objective/kl_coef",
+                                              "policy/rollout_entropy", "policy/clipfrac", "val/explained_variance",
+                                              "samples/source_error", "tokens/labelled_share", "response/length_mean")
+                        if k in m})
+        if it % ctx.eval_every == 0 or it == ctx.iterations:
+            point: dict[str, Any] = {"iteration": it, "kl": m.get("objective/kl"),
+                                     "val": _greedy(trainer.policy, trainer.tokenizer, ctx.val_records, ctx.response_length)[0]}
+            if score_test:
+                point["test"] = _greedy(trainer.policy, trainer.tokenizer, ctx.test_records, ctx.response_length)[0]
+            curve.append(point)
+    result: dict[str, Any] = {"spec": {**asdict(spec), "run_id": spec.run_id}, "curve": curve, "metrics": metrics,
+                              "final": curve[-1], "seconds": time.perf_counter() - t0}
+    if score_test:
+        sft_model = load_causal_lm(ctx.sft).eval()
+        _, sft_gens = _greedy(sft_model, trainer.tokenizer, ctx.test_records, ctx.response_length)
+        trainer.policy.eval()
+        result["true_label_shift"] = true_label_shift(trainer.policy, sft_model, trainer.tokenizer, ctx.test_records, sft_gens)
+        result["early_stopped"] = early_stopped(curve)
+    close = getattr(trainer.critic, "close", None)
+    if callable(close):
+        close()
+    _write_json(run_dir / "result.json", result)
+    return result
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    tmp.replace(path)
+
+
+def _load_result(ctx: StudyContext, spec: RunSpec) -> dict[str, Any] | None:
+    path = Path(ctx.out) / spec.run_id / "result.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def run_all(ctx: StudyContext, specs: Sequence[RunSpec], jobs: int) -> dict[RunSpec, dict[str, Any]]:
+    """Every spec's result: loaded when already on disk, else trained, ``jobs`` runs at a time (a failed run is
+    reported and left out, never allowed to stop the others)."""
+    from tqdm import tqdm
+
+    done = {s: r for s in specs if (r := _load_result(ctx, s)) is not None}
+    todo = [s for s in specs if s not in done]
+    if not todo:
+        return done
+    bar = tqdm(total=len(todo), desc=f"runs ({len(done)} already done)", unit="run")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(run_one, ctx, s): s for s in todo}
+        for fut in as_completed(futures):
+            spec = futures[fut]
+            try:
+                done[spec] = res = fut.result()
+                tail = res["final"]
+                tqdm.write(f"[study] {spec.run_id}: val {tail['val']['fact_score']:.3f}"
+                           + (f", test {tail['test']['fact_score']:.3f}" if "test" in tail else "")
+                           + f", KL {tail.get('kl') or 0:.2f} ({res['seconds']:.0f} s)")
+            except Exception as exc:  # noqa: BLE001 - reported, the study goes on
+                tqdm.write(f"[study] {spec.run_id} FAILED: {type(exc).__name__}: {exc}")
+            bar.update(1)
+    bar.close()
+    return done
+
+
+# --------------------------------------------------------------------------------------------------
+# Phases
+# --------------------------------------------------------------------------------------------------
+
+
+def method_keys(arms: Sequence[str], methods: Sequence[str]) -> list[tuple[str, str]]:
+    """(arm, method) pairs; scalar_bt reads no critic, so it is run once, under the "learned" arm."""
+    keys = [(a, m) for a in arms for m in methods if m != "scalar_bt"]
+    return keys + ([("learned", "scalar_bt")] if "scalar_bt" in methods else [])
+
+
+def sweep(ctx: StudyContext, keys, base: Setting, lrs: Sequence[float], seed: int, jobs: int) -> dict[str, Any]:
+    """Coordinate search per (arm, method) on validation: lambda, then learning rate, then KL control."""
+    def spec(a, m, s):
+        return RunSpec(a, m, s, seed, "sweep")
+
+    def crit(results, a, m, settings):
+        return {s: end_score(results[spec(a, m, s)]["curve"]) for s in settings if spec(a, m, s) in results}
+
+    table: dict[str, Any] = {}
+    stage1 = {k: [replace(base, lam=lam) for lam in (base.lam, *[x for x in LAMBDAS if x != base.lam])] for k in keys}
+    res = run_all(ctx, [spec(a, m, s) for (a, m), ss in stage1.items() for s in ss], jobs)
+    stage2 = {}
+    for (a, m), ss in stage1.items():
+        c = crit(res, a, m, ss)
+        best = choose(c) if c else base
+        stage2[(a, m)] = [best] + [replace(best, lr=lr) for lr in lrs if lr != best.lr]
+    res.update(run_all(ctx, [spec(a, m, s) for (a, m), ss in stage2.items() for s in ss], jobs))
+    stage3 = {}
+    for (a, m), ss in stage2.items():
+        c = crit(res, a, m, ss)
+        best = choose(c) if c else base
+        stage3[(a, m)] = [best, replace(best, kl="adaptive")]
+    res.update(run_all(ctx, [spec(a, m, s) for (a, m), ss in stage3.items() for s in ss], jobs))
+    for (a, m) in keys:
+        tried = {s: v for s, v in crit(res, a, m, [*stage1[(a, m)], *stage2[(a, m)], *stage3[(a, m)]]).items()}
+        final = crit(res, a, m, stage3[(a, m)])
+        chosen = choose(final) if final else base
+        table[f"{a}/{m}"] = {"chosen": asdict(chosen), "tried": [{"setting": asdict(s), "val_end": v} for s, v in tried.items()]}
+    return table
+
+
+def chosen_settings(sweep_table: Mapping[str, Any], keys, base: Setting) -> dict[tuple[str, str], Setting]:
+    return {(a, m): Setting(**sweep_table[f"{a}/{m}"]["chosen"]) if f"{a}/{m}" in sweep_table else base for a, m in keys}
+
+
+# --------------------------------------------------------------------------------------------------
+# Summary and report (every interpreting sentence is generated from the numbers)
+# --------------------------------------------------------------------------------------------------
+
+
+def summarize_final(results: Mapping[RunSpec, Mapping[str, Any]], keys, seeds: Sequence[int], batch_size: int) -> dict[str, Any]:
+    """Per (arm, method): final / early-stopped test fact scores (mean, 95 % half-width, per seed), the iteration
+    early stopping chose, KL at the end, rollouts to reach the best scalar baseline's final score, and the true-label
+    log-prob shifts."""
+    by_key: dict[str, dict[int, Mapping[str, Any]]] = {}
+    for spec, res in results.items():
+        if spec.phase == "final":
+            by_key.setdefault(f"{spec.arm}/{spec.method}", {})[spec.seed] = res
+    out: dict[str, Any] = {}
+    for a, m in keys:
+        runs = by_key.get(f"{a}/{m}", {})
+        if not runs:
+            continue
+        final = {s: r["final"]["test"]["fact_score"] for s, r in runs.items()}
+        early = {s: r["early_stopped"]["test"] for s, r in runs.items()}
+        shift = {k: statistics.fmean(r["true_label_shift"][k]["mean"] for r in runs.values() if k in r["true_label_shift"])
+                 for k in ("good", "poor_first", "poor_inside", "neutral")
+                 if any(k in r["true_label_shift"] for r in runs.values())}
+        out[f"{a}/{m}"] = {
+            "arm": a, "method": m, "seeds": sorted(runs), "setting": runs[next(iter(runs))]["spec"]["setting"],
+            "final": final, "final_mean_ci": mean_ci95(list(final.values())),
+            "early": early, "early_mean_ci": mean_ci95(list(early.values())),
+            "early_iteration": {s: r["early_stopped"]["iteration"] for s, r in runs.items()},
+            "kl_end": mean_ci95([r["final"].get("kl") or 0.0 for r in runs.values()]),
+            "curves": {s: [{"iteration": p["iteration"], "test": p["test"]["fact_score"]} for p in r["curve"]]
+                       for s, r in runs.items()},
+            "true_label_shift": shift,
+        }
+    for arm in {a for a, _ in keys}:
+        scalars = [k for k in out if k.split("/")[1] in ("scalar_collapsed", "scalar_bt")
+                   and (k.startswith(arm + "/") or k.endswith("/scalar_bt"))]
+        if not scalars:
+            continue
+        best = max(scalars, key=lambda k: out[k]["final_mean_ci"][0])
+        target = out[best]["final_mean_ci"][0]
+        for k in [k for k in out if k.startswith(arm + "/")]:
+            reach = {s: first_reaching([{"iteration": p["iteration"], "test": {"fact_score": p["test"]}} for p in c], target)
+                     for s, c in out[k]["curves"].items()}
+            out[k].setdefault("reach", {})[arm] = {"baseline": best, "target": target,
+                                                  "rollouts": {s: (None if it is None else it * batch_size) for s, it in reach.items()}}
+    return out
+
+
+def compare_to_best_scalar(summary: Mapping[str, Any], arm: str) -> dict[str, Any] | None:
+    """Text2Grad vs the best scalar baseline of ``arm`` (by mean final test score), seed by seed."""
+    t2g = summary.get(f"{arm}/text2grad")
+    if t2g is None or "reach" not in t2g or arm not in t2g["reach"]:
+        return None
+    base_key = t2g["reach"][arm]["baseline"]
+    base = summary[base_key]
+    seeds = sorted(set(t2g["final"]) & set(base["final"]), key=int)
+    diffs = [t2g["final"][s] - base["final"][s] for s in seeds]
+    early = [t2g["early"][s] - base["early"][s] for s in seeds]
+    return {"baseline": base_key, "seeds": len(seeds), "ahead_final": sum(d > 0 for d in diffs),
+            "diff_final": mean_ci95(diffs), "ahead_early": sum(d > 0 for d in early), "diff_early": mean_ci95(early)}
+
+
+def _pm(mc: Sequence[float]) -> str:
+    m, h = mc
+    return f"{m:.3f}" if h != h else f"{m:.3f} ± {h:.3f}"
+
+
+def interpret(summary: Mapping[str, Any], sft_test: float) -> list[str]:
+    """Sentences read from the numbers: who is ahead at the end and when early-stopped, on how many seeds, whether
+    the interval of the difference excludes zero, the poor-token shift, and the rollouts to the baseline."""
+    lines = []
+    for arm in ARMS:
+        cmp = compare_to_best_scalar(summary, arm)
+        if cmp is None:
+            continue
+        t2g = summary[f"{arm}/text2grad"]
+        base_label = LABELS[cmp["baseline"].split("/")[1]]
+        d, h = cmp["diff_final"]
+        where = "level with" if abs(d) < 0.0005 else "ahead of" if d > 0 else "behind"
+        sure = ("the 95 % interval of the paired difference excludes zero" if h == h and abs(d) > h else
+                "the 95 % interval of the paired difference includes zero, so this is not a reliable difference")
+        lines.append(
+            f"With {arm} feedback, Text2Grad ends training at {_pm(t2g['final_mean_ci'])} (SFT start {sft_test:.3f}), "
+            + ("" if where == "level with" else f"{abs(d):.3f} ") + f"{where} the best scalar baseline ({base_label}, {_pm(summary[cmp['baseline']]['final_mean_ci'])}); "
+            f"it is ahead on {cmp['ahead_final']} of {cmp['seeds']} seeds, and {sure}.")
+        de, he = cmp["diff_early"]
+        lines.append(
+            f"Early-stopped on validation, Text2Grad scores {_pm(t2g['early_mean_ci'])} against "
+            f"{_pm(summary[cmp['baseline']]['early_mean_ci'])} ({'+' if de >= 0 else '-'}{abs(de):.3f}; ahead on "
+            f"{cmp['ahead_early']} of {cmp['seeds']} seeds).")
+        reach = t2g["reach"][arm]["rollouts"]
+        got = [v for v in reach.values() if v is not None]
+        lines.append(
+            f"Text2Grad reached that baseline's mean final score ({t2g['reach'][arm]['target']:.3f}) on {len(got)} of "
+            f"{len(reach)} seeds" + (f", after {statistics.median(got):.0f} rollouts (median)." if got else "."))
+        shift = t2g["true_label_shift"]
+        if "poor_first" in shift:
+            pf, g = shift["poor_first"], shift.get("good", float("nan"))
+            lines.append(
+                f"On the SFT policy's test summaries, the first tokens of truly wrong facts changed by {pf:+.3f} nats "
+                f"under Text2Grad ({'down' if pf < 0 else 'up'}), truly correct facts by {g:+.3f}"
+                + (", so the wrong facts lost probability relative to the correct ones." if pf < g else
+                   ", so the wrong facts did not lose probability relative to the correct ones."))
+    return lines
+
+
+def interpret_ablations(abl: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """For each ablation: its end-of-training test score and KL against the unchanged setting."""
+    if "none" not in abl:
+        return []
+    ref = abl["none"]
+    lines = [f"The unchanged setting ends at {_pm(ref['final'])} with KL {ref['kl'][0]:.2f} nats and peaks at "
+             f"{_pm(ref['peak'])}."]
+    for name, a in abl.items():
+        if name == "none":
+            continue
+        d = a["final"][0] - ref["final"][0]
+        dk = a["kl"][0] - ref["kl"][0]
+        lines.append(f"{name}: ends at {_pm(a['final'])} ({d:+.3f} vs unchanged), KL {a['kl'][0]:.2f} ({dk:+.2f}); "
+                     + ("it removes the late decline." if a["final"][0] >= a["peak"][0] - 0.02 and d > 0 else
+                        "the late decline remains." if a["final"][0] < a["peak"][0] - 0.02 else
+                        "no decline, but no gain either."))
+    return lines
+
+
+def summarize_ablations(results: Mapping[RunSpec, Mapping[str, Any]]) -> dict[str, Any]:
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for spec, res in results.items():
+        if spec.phase == "ablation":
+            groups.setdefault(spec.ablation, []).append(res)
+    return {name: {"final": mean_ci95([r["final"]["test"]["fact_score"] for r in rs]),
+                   "peak": mean_ci95([max(p["test"]["fact_score"] for p in r["curve"]) for r in rs]),
+                   "kl": mean_ci95([r["final"].get("kl") or 0.0 for r in rs]), "seeds": len(rs),
+                   "poor_first": mean_ci95([r["true_label_shift"].get("poor_first", {}).get("mean", float("nan")) for r in rs])}
+            for name, rs in groups.items()}
+
+
+def markdown(study: Mapping[str, Any]) -> str:
+    summ, sft = study["final"], study["sft"]["test"]["fact_score"]
+    lines = [f"Test fact score (100 posts, greedy) after {study['config']['iterations']} iterations x "
+             f"{study['config']['batch_size']} rollouts; mean ± 95 % interval over seeds. SFT start: {sft:.3f}.", "",
+             "| arm | method | chosen setting (validation) | final | early-stopped (iteration chosen) | KL at end | "
+             "poor-first / good token shift (true labels) | rollouts to best scalar's final |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+    for key, r in summ.items():
+        s = r["setting"]
+        its = ", ".join(str(v) for v in r["early_iteration"].values())
+        reach = r.get("reach", {}).get(r["arm"], {}).get("rollouts", {})
+        shift = r["true_label_shift"]
+        lines.append(
+            f"| {r['arm'] if r['method'] != 'scalar_bt' else 'both'} | {LABELS[r['method']]} | lr {s['lr']:g}, KL {s['kl']}, "
+            f"lambda {s['lam']:g} | {_pm(r['final_mean_ci'])} | {_pm(r['early_mean_ci'])} ({its}) | {_pm(r['kl_end'])} | "
+            f"{shift.get('poor_first', float('nan')):+.3f} / {shift.get('good', float('nan')):+.3f} | "
+            + (", ".join("-" if v is None else str(v) for v in reach.values()) or "") + " |")
+    lines += ["", *interpret(summ, sft)]
+    if study.get("ablations"):
+        lines += ["", "| ablation (learned-arm Text2Grad, quickstart setting) | final | peak | KL at end | poor-first shift |",
+                  "|---|---:|---:|---:|---:|"]
+        for name, a in study["ablations"].items():
+            lines.append(f"| {name} | {_pm(a['final'])} | {_pm(a['peak'])} | {_pm(a['kl'])} | {_pm(a['poor_first'])} |")
+        lines += ["", *interpret_ablations(study["ablations"])]
+    return "\n".join(lines)
+
+
+def plot(summary: Mapping[str, Any], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = sorted({r["arm"] for r in summary.values()})
+    fig, axes = plt.subplots(1, len(arms), figsize=(6 * len(arms), 4), squeeze=False)
+    for ax, arm in zip(axes[0], arms):
+        for key, r in summary.items():
+            if r["arm"] != arm and r["method"] != "scalar_bt":
+                continue
+            curves = list(r["curves"].values())
+            its = [p["iteration"] for p in curves[0]]
+            stats = [mean_ci95([c[i]["test"] for c in curves]) for i in range(len(its))]
+            mean = [m for m, _ in stats]
+            half = [0.0 if h != h else h for _, h in stats]
+            ax.plot(its, mean, label=LABELS[r["method"]])
+            ax.fill_between(its, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)], alpha=0.2)
+        ax.set_title(f"{arm} feedback")
+        ax.set_xlabel("PPO iteration")
+        ax.set_ylabel("test fact score")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------------
+# Setup and main
+# --------------------------------------------------------------------------------------------------
+
+
+def build_context(args: argparse.Namespace) -> StudyContext:
+    """Data, SFT policy, both generative reward models and the Bradley-Terry reward model (cached like the
+    quickstart's), and the SFT policy's validation and test scores."""
+    import torch
+
+    from benchmarks.baselines import preference_pairs
+    from text2grad.apps.quickstart import pipeline as qs
+    from text2grad.apps.quickstart.quickstart_config import QuickstartConfig, resolve
+    from text2grad.core.data import iter_jsonl, write_jsonl
+    from text2grad.core.modeling import load_causal_lm, load_tokenizer
+
+    out = Path(args.output_dir)
+    shared = out / "shared"
+    shared.mkdir(parents=True, exist_ok=True)
+    cfg = resolve(QuickstartConfig(preset=args.preset, output_dir=str(shared), seed=args.task_seed, modes=["nl_gradient"],
+                                   early_stopping=True))
+    qs._COMMAND_LOG[:] = [out / "commands.sh"]
+    (out / "commands.sh").write_text("#!/usr/bin/env bash\n# Every phase command the study's setup ran, in order.\n")
+    stages = qs.StageClock(qs.STAGES)
+    data = qs.stage_data(cfg, shared)
+    sft, rm_base = qs.stage_policy(cfg, data)
+    rm, _ = qs.stage_reward_model(cfg, data, sft, rm_base, shared / "text2grad_rm", stages)
+    dense_cfg = replace(cfg, critic="benchmarks.baselines:DenseFactCritic")
+    dense_rm, _ = qs.stage_reward_model(dense_cfg, data, sft, rm_base, shared / "dense_rm", stages)
+    stages.finish()
+    scalar_rm = shared / "scalar_rm"
+    if not (scalar_rm / "eval_pairwise.json").is_file():
+        pairs = preference_pairs(list(iter_jsonl(data["train"])), cfg.seed, cfg.rm_p_wrong)
+        write_jsonl(shared / "preference_pairs.jsonl", pairs)
+        qs._call("reward_model.scalar", [
+            "--model_name_or_path", str(rm_base), "--dataset_path", str(shared / "preference_pairs.jsonl"),
+            "--eval_fraction", "0.1", "--output_dir", str(scalar_rm), "--use_lora", "false", "--prompt_template", "{prompt}",
+            "--max_length", "256", "--max_steps", "300", "--learning_rate", "5e-4", "--per_device_train_batch_size", "16",
+            "--logging_steps", "50", "--save_steps", str(10 ** 9), "--progress_bar", "false", "--seed", str(cfg.seed),
+        ])
+    ctx = StudyContext(
+        sft=str(sft), rl=str(data["rl"]), val_records=list(iter_jsonl(data["val"])),
+        test_records=list(iter_jsonl(data["eval"])), rm=str(rm), dense_rm=str(dense_rm), scalar_rm=str(scalar_rm),
+        iterations=args.iterations, eval_every=args.eval_every, batch_size=cfg.ppo_batch_size,
+        response_length=cfg.response_length, kl_coef=cfg.kl_coef, target_kl=args.target_kl, out=str(out),
+    )
+    torch.set_num_threads(1)
+    tok, model = load_tokenizer(ctx.sft), load_causal_lm(ctx.sft).eval()
+    ctx.sft_scores = {"val": _greedy(model, tok, ctx.val_records, ctx.response_length)[0],
+                      "test": _greedy(model, tok, ctx.test_records, ctx.response_length)[0]}
+    return ctx
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output_dir", default="runs/method_study")
+    parser.add_argument("--phases", nargs="+", default=["sweep", "final", "ablation", "report"],
+                        choices=["sweep", "final", "ablation", "report"])
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds of the final phase")
+    parser.add_argument("--sweep_seed", type=int, default=100, help="seed of every sweep run (not one of --seeds)")
+    parser.add_argument("--ablation_seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--ablations", nargs="+", default=list(ABLATIONS), choices=list(ABLATIONS))
+    parser.add_argument("--preset", default="default", choices=["ci", "default", "large"], help="quickstart preset (task, SFT, reward models)")
+    parser.add_argument("--task_seed", type=int, default=0)
+    parser.add_argument("--iterations", type=int, default=90, help="PPO iterations per run (x 16 rollouts)")
+    parser.add_argument("--eval_every", type=int, default=15)
+    parser.add_argument("--base_lr", type=float, default=1e-4, help="the sweep's starting learning rate")
+    parser.add_argument("--lrs", type=float, nargs="+", default=[3e-5, 3e-4], help="learning rates tried at the best lambda")
+    parser.add_argument("--base_lambda", type=float, default=0.95, help="the sweep's starting GAE lambda")
+    parser.add_argument("--target_kl", type=float, default=6.0, help="target of the adaptive KL setting (the paper's: 6 nats)")
+    parser.add_argument("--jobs", type=int, default=max(1, len(os.sched_getaffinity(0))), help="runs at a time (one thread each)")
+    args = parser.parse_args(argv)
+
+    t0 = time.perf_counter()
+    ctx = build_context(args)
+    keys = method_keys(args.arms, args.methods)
+    base = Setting(lr=args.base_lr, kl="fixed", lam=args.base_lambda)
+    study_path = Path(args.output_dir) / "study.json"
+    study: dict[str, Any] = json.loads(study_path.read_text()) if study_path.is_file() else {}
+    study.update({"config": {k: v for k, v in vars(args).items()}, "sft": ctx.sft_scores,
+                  "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+                  "command": "python benchmarks/method_study.py " + " ".join(sys.argv[1:] if argv is None else argv)})
+    study["config"]["batch_size"] = ctx.batch_size
+    if "sweep" in args.phases:
+        study["sweep"] = {**study.get("sweep", {}), **sweep(ctx, keys, base, args.lrs, args.sweep_seed, args.jobs)}
+        _write_json(study_path, study)
+    chosen = chosen_settings(study.get("sweep", {}), keys, base)
+    finals = [RunSpec(a, m, chosen[(a, m)], s, "final") for a, m in keys for s in args.seeds]
+    if "final" in args.phases:
+        run_all(ctx, finals, args.jobs)
+    quick = Setting(lr=1e-4, kl="fixed", lam=0.0)  # the quickstart's setting, where the collapse was seen
+    ablations = [RunSpec("learned", "text2grad", quick, s, "ablation", name) for name in args.ablations for s in args.ablation_seeds]
+    if "ablation" in args.phases:
+        run_all(ctx, ablations, args.jobs)
+    results = {s: r for s in [*finals, *ablations] if (r := _load_result(ctx, s)) is not None}
+    study["final"] = summarize_final(results, keys, args.seeds, ctx.batch_size)
+    study["ablations"] = summarize_ablations(results)
+    study["seconds"] = time.perf_counter() - t0
+    _write_json(study_path, study)
+    if study["final"]:
+        plot(study["final"], Path(args.output_dir) / "curves.png")
+    md = markdown(study)
+    (Path(args.output_dir) / "study.md").write_text(md + "\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The method study's statistics, selection rules and generated sentences (benchmarks/method_study.py), on
+hand-made curves; the study itself is a benchmark (hours), its smoke run a slow test."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from benchmarks import method_study as ms  # noqa: E402
+
+
+def _curve(vals, tests=None):
+    return [{"iteration": 10 * i, "val": {"fact_score": v}, **({"test": {"fact_score": tests[i]}} if tests else {})}
+            for i, v in enumerate(vals)]
+
+
+def test_mean_ci95_is_the_t_interval():
+    m, h = ms.mean_ci95([1.0, 2.0, 3.0])
+    # t(0.975, 2) = 4.302653; sd = 1; n = 3
+    assert m == 2.0 and h == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    assert math.isnan(ms.mean_ci95([0.5])[1]) and ms.mean_ci95([0.5])[0] == 0.5
+
+
+def test_selection_reads_the_end_of_training_on_validation_only():
+    rising, peaked = _curve([0.1, 0.2, 0.3, 0.35]), _curve([0.1, 0.6, 0.2, 0.1])
+    assert ms.end_score(rising) == pytest.approx(0.325) and ms.end_score(peaked) == pytest.approx(0.15)
+    a, b = ms.Setting(1e-4, "fixed", 0.95), ms.Setting(1e-4, "fixed", 0.0)
+    assert ms.choose({a: ms.end_score(peaked), b: ms.end_score(rising)}) == b  # the peak does not win
+    assert ms.choose({a: 0.3, b: 0.3}) == a  # ties keep the first listed (the base setting)
+
+
+def test_early_stopping_and_rollouts_to_target():
+    curve = _curve([0.1, 0.5, 0.5, 0.2], tests=[0.0, 0.4, 0.45, 0.1])
+    assert ms.early_stopped(curve) == {"iteration": 10, "val": 0.5, "test": 0.4}  # earliest of the tied best
+    assert ms.first_reaching(curve, 0.42) == 20 and ms.first_reaching(curve, 0.9) is None
+    assert ms.first_reaching(curve, -1.0) == 10  # iteration 0 (the start) never counts
+
+
+def _final(arm, method, finals, early, seeds=(0, 1, 2)):
+    spec = lambda s: ms.RunSpec(arm, method, ms.Setting(1e-4, "fixed", 0.0), s, "final")  # noqa: E731
+    out = {}
+    for s, f, e in zip(seeds, finals, early):
+        curve = [{"iteration": 0, "val": {"fact_score": 0.2}, "test": {"fact_score": 0.2}, "kl": 0.0},
+                 {"iteration": 10, "val": {"fact_score": e}, "test": {"fact_score": e}, "kl": 1.0},
+                 {"iteration": 20, "val": {"fact_score": f - 0.5}, "test": {"fact_score": f}, "kl": 2.0}]
+        out[spec(s)] = {"spec": {"setting": {"lr": 1e-4, "kl": "fixed", "lam": 0.0}}, "curve": curve, "final": curve[-1],
+                        "early_stopped": ms.early_stopped(curve),
+                        "true_label_shift": {"good": {"mean": 0.1, "n": 5}, "poor_first": {"mean": -0.2 * (1 + s), "n": 3}}}
+    return out
+
+
+def test_summary_and_sentences_follow_the_numbers():
+    keys = [("oracle", "text2grad"), ("oracle", "scalar_collapsed"), ("learned", "scalar_bt")]
+    res = {**_final("oracle", "text2grad", [0.5, 0.6, 0.4], [0.3, 0.5, 0.5]),
+           **_final("oracle", "scalar_collapsed", [0.3, 0.35, 0.45], [0.3, 0.3, 0.3]),
+           **_final("learned", "scalar_bt", [0.2, 0.2, 0.2], [0.2, 0.2, 0.2])}
+    summ = ms.summarize_final(res, keys, [0, 1, 2], 16)
+    t2g = summ["oracle/text2grad"]
+    assert t2g["final_mean_ci"][0] == pytest.approx(0.5)
+    assert t2g["reach"]["oracle"]["baseline"] == "oracle/scalar_collapsed"  # the best scalar baseline by final mean
+    assert t2g["reach"]["oracle"]["rollouts"] == {0: 320, 1: 160, 2: 160}  # target 0.3667: iterations 20, 10, 10
+    cmp = ms.compare_to_best_scalar(summ, "oracle")
+    assert cmp["ahead_final"] == 2 and cmp["seeds"] == 3
+    lines = ms.interpret(summ, 0.2)
+    assert lines[0].startswith("With oracle feedback, Text2Grad ends training at 0.500 ± ")
+    assert "0.133 ahead of the best scalar baseline (scalar PPO, critic's quotes collapsed" in lines[0]
+    assert "ahead on 2 of 3 seeds" in lines[0] and "includes zero" in lines[0]
+    assert "wrong facts lost probability relative to the correct ones" in lines[3]
+
+    # the same study with Text2Grad worse: every sentence turns
+    worse = {**res, **_final("oracle", "text2grad", [0.1, 0.1, 0.1], [0.1, 0.1, 0.1])}
+    lines = ms.interpret(ms.summarize_final(worse, keys, [0, 1, 2], 16), 0.2)
+    assert "behind the best scalar baseline" in lines[0] and "ahead on 0 of 3 seeds" in lines[0]
+    assert "excludes zero" in lines[0]
+    assert "on 0 of 3 seeds." in lines[2]
+    md = ms.markdown({"final": ms.summarize_final(worse, keys, [0, 1, 2], 16), "sft": {"test": {"fact_score": 0.2}},
+                      "config": {"iterations": 20, "batch_size": 16}, "ablations": {}})
+    assert "| oracle | Text2Grad (span rewards) | lr 0.0001, KL fixed, lambda 0 | 0.100 ± 0.000 |" in md
+    json.dumps(summ, default=str)  # the study file is JSON
+
+
+def test_ablation_sentences_compare_with_the_unchanged_setting():
+    abl = {"none": {"final": (0.2, 0.05), "peak": (0.4, 0.02), "kl": (9.0, 1.0)},
+           "span_normalize": {"final": (0.38, 0.03), "peak": (0.39, 0.02), "kl": (2.0, 0.5)},
+           "entropy_bonus": {"final": (0.15, 0.05), "peak": (0.41, 0.02), "kl": (10.0, 1.0)}}
+    lines = ms.interpret_ablations(abl)
+    assert lines[0] == "The unchanged setting ends at 0.200 ± 0.050 with KL 9.00 nats and peaks at 0.400 ± 0.020."
+    assert lines[1] == "span_normalize: ends at 0.380 ± 0.030 (+0.180 vs unchanged), KL 2.00 (-7.00); it removes the late decline."
+    assert lines[2].endswith("the late decline remains.")
