@@ -126,6 +126,49 @@ def test_mbpp_plus_release_through_the_cli(tmp_path):
     assert [s["tests_total"] for s in samples] == [2, 2, 2] and all(s["base_passed"] for s in samples)
 
 
+_SCORE_THROUGH_THE_CLI = """
+import json, sys
+from pathlib import Path
+from text2grad.apps.evaluation.code import main
+out = Path(sys.argv[3])
+rc = main(["--benchmark", "humaneval_plus", "--dataset_path", sys.argv[1], "--samples_file", sys.argv[2], "--workers", "2",
+           "--output_dir", str(out), "--progress_bar", "false"])
+rows = [json.loads(line) for line in (out / "humaneval_plus_samples.jsonl").read_text().splitlines()]
+print(json.dumps([rc, sys.prefix, [[r["task_id"], bool(r["base_passed"]), r["passed"]] for r in rows]]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox's uid switch and namespaces are Linux's")
+def test_a_venv_reached_through_a_symlink_scores_humaneval_plus_as_a_plain_one(tmp_path):
+    """``.venv -> <private folder>/venv`` (venvs kept on another disk): the sandbox exposes the venv's real folders,
+    so programs still run under their own uid (no "programs run as root" fallback) and the checker imports evalplus
+    in the child. The venv is a fresh one whose site path points at this interpreter's packages; its private folder
+    (mode 700) lies inside the project folder the evaluation runs from, which the sandbox keeps (the script's
+    folder), and the test's own temporary folders above it are private too."""
+    files = _release_files(tmp_path)
+    project = tmp_path / "project"
+    private = project / "disk" / "private"
+    private.mkdir(parents=True)
+    project.chmod(0o755)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(private / "venv")], check=True, timeout=120)
+    site = next((private / "venv" / "lib").glob("python3*/site-packages"))
+    ours = [p for p in sys.path if os.path.isabs(p) and os.path.isdir(p) and not p.startswith(sys.base_prefix)]
+    (site / "parent_site.pth").write_text("".join(f"{p}\n" for p in ours))
+    private.chmod(0o700)
+    (project / ".venv").symlink_to(private / "venv", target_is_directory=True)
+    script = project / "score.py"
+    script.write_text(_SCORE_THROUGH_THE_CLI)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.run([str(project / ".venv" / "bin" / "python"), str(script), str(files["humaneval_plus"]),
+                           str(files["humaneval_plus_samples"]), str(tmp_path / "out")],
+                          cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rc, prefix, verdicts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert rc == 0 and prefix == str(project / ".venv")  # the interpreter did run from the link
+    assert [tuple(v) for v in verdicts] == HUMANEVAL_PLUS_VERDICTS  # exactly the plain venv's (and evalplus's) verdicts
+    assert "programs run as root" not in proc.stderr and "cannot run Python" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_release_schema_errors_are_data_errors(tmp_path):
     rec = json.loads((FIXTURE / "MbppPlus-fixture.jsonl").read_text().splitlines()[0])
     del rec["contract"]

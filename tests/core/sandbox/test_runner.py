@@ -155,3 +155,11 @@ def test_plan_mounts_hides_dirs_and_binds_back_kept_paths():
     )
     assert plan == [("/root", ["/root/.pyenv"]), ("/tmp", ["/tmp/t2g-sandbox-1"]), ("/var/tmp", [])]
     assert plan_mounts(["/tmp"], ["/"]) == []
+
+
+def test_plan_mounts_exposes_a_private_folder_even_inside_a_kept_one():
+    """A venv behind a symlink whose real folder is private (700) inside the kept script folder: the private folder
+    gets its own tmpfs showing only the venv; a folder that is itself kept is left as it is."""
+    plan = plan_mounts(hide=["/tmp"], keep=["/tmp/proj", "/tmp/proj/disk/private/venv", "/tmp/proj/disk/private/venv/lib"],
+                       expose=["/tmp/proj/disk/private", "/tmp/proj"])
+    assert plan == [("/tmp", ["/tmp/proj"]), ("/tmp/proj/disk/private", ["/tmp/proj/disk/private/venv"])]

@@ -56,21 +56,33 @@ _PR_SET_CHILD_SUBREAPER = 36
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 0x4000, 1 << 18
 
 
-def plan_mounts(hide: Sequence[str], keep: Sequence[str]) -> list[tuple[str, list[str]]]:
+def plan_mounts(hide: Sequence[str], keep: Sequence[str], expose: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
     """Which directories to cover with a fresh tmpfs and which paths under each to bind back.
 
-    A directory is hidden unless a kept path is the directory itself or one of its ancestors; kept paths
-    inside another kept path are bound with it. Returns ``[(hidden_dir, [kept paths under it]), ...]``,
-    outermost directories first.
+    A ``hide`` directory is covered unless a kept path is the directory itself or one of its ancestors; kept
+    paths inside another kept path are bound with it. An ``expose`` directory (one the program's uid cannot
+    enter, on the way to a kept path) is covered even inside a kept path, unless it is kept itself: its tmpfs
+    can be entered and shows only the kept paths under it, so nothing the uid could reach before is lost (a
+    venv behind a symlink, in a private folder under the caller's script folder). Returns
+    ``[(dir, [kept paths under it]), ...]``, outermost directories first.
     """
-    keeps = sorted({os.path.normpath(k) for k in keep}, key=len)
-    keeps = [k for i, k in enumerate(keeps) if not any(_is_under(k, other) for other in keeps[:i])]
+    every_keep = sorted({os.path.normpath(k) for k in keep}, key=len)
+    keeps = _outermost(every_keep)
+    exposed = {os.path.normpath(e) for e in expose}
     plan = []
-    for h in sorted({os.path.normpath(h) for h in hide}, key=lambda p: (p.count("/"), p)):
-        if any(_is_under(h, k) or h == k for k in keeps):
+    for h in sorted({os.path.normpath(h) for h in hide} | exposed, key=lambda p: (p.count("/"), p)):
+        if h in every_keep:
             continue
-        plan.append((h, [k for k in keeps if _is_under(k, h)]))
+        if h in exposed:
+            plan.append((h, _outermost([k for k in every_keep if _is_under(k, h)])))
+        elif not any(_is_under(h, k) for k in keeps):
+            plan.append((h, [k for k in keeps if _is_under(k, h)]))
     return plan
+
+
+def _outermost(paths: Sequence[str]) -> list[str]:
+    """``paths`` (sorted by length) without those inside another of them."""
+    return [p for i, p in enumerate(paths) if not any(_is_under(p, other) for other in paths[:i])]
 
 
 def _is_under(path: str, parent: str) -> bool:
@@ -99,7 +111,7 @@ def _setup_mounts(spec: dict[str, Any]) -> None:
     """Private mount namespace: hide world-writable and private dirs under tmpfs, bind back what is needed."""
     libc = _libc()
     _mount(libc, None, "/", None, _MS_REC | _MS_PRIVATE, None)
-    for hidden, kept in plan_mounts(spec["hide"], spec["keep"]):
+    for hidden, kept in plan_mounts(spec["hide"], spec["keep"], spec.get("expose", ())):
         fds = [(k, os.open(k, os.O_PATH | os.O_CLOEXEC)) for k in kept if os.path.exists(k)]
         mode = "1777" if hidden in HIDDEN_DIRS else "0755"
         _mount(libc, "tmpfs", hidden, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={spec['tmpfs_mb']}m,nr_inodes=16384,mode={mode}")

@@ -110,7 +110,8 @@ def _spec(kind: str, workdir: str, main_file: str, uid: int | None, run_id: str,
     """Everything the bootstrap needs for one run (JSON)."""
     nproc = max_processes if uid is not None or os.geteuid() == 0 else own_task_count(os.getuid()) + max_processes
     cpu = int(math.ceil(timeout_s)) + 1
-    hide = [d for d in HIDDEN_DIRS if os.path.isdir(d)] + (blocked_dirs(interpreter_paths()) if uid is not None else [])
+    hide = [d for d in HIDDEN_DIRS if os.path.isdir(d)]
+    expose = blocked_dirs(interpreter_paths()) if uid is not None else []  # folders the uid could not enter
     return {
         "kind": kind,
         "cwd": workdir,
@@ -127,6 +128,7 @@ def _spec(kind: str, workdir: str, main_file: str, uid: int | None, run_id: str,
         },
         "mount": iso.namespaces,
         "hide": hide,
+        "expose": expose,
         "keep": [workdir, *interpreter_paths()],
         "tmpfs_mb": max(64, 4 * max_file_mb),
         "sys_path": site_sys_path(),

@@ -113,14 +113,20 @@ def site_sys_path() -> list[str]:
 
 @functools.lru_cache(maxsize=1)
 def interpreter_paths() -> tuple[str, ...]:
-    """Paths the program's interpreter must reach: the interpreter, its prefixes, sys.path and the site path."""
-    paths = {sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, sys.exec_prefix}
+    """Paths the program's interpreter must reach: the interpreter, its prefixes, sys.path and the site path,
+    each also as its real path. A venv reached through a symlink (``.venv -> /data/venvs/x``) is then checked for
+    folders an unprivileged uid cannot enter along its real location, and those folders are exposed like any other
+    (`blocked_dirs` follows the symlink only at the link, not the private folders behind it)."""
+    paths = {sys.executable, sys.prefix, sys.base_prefix, sys.exec_prefix}
     paths |= {p for p in [*sys.path, *site_sys_path()] if p and os.path.isabs(p)}
+    paths |= {os.path.realpath(p) for p in paths}
     return tuple(sorted(p for p in paths if os.path.exists(p)))
 
 
 def blocked_dirs(paths: Sequence[str]) -> list[str]:
-    """Ancestors of ``paths`` that users other than the owner cannot traverse (no o+x), outermost first."""
+    """Ancestors of ``paths`` that users other than the owner cannot traverse (no o+x), outermost first: every
+    one on the way, not only the first (a private folder inside another, e.g. a venv kept under a 700 folder
+    inside the caller's own 700 temporary folder, needs both exposed)."""
     blocked: set[str] = set()
     for path in paths:
         parts = os.path.abspath(path).split(os.sep)[1:]
@@ -133,7 +139,6 @@ def blocked_dirs(paths: Sequence[str]) -> list[str]:
                 break
             if not mode & 0o001:
                 blocked.add(cur)
-                break
     return sorted(blocked, key=lambda p: (p.count("/"), p))
 
 
