@@ -11,18 +11,22 @@ import contextlib
 import copy
 import importlib.util
 import os
+import uuid
 from pathlib import Path
 from typing import Iterator
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs
+from accelerate.utils import InitProcessGroupKwargs, broadcast_object_list
 from peft import LoraConfig, PeftModel, get_peft_model
 from trl.models.utils import add_hooks, remove_hooks
 
 from policy_optimization.ppo_config import PPOConfig
 
-__all__ = ["is_peft", "wrap_lora", "make_accelerator", "prepare_reference", "policy_for_generation", "save_policy_and_value"]
+__all__ = [
+    "is_peft", "wrap_lora", "make_accelerator", "prepare_reference", "policy_for_generation", "save_policy_and_value",
+    "check_shared_directory",
+]
 
 
 def is_peft(model) -> bool:
@@ -97,6 +101,33 @@ def policy_for_generation(model, accelerator, zero_stage: int) -> Iterator[torch
             yield policy
         finally:
             add_hooks(model)
+
+
+def check_shared_directory(accelerator, directory: Path) -> None:
+    """Stop every process with a clear error if ``directory`` is not one directory that all processes see (a
+    multi-machine run whose output_dir is on each machine's local disk). Checkpoints are written collectively
+    (DeepSpeed: one shard per process) and every process reads them back on resume, so output_dir must be shared.
+    Must be called on every process."""
+    if accelerator.num_processes == 1:
+        return
+    token = [uuid.uuid4().hex if accelerator.is_main_process else ""]
+    broadcast_object_list(token, from_process=0)
+    marker = directory / f".text2grad-shared-check-{token[0]}"
+    if accelerator.is_main_process:
+        directory.mkdir(parents=True, exist_ok=True)
+        marker.write_text(token[0])
+    accelerator.wait_for_everyone()
+    blind = accelerator.reduce(torch.tensor([0.0 if marker.is_file() else 1.0], device=accelerator.device), "sum")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        marker.unlink(missing_ok=True)
+    if float(blind) > 0:
+        raise RuntimeError(
+            f"output_dir {directory} is not shared between the processes: {int(blind)} of {accelerator.num_processes} "
+            "cannot see a file the main process just wrote there. Put output_dir on a filesystem that every machine "
+            "mounts at the same path (NFS, Lustre, ...): checkpoints are written by every process and read back by "
+            "every process on resume."
+        )
 
 
 def save_policy_and_value(accelerator, model, tokenizer, out: Path, adapter_base: str | None) -> None:

@@ -44,6 +44,7 @@ from policy_optimization.checkpoints import (
 )
 from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.distributed import (
+    check_shared_directory,
     is_peft,
     make_accelerator,
     policy_for_generation,
@@ -602,6 +603,7 @@ class NLGradientPPOTrainer:
             if acc.num_processes > 1:
                 broadcast_object_list(decision, from_process=0)
             resume_from = Path(decision[0]) if decision[0] else None
+            check_shared_directory(acc, self.output_dir)
             if resume_from is not None:
                 self.load_checkpoint(resume_from)
                 logger.info("resumed from %s at iteration %d", resume_from, self.state.step)

@@ -56,9 +56,21 @@ SFT_DATASET="${SFT_DATASET:-$DATA_DIR/sft.jsonl}"
 DPO_DATASET="${DPO_DATASET:-$DATA_DIR/preference_pairs.jsonl}"
 
 LAUNCH=("$PY" -m)
+PPO_LAUNCH=("$PY" -m)
 SFT_DS=()
 if [ -n "${DEEPSPEED:-}" ]; then
-    LAUNCH=(accelerate launch --config_file "${ACCELERATE_CONFIG:-configs/accelerate/${ACCEL_PREFIX}${DEEPSPEED}.yaml}" -m)
+    # One machine: configs/accelerate/<deepspeed_|cpu_deepspeed_><stage>.yaml. Several (NUM_MACHINES > 1): the
+    # same command on every machine with its own MACHINE_RANK, all pointing at MAIN_PROCESS_IP (machine 0).
+    ACCEL=(accelerate launch --config_file "${ACCELERATE_CONFIG:-configs/accelerate/${ACCEL_PREFIX}${DEEPSPEED}.yaml}")
+    if [ "${NUM_MACHINES:-1}" -gt 1 ]; then
+        ACCEL=(accelerate launch --config_file "${ACCELERATE_CONFIG:-configs/accelerate/multinode_deepspeed_${DEEPSPEED}.yaml}"
+               --num_machines "$NUM_MACHINES" --machine_rank "${MACHINE_RANK:?set MACHINE_RANK: 0 on the first machine, 1, 2, ... on the others}"
+               --main_process_ip "${MAIN_PROCESS_IP:?set MAIN_PROCESS_IP to the address of machine 0}"
+               --main_process_port "${MAIN_PROCESS_PORT:-29500}")
+    fi
+    [ -n "${NUM_PROCESSES:-}" ] && ACCEL+=(--num_processes "$NUM_PROCESSES")
+    LAUNCH=("${ACCEL[@]}" -m)
+    PPO_LAUNCH=("${ACCEL[@]}" ${PPO_PROCESSES:+--num_processes "$PPO_PROCESSES"} -m)
     [ "$TINY" = "1" ] || SFT_DS=(--deepspeed "configs/deepspeed/${DEEPSPEED}.json")
 fi
 # SFT and DPO use the transformers Trainer, whose DeepSpeed path needs a GPU: on CPU (tiny mode) only PPO is
@@ -74,7 +86,7 @@ for phase in $PHASES; do
                 --dataset_path "$SFT_DATASET" --output_dir "$OUT/sft" "${SFT_DS[@]}" "${SFT_PROMPT[@]}" "${SFT_SIZE[@]}" "${SFT_EXTRA[@]}" ;;
         ppo)
             ADAPTER=(--adapter none); [ -d "$OUT/sft" ] && ADAPTER=(--adapter "$OUT/sft")
-            "${LAUNCH[@]}" policy_optimization.train --config "configs/$NAME/ppo.yaml" --model_name_or_path "$MODEL" \
+            "${PPO_LAUNCH[@]}" policy_optimization.train --config "configs/$NAME/ppo.yaml" --model_name_or_path "$MODEL" \
                 "${ADAPTER[@]}" --dataset_path "$DATASET" --output_dir "$OUT/ppo" "${SOURCE[@]}" "${PPO_PROMPT[@]}" "${PPO_SIZE[@]}" "${PPO_EXTRA[@]}" ;;
         dpo)
             ADAPTER=(--adapter none); [ -d "$OUT/sft" ] && ADAPTER=(--adapter "$OUT/sft")
@@ -86,7 +98,7 @@ for phase in $PHASES; do
                 --dataset_path "$DPO_DATASET" --output_dir "$OUT/scalar_rm" "${SFT_DS[@]}" "${SRM_SIZE[@]}" "${BASELINE_EXTRA[@]}" ;;
         ppo_scalar)  # the paper's PPO baseline: scalar reward from the scalar_rm phase at the last token
             ADAPTER=(--adapter none); [ -d "$OUT/sft" ] && ADAPTER=(--adapter "$OUT/sft")
-            "${LAUNCH[@]}" policy_optimization.train --config "configs/$NAME/ppo.yaml" --model_name_or_path "$MODEL" \
+            "${PPO_LAUNCH[@]}" policy_optimization.train --config "configs/$NAME/ppo.yaml" --model_name_or_path "$MODEL" \
                 "${ADAPTER[@]}" --dataset_path "$DATASET" --output_dir "$OUT/ppo_scalar" --reward_mode scalar \
                 --critic none --scalar_source scalar_rm --scalar_source_kwargs "{\"path\": \"$OUT/scalar_rm\"}" \
                 --feedback_prompt_template "{prompt}" "${PPO_PROMPT[@]}" "${PPO_SIZE[@]}" "${BASELINE_EXTRA[@]}" ;;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Shared by scripts/train_rm_<dataset>.sh (phase 2: train the generative reward model); run, not sourced:
 #   bash scripts/_train_rm.sh DATASET [flags for python -m reward_model.train, which override the YAML]
-# Environment: NUM_GPUS (>1: DeepSpeed), DS_CONFIG (default configs/deepspeed/zero3.json), TEXT2GRAD_TINY=1
+# Environment: NUM_GPUS (>1: DeepSpeed), DS_CONFIG (default configs/deepspeed/zero3.json), HOSTFILE (several
+# machines: a DeepSpeed hostfile, see configs/deepspeed/hostfile.example; MASTER_ADDR/MASTER_PORT optional), TEXT2GRAD_TINY=1
 # (offline smoke run on a generated tiny model + data, in TINY_DIR or a temp dir), PYTHON.
 # Settings: configs/DATASET/reward_model.yaml. Output: runs/DATASET/reward_model (adapter, tokenizer, config).
 set -euo pipefail
@@ -26,7 +27,13 @@ if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
             --bf16 false --gradient_checkpointing false --dtype fp32 --progress_bar false)
 fi
 
-if [ "$NUM_GPUS" -gt 1 ]; then
+if [ -n "${HOSTFILE:-}" ]; then
+    # Several machines: the DeepSpeed launcher on machine 0 starts every machine of the hostfile over passwordless
+    # ssh (pdsh), with this repository and its .venv at the same path on each, and output_dir on a shared filesystem.
+    "$PY" -m deepspeed.launcher.runner --hostfile "$HOSTFILE" ${MASTER_ADDR:+--master_addr "$MASTER_ADDR"} \
+        ${MASTER_PORT:+--master_port "$MASTER_PORT"} --module reward_model.train \
+        --config "configs/$DATASET/reward_model.yaml" --deepspeed "$DS_CONFIG" "${EXTRA[@]}" "$@"
+elif [ "$NUM_GPUS" -gt 1 ]; then
     # DS_ACCELERATOR=cpu runs the same ZeRO path on CPU processes (how CI tests it).
     "$PY" -m deepspeed.launcher.runner --num_gpus "$NUM_GPUS" --module reward_model.train \
         --config "configs/$DATASET/reward_model.yaml" --deepspeed "$DS_CONFIG" "${EXTRA[@]}" "$@"

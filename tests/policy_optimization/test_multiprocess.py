@@ -7,6 +7,7 @@ Each launch starts 2 processes of `tests.policy_optimization.multiprocess_worker
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,7 +69,8 @@ ZERO2 = ["accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_zero2_ppo_with_the_generative_and_scalar_reward_models_on_each_rank_resumes(world, tmp_path):
+def test_zero2_ppo_with_the_generative_and_scalar_reward_models_on_each_rank_resumes(world, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     out = tmp_path / "run"
     both_reward_models = [
         "--critic", "reward_model", "--critic_kwargs", json.dumps({"path": str(world / "model"), "max_new_tokens": 8}),
@@ -98,9 +100,11 @@ def test_zero2_ppo_with_the_generative_and_scalar_reward_models_on_each_rank_res
     assert resumed[0] == first[0]  # the first iteration's line is kept, not rewritten
     assert (out / "checkpoint-2" / "pytorch_model").is_dir() and (out / "policy" / "adapter_config.json").is_file()
 
-    # The same checkpoint with one process instead of two is refused before any model loads.
+    # The same checkpoint with one process instead of two is refused before any model loads (exit 2).
     with pytest.raises(ValueError, match="was written by 2 process\\(es\\) but this run has 1: resume with the same"):
         check_process_count(out / "checkpoint-2", 1)
+    assert train_main(ppo_flags(world, out, *both_reward_models, "--num_iterations", "3", "--resume", "auto")) == 2
+    assert "checkpoint-2 was written by 2 process(es) but this run has 1" in capsys.readouterr().err
 
 
 DDP = ["torch.distributed.run", "--nproc_per_node", "2"]  # with ACCELERATE_USE_CPU=true: DDP over gloo
@@ -135,3 +139,33 @@ def test_the_same_global_batch_gives_the_same_metrics_on_one_and_two_processes(w
         for key in COMPARED:
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     assert one[1]["loss/policy"] != one[0]["loss/policy"]  # the second iteration ran on updated weights
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_machines_launched_one_command_each_with_the_multinode_config(world, tmp_path):
+    """configs/accelerate/multinode_deepspeed_zero2.yaml as two machines of one process each, both on this host:
+    the same command on each with its --machine_rank. Each process is local rank 0 on its machine (its reward
+    models on that machine's first device) and rank 0 or 1 of the run, and only the main process writes the
+    run's files into the shared output_dir."""
+    port = str(29500 + os.getpid() % 1000)
+    out = tmp_path / "run"
+    flags = ppo_flags(world, out, "--critic", "reference", "--critic_kwargs", '{"reference_field": "reference"}',
+                      "--scalar_source", "scalar_rm", "--reward_mode", "mixed",
+                      "--scalar_source_kwargs", json.dumps({"path": str(world / "scalar_rm")}))
+    machines = []
+    for machine in (0, 1):
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(ROOT / "configs" / "accelerate" / "multinode_deepspeed_zero2.yaml"), "--num_processes", "2",
+               "--machine_rank", str(machine), "--main_process_ip", "127.0.0.1", "--main_process_port", port,
+               "--mixed_precision", "no", "-m", WORKER, *flags]
+        env = script_env(tmp_path, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+        machines.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for proc in machines:
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-6000:]
+    seen = placements(out)
+    assert [(p["local_rank"], p["process_index"], p["num_processes"]) for p in seen] == [(0, 0, 2), (0, 1, 2)]
+    assert [p["scalar_reward_model"] for p in seen] == ["cpu:0", "cpu:0"]  # local rank 0 on each machine
+    assert [(m["iteration"], m["episodes"]) for m in read_metrics(out)] == [(1, 4)]  # one writer: one line
+    assert (out / "policy" / "adapter_config.json").is_file()
