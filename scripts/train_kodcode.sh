@@ -15,7 +15,9 @@
 # Environment: MODEL (base model), REWARD_MODEL (trained reward model dir), INPUT, DATA_DIR, PREPARE_ARGS,
 # COMPLETIONS_MODEL, DATASET / SFT_DATASET / DPO_DATASET (override one prepared file),
 # OUT (output root, default runs/kodcode), PHASES (default "ppo"), DEEPSPEED (zero2|zero3),
-# ACCELERATE_CONFIG (overrides the accelerate config DEEPSPEED picks), PYTHON, and PPO_ARGS / SFT_ARGS /
+# ACCELERATE_CONFIG (overrides the accelerate config DEEPSPEED picks), NUM_PROCESSES (all phases), PPO_PROCESSES
+# (PPO only), NUM_MACHINES / MACHINE_RANK / MAIN_PROCESS_IP (several machines: the same command on each with its
+# own rank; configs/accelerate/multinode_deepspeed_<stage>.yaml), PYTHON, and PPO_ARGS / SFT_ARGS /
 # DPO_ARGS (extra flags, e.g. PPO_ARGS="--reward_mode scalar"). In tiny mode the feedback comes from the
 # unit tests in the sandbox (critic code_tests, record field "test") and DeepSpeed runs on CPU
 # (DS_ACCELERATOR=cpu).

@@ -12,7 +12,10 @@
 # Environment: MODEL (base model), REWARD_MODEL (trained reward model dir), INPUT, DATA_DIR, PREPARE_ARGS,
 # DATASET / SFT_DATASET / DPO_DATASET (override one prepared file),
 # OUT (output root, default runs/slf5k), PHASES (default "sft ppo"), DEEPSPEED (zero2|zero3),
-# ACCELERATE_CONFIG (overrides the accelerate config DEEPSPEED picks), PYTHON, and PPO_ARGS / SFT_ARGS /
+# ACCELERATE_CONFIG (overrides the accelerate config DEEPSPEED picks), NUM_PROCESSES (all phases) and PPO_PROCESSES
+# (PPO only: the paper's batch of 12 rollouts splits over 1, 2, 3 or 6 processes, e.g. PPO_PROCESSES=6 on 8 GPUs),
+# NUM_MACHINES / MACHINE_RANK / MAIN_PROCESS_IP (several machines: the same command on each with its own rank;
+# configs/accelerate/multinode_deepspeed_<stage>.yaml), PYTHON, and PPO_ARGS / SFT_ARGS /
 # DPO_ARGS (extra flags, e.g. PPO_ARGS="--reward_mode scalar"). In tiny mode the feedback comes from the
 # reference-summary critic (no reward model is trained) and DeepSpeed runs on CPU (DS_ACCELERATOR=cpu).
 NAME=slf5k

@@ -10,7 +10,9 @@
 # HuggingFaceH4/ultrafeedback_binarized, or a local copy), DATA_DIR (default data/ultrafeedback), PREPARE_ARGS,
 # DATASET / SFT_DATASET / DPO_DATASET (override one prepared file),
 # OUT (output root, default runs/ultrafeedback), PHASES (default "sft ppo"), DEEPSPEED (zero2|zero3),
-# ACCELERATE_CONFIG (overrides the accelerate config DEEPSPEED picks), PYTHON, and PPO_ARGS / SFT_ARGS /
+# ACCELERATE_CONFIG (overrides the accelerate config DEEPSPEED picks), NUM_PROCESSES (all phases), PPO_PROCESSES
+# (PPO only), NUM_MACHINES / MACHINE_RANK / MAIN_PROCESS_IP (several machines: the same command on each with its
+# own rank; configs/accelerate/multinode_deepspeed_<stage>.yaml), PYTHON, and PPO_ARGS / SFT_ARGS /
 # DPO_ARGS (extra flags, e.g. PPO_ARGS="--reward_mode scalar"). In tiny mode the feedback comes from the
 # reference critic against the chosen answer (no reward model is trained) and DeepSpeed runs on CPU
 # (DS_ACCELERATOR=cpu). Both read what prepare-data made of train_prefs (30 % SFT / 50 % RM / 20 % RL by prompt):
