@@ -156,8 +156,10 @@ def _trainer_curve(run_dir: Path, cfg: QuickstartConfig, eval_fn, start: dict[st
 
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
+    # every arm trains through failed feedback (zero reward, counted in samples/feedback_error) rather than stopping:
+    # the arms' reward models differ, and one stopping early would compare unequal budgets
     base = QuickstartConfig(preset=args.preset, output_dir=str(Path(args.output_dir) / "shared"), seed=args.task_seed,
-                            modes=["nl_gradient"])
+                            modes=["nl_gradient"], max_feedback_error_rate=1.0)
     overrides = {k: getattr(args, k) for k in ("ppo_iterations", "ppo_batch_size", "eval_every") if getattr(args, k)}
     overrides.update(json.loads(args.quickstart_overrides))
     cfg = resolve(replace(base, **overrides))

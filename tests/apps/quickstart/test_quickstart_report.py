@@ -16,7 +16,7 @@ import torch
 from transformers import get_scheduler
 
 from text2grad.apps.quickstart.pipeline import STAGES, SFT_WARMUP_STEPS, _sft_schedule_args, stage_data, start_policy_note
-from text2grad.apps.quickstart.quickstart_config import QuickstartConfig, resolve
+from text2grad.apps.quickstart.quickstart_config import PRESETS, QuickstartConfig, resolve
 from text2grad.apps.quickstart.report import (
     logprob_shift,
     logprob_shift_by_position,
@@ -26,6 +26,8 @@ from text2grad.apps.quickstart.report import (
     token_logprobs,
 )
 from text2grad.apps.quickstart.results import (
+    describe_feedback_errors,
+    feedback_error_rates,
     installed_versions,
     machine_speed,
     print_results,
@@ -108,6 +110,22 @@ def test_a_given_start_policy_is_named_as_what_it_is_and_no_sft_is_announced(cap
     assert start_policy_name(asdict(built)) == "SFT policy"
     assert start_policy_note(built) == "tokenizer, tiny Llama, SFT (cached after the first run)"
     assert "start policy" in STAGES and not any("SFT" in stage for stage in STAGES)
+
+
+def test_feedback_failures_during_ppo_are_measured_per_iteration_and_the_guard_is_on_outside_ci(tmp_path):
+    rows = [{"iteration": 1, "samples/batch": 8.0, "samples/feedback_error": 0.0, "samples/score_error": 0.0},
+            {"iteration": 2, "samples/batch": 8.0, "samples/feedback_error": 3.0, "samples/score_error": 0.0},
+            {"iteration": 3, "samples/batch": 8.0, "samples/feedback_error": 1.0, "samples/score_error": 1.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rates = feedback_error_rates({"scalar": tmp_path / "metrics.jsonl", "nl_gradient": tmp_path / "absent.jsonl"})
+    assert rates == {"scalar": [0.0, 0.375, 0.25], "nl_gradient": []}
+    assert describe_feedback_errors(rates, 1.0) == (
+        "feedback failed in 2 of 3 PPO iterations (worst iteration 38% of its samples); the guard was off "
+        "(max_feedback_error_rate 1.0: a failed sample gets zero reward)")
+    assert describe_feedback_errors(rates, 0.2).endswith("PPO stops above max_feedback_error_rate 0.2")
+    # the guard is on in every preset but ci, whose tiny reward model fails on up to 3 of 8 samples of an iteration
+    assert {name: preset["max_feedback_error_rate"] for name, preset in PRESETS.items()} == {
+        "ci": 1.0, "default": 0.2, "smollm2": 0.2, "large": 0.2}
 
 
 def test_results_table_and_presets():
