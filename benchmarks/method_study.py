@@ -52,9 +52,29 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import matplotlib
+import torch
+from scipy.stats import t as student_t
+from tqdm import tqdm
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the critic "benchmarks.baselines:DenseFactCritic" is imported by name
     sys.path.insert(0, str(ROOT))
+
+from benchmarks.baselines import preference_pairs  # noqa: E402
+from policy_optimization.ppo_config import PPOConfig  # noqa: E402
+from policy_optimization.train import build_trainer  # noqa: E402
+from text2grad.apps.quickstart import pipeline as qs  # noqa: E402
+from text2grad.apps.quickstart.quickstart_config import QuickstartConfig, resolve  # noqa: E402
+from text2grad.apps.quickstart.report import token_logprobs  # noqa: E402
+from text2grad.apps.quickstart.task import critique_summary, fact_accuracy  # noqa: E402
+from text2grad.core.data import iter_jsonl, write_jsonl  # noqa: E402
+from text2grad.core.generation import generate  # noqa: E402
+from text2grad.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
+from text2grad.core.spans import decode_with_offsets, feedback_token_labels  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
 
 METHODS = ("text2grad", "scalar_collapsed", "dense", "scalar_bt")
 ARMS = ("oracle", "learned")
@@ -132,7 +152,6 @@ class StudyContext:
 
 def mean_ci95(xs: Sequence[float]) -> tuple[float, float]:
     """(mean, half-width of the 95 % t-interval of the mean); half-width nan for fewer than 2 values."""
-    from scipy.stats import t
 
     n = len(xs)
     if n == 0:
@@ -140,7 +159,7 @@ def mean_ci95(xs: Sequence[float]) -> tuple[float, float]:
     m = statistics.fmean(xs)
     if n < 2:
         return m, float("nan")
-    return m, float(t.ppf(0.975, n - 1) * statistics.stdev(xs) / math.sqrt(n))
+    return m, float(student_t.ppf(0.975, n - 1) * statistics.stdev(xs) / math.sqrt(n))
 
 
 def end_score(curve: Sequence[Mapping[str, Any]], split: str = "val", last: int = 2) -> float:
@@ -173,7 +192,6 @@ def choose(candidates: Mapping[Setting, float]) -> Setting:
 
 
 def _ppo_config(ctx: StudyContext, spec: RunSpec, run_dir: Path):
-    from policy_optimization.ppo_config import PPOConfig
 
     overrides = dict(ABLATIONS[spec.ablation])
     arm = overrides.pop("_arm", spec.arm)
@@ -202,8 +220,6 @@ def _ppo_config(ctx: StudyContext, spec: RunSpec, run_dir: Path):
 
 
 def _greedy(model, tokenizer, records: Sequence[Mapping[str, Any]], max_new_tokens: int):
-    from text2grad.apps.quickstart.task import fact_accuracy
-    from text2grad.core.generation import generate
 
     was_training = model.training
     model.eval()
@@ -216,9 +232,6 @@ def _greedy(model, tokenizer, records: Sequence[Mapping[str, Any]], max_new_toke
 def true_label_shift(model, sft_model, tokenizer, records, sft_gens) -> dict[str, dict[str, float]]:
     """Mean log-prob change (policy minus SFT) of the SFT policy's greedy test summaries' tokens, grouped by the
     TRUE critic's labels (`critique_summary`): good, poor (first token of a poor quote / inside it), unlabelled."""
-    from text2grad.apps.quickstart.report import token_logprobs
-    from text2grad.apps.quickstart.task import critique_summary
-    from text2grad.core.spans import decode_with_offsets, feedback_token_labels
 
     sums: dict[str, list[float]] = {}
     for rec, gen in zip(records, sft_gens):
@@ -242,10 +255,7 @@ def true_label_shift(model, sft_model, tokenizer, records, sft_gens) -> dict[str
 def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
     """Train one (arm, method, setting, seed) and evaluate it every ``eval_every`` iterations; returns the result
     (also written to ``<out>/<run_id>/result.json``)."""
-    import torch
 
-    from policy_optimization.train import build_trainer
-    from text2grad.core.modeling import load_causal_lm
 
     torch.set_num_threads(1)  # decoding-bound on a tiny model: one thread per run, runs side by side
     run_dir = Path(ctx.out) / spec.run_id
@@ -297,7 +307,6 @@ def _load_result(ctx: StudyContext, spec: RunSpec) -> dict[str, Any] | None:
 def run_all(ctx: StudyContext, specs: Sequence[RunSpec], jobs: int) -> dict[RunSpec, dict[str, Any]]:
     """Every spec's result: loaded when already on disk, else trained, ``jobs`` runs at a time (a failed run is
     reported and left out, never allowed to stop the others)."""
-    from tqdm import tqdm
 
     done = {s: r for s in specs if (r := _load_result(ctx, s)) is not None}
     todo = [s for s in specs if s not in done]
@@ -532,10 +541,6 @@ def markdown(study: Mapping[str, Any]) -> str:
 
 
 def plot(summary: Mapping[str, Any], png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     arms = sorted({r["arm"] for r in summary.values()})
     fig, axes = plt.subplots(1, len(arms), figsize=(6 * len(arms), 4), squeeze=False)
@@ -567,13 +572,7 @@ def plot(summary: Mapping[str, Any], png: Path) -> None:
 def build_context(args: argparse.Namespace) -> StudyContext:
     """Data, SFT policy, both generative reward models and the Bradley-Terry reward model (cached like the
     quickstart's), and the SFT policy's validation and test scores."""
-    import torch
 
-    from benchmarks.baselines import preference_pairs
-    from text2grad.apps.quickstart import pipeline as qs
-    from text2grad.apps.quickstart.quickstart_config import QuickstartConfig, resolve
-    from text2grad.core.data import iter_jsonl, write_jsonl
-    from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
     out = Path(args.output_dir)
     shared = out / "shared"
