@@ -23,8 +23,8 @@ from trl import DPOConfig, DPOTrainer
 from policy_optimization.dpo_config import DPORunConfig
 from policy_optimization.sft import (
     check_output_path,
-    load_model_and_tokenizer,
     load_pairs,
+    load_with_arguments,
     lora_config,
     save_final,
     training_kwargs,
@@ -49,8 +49,9 @@ def run_dpo(cfg: DPORunConfig) -> int:
     if same == len(rows):
         raise DataError("every record has chosen == rejected; check chosen_template / rejected_template")
     check_model_path(cfg.model_name_or_path)
-    model, tokenizer, base = load_model_and_tokenizer(cfg)
-    args = DPOConfig(**training_kwargs(cfg), beta=cfg.beta, loss_type=[cfg.loss_type])
+    args, model, tokenizer, base = load_with_arguments(
+        cfg, lambda: DPOConfig(**training_kwargs(cfg), beta=cfg.beta, loss_type=[cfg.loss_type])
+    )
     trainer = DPOTrainer(
         model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
         peft_config=lora_config(cfg) if cfg.use_lora else None, callbacks=[MetricsJsonl(fresh=True)],

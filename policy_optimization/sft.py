@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from datasets import Dataset
@@ -25,6 +25,7 @@ from transformers import Trainer
 from trl import SFTConfig, SFTTrainer
 
 from policy_optimization.sft_config import HFRunConfig, SFTRunConfig
+from reward_model.train import _allow_deepspeed_on_cpu
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError
 from text2grad.core.data import DataError, load_records, record_id, render_template
@@ -45,7 +46,10 @@ def lora_config(cfg: HFRunConfig):
 
 
 def training_kwargs(cfg: HFRunConfig) -> dict[str, Any]:
-    """The transformers TrainingArguments fields both runs share."""
+    """The transformers TrainingArguments fields both runs share. Under DeepSpeed on CPU processes
+    (``DS_ACCELERATOR=cpu``, how CI tests the ZeRO path) accelerate is told to use gloo first."""
+    if cfg.deepspeed and os.environ.get("DS_ACCELERATOR") == "cpu" and not torch.cuda.is_available():
+        _allow_deepspeed_on_cpu()
     return dict(
         output_dir=cfg.output_dir, learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler_type,
         lr_scheduler_kwargs=dict(cfg.lr_scheduler_kwargs),
@@ -54,7 +58,7 @@ def training_kwargs(cfg: HFRunConfig) -> dict[str, Any]:
         gradient_accumulation_steps=cfg.gradient_accumulation_steps, gradient_checkpointing=cfg.gradient_checkpointing,
         bf16=cfg.bf16, deepspeed=cfg.deepspeed, logging_steps=cfg.logging_steps, save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit, seed=cfg.seed, report_to=[] if cfg.report_to == "none" else [cfg.report_to],
-        use_cpu=not torch.cuda.is_available(), max_length=cfg.max_length, dataset_num_proc=None,
+        use_cpu=not torch.cuda.is_available() and not cfg.deepspeed, max_length=cfg.max_length, dataset_num_proc=None,
     )
 
 
@@ -90,6 +94,19 @@ def load_model_and_tokenizer(cfg: HFRunConfig):
     return model, tokenizer, base
 
 
+def load_with_arguments(cfg: HFRunConfig, make_arguments: Callable[[], Any]) -> tuple[Any, Any, Any, str]:
+    """(training arguments, model, tokenizer, base path) in the order ZeRO-3 needs. Without a start adapter the
+    arguments come first: with a ZeRO-3 config they register DeepSpeed, so from_pretrained partitions the weights
+    while they load instead of materialising the whole model on every process. A start adapter is merged into whole
+    weights, so then the model loads first and ZeRO-3 partitions it when training starts."""
+    if cfg.adapter:
+        model, tokenizer, base = load_model_and_tokenizer(cfg)
+        return make_arguments(), model, tokenizer, base
+    arguments = make_arguments()
+    model, tokenizer, base = load_model_and_tokenizer(cfg)
+    return arguments, model, tokenizer, base
+
+
 def save_final(trainer, tokenizer, cfg: HFRunConfig, base: str) -> None:
     """Save the model (adapter or full) and tokenizer; an adapter records its base for `load_causal_lm`."""
     model = trainer.model
@@ -107,8 +124,9 @@ def run_sft(cfg: SFTRunConfig) -> int:
     check_output_path(cfg.output_dir)
     rows = load_pairs(cfg, {"prompt": cfg.prompt_template, "completion": cfg.completion_template})
     check_model_path(cfg.model_name_or_path)
-    model, tokenizer, base = load_model_and_tokenizer(cfg)
-    args = SFTConfig(**training_kwargs(cfg), completion_only_loss=cfg.completion_only_loss)
+    args, model, tokenizer, base = load_with_arguments(
+        cfg, lambda: SFTConfig(**training_kwargs(cfg), completion_only_loss=cfg.completion_only_loss)
+    )
     trainer = (SFTTrainer if cfg.fused_lm_head else FullLogitsSFTTrainer)(
         model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
         peft_config=lora_config(cfg) if cfg.use_lora else None, callbacks=[MetricsJsonl(fresh=True)],

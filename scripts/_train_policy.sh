@@ -73,8 +73,8 @@ if [ -n "${DEEPSPEED:-}" ]; then
     PPO_LAUNCH=("${ACCEL[@]}" ${PPO_PROCESSES:+--num_processes "$PPO_PROCESSES"} -m)
     [ "$TINY" = "1" ] || SFT_DS=(--deepspeed "configs/deepspeed/${DEEPSPEED}.json")
 fi
-# SFT and DPO use the transformers Trainer, whose DeepSpeed path needs a GPU: on CPU (tiny mode) only PPO is
-# launched under DeepSpeed.
+# In tiny mode (CPU) SFT and DPO run as one process and only PPO under accelerate + DeepSpeed; their own CPU
+# DeepSpeed path (2 processes under the deepspeed launcher) is tested in tests/policy_optimization/test_multiprocess.py.
 HF_LAUNCH=("${LAUNCH[@]}")
 [ "$TINY" = "1" ] && HF_LAUNCH=("$PY" -m)
 

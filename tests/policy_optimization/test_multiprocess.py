@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification
 
 from policy_optimization.checkpoints import check_process_count
@@ -169,3 +170,39 @@ def test_two_machines_launched_one_command_each_with_the_multinode_config(world,
     assert [p["scalar_reward_model"] for p in seen] == ["cpu:0", "cpu:0"]  # local rank 0 on each machine
     assert [(m["iteration"], m["episodes"]) for m in read_metrics(out)] == [(1, 4)]  # one writer: one line
     assert (out / "policy" / "adapter_config.json").is_file()
+
+
+def deepspeed_launch(tmp_path: Path, module: str, flags: list[str]) -> subprocess.CompletedProcess:
+    """``module`` as 2 CPU processes under the DeepSpeed launcher (DS_ACCELERATOR=cpu: gloo)."""
+    port = str(30500 + os.getpid() % 1000)
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", port, "--no_local_rank",
+           "--module", module, *flags]
+    proc = subprocess.run(cmd, cwd=ROOT, env=script_env(tmp_path, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "dist_world_size=2" in proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sft_under_zero3_and_dpo_under_zero2_as_two_processes(world, tmp_path):
+    """SFT with ZeRO-3 (the training arguments come before the weights, so they load partitioned) and DPO with
+    ZeRO-2 from that SFT adapter, each as 2 CPU processes; both save a whole adapter whose base loads."""
+    hf = ["--bf16", "false", "--max_steps", "2", "--per_device_train_batch_size", "2", "--logging_steps", "1",
+          "--save_steps", "1000", "--model_name_or_path", str(world / "model")]
+    sft = tmp_path / "sft"
+    deepspeed_launch(tmp_path, "policy_optimization.sft", [
+        "--config", str(ROOT / "configs" / "slf5k" / "sft.yaml"), "--dataset_path", str(world / "data" / "sft.jsonl"),
+        "--output_dir", str(sft), "--deepspeed", str(ROOT / "configs" / "deepspeed" / "zero3.json"), *hf])
+    dpo = tmp_path / "dpo"
+    deepspeed_launch(tmp_path, "policy_optimization.dpo", [
+        "--config", str(ROOT / "configs" / "slf5k" / "dpo.yaml"), "--adapter", str(sft),
+        "--dataset_path", str(world / "data" / "preference_pairs.jsonl"), "--output_dir", str(dpo),
+        "--deepspeed", str(ROOT / "configs" / "deepspeed" / "zero2.json"), *hf])
+    for run in (sft, dpo):
+        assert [m["step"] for m in read_metrics(run) if "loss" in m] == [1, 2]
+        adapter = load_file(str(run / "adapter_model.safetensors"))
+        assert adapter and all(t.numel() > 0 for t in adapter.values())  # gathered whole, not ZeRO-3 placeholders
+    assert json.loads((dpo / "adapter_config.json").read_text())["base_model_name_or_path"] == str(dpo / "base_merged")
+    assert (dpo / "base_merged" / "config.json").is_file()
