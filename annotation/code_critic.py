@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from annotation.critics import CriticResult
 from text2grad.core import sandbox
-from text2grad.core.critics import extract_code
+from text2grad.core.critics import extract_code, with_solution_import
 from text2grad.core.feedback import Feedback
 
 __all__ = ["CodeTestCritic"]
@@ -254,8 +254,10 @@ class CodeTestCritic:
     # -- the critique itself -------------------------------------------------------------------------
 
     def critique(self, response: str, tests: str) -> tuple[Feedback, dict[str, Any]]:
-        """Run ``tests`` against the code in ``response``; returns the feedback and a summary of the run."""
+        """Run ``tests`` against the code in ``response``; returns the feedback and a summary of the run. The tests
+        run as KodCode's harness runs them (`with_solution_import`: the solution's names are in scope)."""
         code = extract_code(response)
+        tests = with_solution_import(tests)
         # A per-test alarm below the run's limit makes a hanging test report where it was stuck.
         result = sandbox.run_tests(
             code, tests, timeout_s=self.timeout_s, memory_mb=self.memory_mb, per_test_timeout_s=self.timeout_s * 0.8

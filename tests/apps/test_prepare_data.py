@@ -323,3 +323,106 @@ def test_kodcode_llm_critic_sees_the_tests_and_the_execution_result(tmp_path):
     assert seen_failures == 1
     annotated = list(iter_jsonl(tmp_path / "ann.jsonl"))
     assert {a["id"] for a in annotated} == {r["id"] for r in records}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real-row edges: tests without the solution import, the test_code column, hashed shard names, ties
+# ---------------------------------------------------------------------------------------------------------------
+
+# A hub shard's content hash, as `huggingface_hub` names parquet shards: <split>-00000-of-00001-<hash>.parquet
+_SHARD_HASH = "17309c769bfe5733"
+
+
+def _without_solution_import(test: str) -> str:
+    """The test as some real KodCode rows have it: no `from solution import ...` line (KodCode's harness adds
+    `from solution import *` above it)."""
+    return "".join(line for line in test.splitlines(keepends=True) if not line.startswith("from solution import"))
+
+
+def _kodcode_v1_revision(dest: Path) -> tuple[Path, list[dict]]:
+    """The fixture rows as a KodCode-V1 revision ships them: the tests in `test_code`, two of them without the
+    import, in one hub-named shard data/train-00000-of-00001-<hash>.parquet."""
+    rows = fixture_rows("kodcode", "train")
+    for i, row in enumerate(rows):
+        test = row.pop("test")
+        row["test_code"] = _without_solution_import(test) if i < 2 else test
+    (dest / "data").mkdir(parents=True)
+    Dataset.from_list(rows).to_parquet(str(dest / "data" / f"train-00000-of-00001-{_SHARD_HASH}.parquet"))
+    return dest, rows
+
+
+def test_kodcode_tests_without_the_import_run_as_kodcodes_harness_runs_them(tmp_path):
+    source, rows = _kodcode_v1_revision(tmp_path / "kc")
+    assert "from solution import" not in rows[0]["test_code"] and "sum_of_evens(" in rows[0]["test_code"]
+    rc, out = prepare(tmp_path, "--dataset", "kodcode", "--dataset_path", str(source), "--completions",
+                      str(FIXTURES / "kodcode" / "completions.jsonl"), "--fractions", '{"rm": 1.0}')
+    assert rc == 0
+    records = {r["id"]: r for r in read(out, "annotation_input.jsonl")}
+    references = [r for r in records.values() if r["kind"] == "reference"]
+    assert len(references) == 4 and all(r["execution"]["passed"] for r in references)  # no NameError
+    wrong_sum = records["Leetcode_1001_I:completion-0"]  # a real failure is still one
+    assert wrong_sum["execution"]["tests_failed"] == ["test_mixed"]
+    assert wrong_sum["tests"] == rows[0]["test_code"]  # the row's tests as released
+    report = json.loads((out / "prepare_report.json").read_text())
+    assert report["columns_renamed"] == {"test_code": "test"}
+    assert report["programs"]["reference"] == {"passing": 4, "failing": 0}
+    assert sorted(p["question_id"] for p in read(out, "preference_pairs.jsonl")) == [
+        "Leetcode_1001_I", "Leetcode_1002_I", "Leetcode_1003_I"]
+
+
+def test_kodcode_rows_without_the_import_pass_in_eval_code_and_the_unit_test_critic(tmp_path):
+    from annotation.code_critic import CodeTestCritic
+    from text2grad.apps.evaluation.code import main as eval_code
+
+    _, rows = _kodcode_v1_revision(tmp_path / "kc")
+    local_copy = tmp_path / "kodcode_v1.jsonl"  # the V1 rows as a local JSONL copy: `test_code`, two without the import
+    local_copy.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "eval"
+    assert eval_code(["--benchmark", "kodcode", "--dataset_path", str(local_copy), "--score_references", "true",
+                      "--workers", "2", "--output_dir", str(out), "--progress_bar", "false"]) == 0
+    results = json.loads((out / "kodcode.json").read_text())["results"]
+    assert results["problems"] == 4 and results["pass@1"] == 1.0
+    critic = CodeTestCritic(timeout_s=10)
+    feedback, info = critic.critique(f"```python\n{rows[0]['solution']}```", rows[0]["test_code"])
+    assert info["verdict"] == "passed" and feedback.ok, (info, feedback)
+
+
+def _ultrafeedback_with_a_tie(dest: Path) -> Path:
+    """The fixture in the hub's hashed shard names, with a tie like row 0 of the real train_prefs (8.5 vs 8.5)."""
+    (dest / "data").mkdir(parents=True)
+    for split in ("train_prefs", "test_prefs"):
+        rows = fixture_rows("ultrafeedback", split)
+        rows[0] = {**rows[0], "score_chosen": 8.5, "score_rejected": 8.5}
+        Dataset.from_list(rows).to_parquet(str(dest / "data" / f"{split}-00000-of-00001-{_SHARD_HASH}.parquet"))
+    return dest
+
+
+def test_ultrafeedback_hub_shards_with_hashes_and_ties_flagged_counted_or_dropped(tmp_path):
+    source = _ultrafeedback_with_a_tie(tmp_path / "uf")
+    rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--dataset_path", str(source),
+                      "--fractions", '{"sft": 0, "rm": 1, "rl": 0}')
+    assert rc == 0  # train_prefs and test_prefs found under their hashed shard names
+    tie_id = str(fixture_rows("ultrafeedback", "train_prefs")[0]["prompt_id"])
+    pairs = read(out, "preference_pairs.jsonl")
+    assert len(pairs) == 7 and [p["tie"] for p in pairs if p["prompt_id"] == tie_id][0] is True
+    assert sum(p["tie"] for p in pairs) == 1
+    assert sum(r["tie"] for r in read(out, "annotation_input.jsonl")) == 2  # both answers of the tied pair
+    report = json.loads((out / "prepare_report.json").read_text())
+    assert report["ties"] == {"train_prefs": 1, "test_prefs": 1, "dropped": False}
+    assert report["splits"]["train_prefs"]["rows"] == 7 and report["eval_prompts_in_training"] == 0
+
+    rc, dropped = prepare(tmp_path, "--dataset", "ultrafeedback", "--dataset_path", str(source), "--drop_ties", "true",
+                          "--fractions", '{"sft": 0, "rm": 1, "rl": 0}', out="dropped")
+    assert rc == 0
+    assert len(read(dropped, "preference_pairs.jsonl")) == 6 and not any(p["tie"] for p in read(dropped, "preference_pairs.jsonl"))
+    assert len(read(dropped, "eval.jsonl")) == 1
+    assert json.loads((dropped / "prepare_report.json").read_text())["ties"] == {
+        "train_prefs": 1, "test_prefs": 1, "dropped": True}
+
+
+def test_ultrafeedback_eval_on_the_training_split_is_refused(tmp_path, capsys):
+    rc, out = prepare(tmp_path, "--dataset", "ultrafeedback", "--dataset_path", str(FIXTURES / "ultrafeedback"),
+                      "--eval_split", "train_prefs")
+    err = capsys.readouterr().err
+    assert rc == 2 and "eval_split 'train_prefs' is the training split itself" in err and "use test_prefs" in err
+    assert not out.exists()

@@ -1,5 +1,6 @@
 """KodCode-Light-RL-10K (``KodCode/KodCode-Light-RL-10K``): one ``train`` split of questions with a verified
-reference ``solution``, pytest-style unit tests ``test`` (they import the solution: ``from solution import f``)
+reference ``solution``, pytest-style unit tests ``test`` (``test_code`` in some KodCode-V1 revisions, read as
+``test``; they import the solution, ``from solution import f``, or rely on the harness's ``from solution import *``)
 and ``test_info``, the required function(s) as ``{function_name, function_declaration, parameter_list, docstring}``.
 
 The questions are shared out by ``question_id`` (seeded, disjoint): reward-model questions, RL questions and a
@@ -10,7 +11,9 @@ the function by name, so a correct program with another name would fail.
 
 Reward-model data, as in the paper: for each reward-model question, the reference solution and the completions
 of a weaker model (``completions_model``, generated here with `text2grad.core.generation`, or a ``completions``
-JSONL) are each run against the unit tests in the sandbox (`text2grad.core.sandbox.run_tests`). Each becomes an
+JSONL) are each run against the unit tests in the sandbox (`text2grad.core.sandbox.run_tests`), as KodCode's own
+harness runs them: ``from solution import *`` above the test code (`text2grad.core.critics.with_solution_import`;
+some rows' tests call the solution without importing it); the output files keep each row's tests as released. Each becomes an
 annotation record whose ``execution`` (verdict, passed/failed tests, the first failure's test, exception and
 message) and ``execution_result`` (the same as one paragraph, for the LLM critic's prompt) are stored with it,
 next to the ``tests``. The report counts passing and failing programs.
@@ -34,7 +37,7 @@ from text2grad.apps.prepare_data.common import split_by_key
 from text2grad.apps.prepare_data.prepare_data_config import PrepareDataConfig
 from text2grad.apps.prepare_data.sources import SchemaError, check_columns, load_split
 from text2grad.core import sandbox
-from text2grad.core.critics import extract_code
+from text2grad.core.critics import extract_code, with_solution_import
 from text2grad.core.data import iter_jsonl
 from text2grad.core.generation import apply_chat_template, generate
 from text2grad.core.modeling import load_causal_lm, load_tokenizer
@@ -44,6 +47,8 @@ __all__ = ["prepare", "policy_prompt", "signature_lines", "execution_summary", "
 logger = logging.getLogger("text2grad.apps.prepare_data")
 
 COLUMNS = ("question_id", "question", "solution", "test", "test_info")
+# Column names of other KodCode releases, read as ours: KodCode-V1 revisions call the tests `test_code`.
+COLUMN_ALIASES = {"test_code": "test"}
 
 
 def signature_lines(test_info: Any) -> list[str]:
@@ -138,7 +143,7 @@ def _run_all(programs: Sequence[tuple[str, str]], cfg: PrepareDataConfig) -> lis
     """Run each (response, tests) in the sandbox; the code is the response's first Python block."""
     def one(item: tuple[str, str]) -> Any:
         response, tests = item
-        return sandbox.run_tests(extract_code(response), tests, timeout_s=cfg.test_timeout_s,
+        return sandbox.run_tests(extract_code(response), with_solution_import(tests), timeout_s=cfg.test_timeout_s,
                                  memory_mb=cfg.test_memory_mb, per_test_timeout_s=cfg.test_timeout_s * 0.8)
 
     with ThreadPoolExecutor(cfg.workers) as pool:
@@ -159,6 +164,11 @@ def prepare(cfg: PrepareDataConfig) -> tuple[dict[str, list[dict[str, Any]]], di
     if unknown:
         raise SchemaError(f"kodcode: fractions may name rm, rl and eval, not {sorted(unknown)}")
     data = load_split("kodcode", cfg.dataset_path, "train", "train", cfg.max_samples)
+    renamed = {old: new for old, new in COLUMN_ALIASES.items() if new not in data.columns and old in data.columns}
+    for row in data.rows:
+        for old, new in renamed.items():
+            row[new] = row.pop(old)
+    data.columns = [renamed.get(c, c) for c in data.columns]
     check_columns(data, COLUMNS)
     given = _read_completions(cfg.completions) if cfg.completions else None  # read before any slow work
 
@@ -221,6 +231,7 @@ def prepare(cfg: PrepareDataConfig) -> tuple[dict[str, list[dict[str, Any]]], di
 
     report = {
         "splits": {"train": {"rows": len(data.rows), "from": data.origin}},
+        "columns_renamed": renamed,
         "fractions": fractions,
         "seed": cfg.seed,
         "parts": {name: {"questions": len(rows_)} for name, rows_ in parts.items()},

@@ -35,6 +35,9 @@ class PrepareDataConfig:
     eval_split: str | None = config_field(None, "Split written to eval.jsonl: SLF5K validation (or test/development), "
                                       "UltraFeedback test_prefs. KodCode has one split; its eval share comes from fractions.")
     max_samples: int | None = config_field(None, "Read at most this many rows per split (quick runs).")
+    drop_ties: bool = config_field(False, "UltraFeedback: drop pairs whose score_chosen equals score_rejected (a tie "
+                                   "states no preference). Kept by default, as released; either way every pair "
+                                   "carries tie true/false and prepare_report.json counts them.")
     slf5k_prompt_template: str = config_field("Title: {title}\n\n{post}\n\nTL;DR:",
                                     "SLF5K policy prompt (sft, rl_prompts, preference_pairs, eval), filled from the "
                                     "row; keep it equal to configs/slf5k/eval.yaml's prompt_template.")

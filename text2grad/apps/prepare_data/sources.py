@@ -4,7 +4,8 @@ Sources, in the order they are recognised:
 
 - a directory written by ``DatasetDict.save_to_disk`` (``dataset_dict.json``): its splits;
 - a directory of data files, named as on the hub: ``<split>.jsonl`` / ``.json`` / ``.parquet`` / ``.arrow``,
-  ``<split>-00000-of-00001.parquet``, ``data/<split>-*.parquet`` (the hub's parquet layout), or a folder
+  ``<split>-00000-of-00001.parquet`` (also with the hub's ``-<hash>`` after it), ``data/<split>-*.parquet`` (the
+  hub's parquet layout), or a folder
   ``<split>/`` holding such files or a ``Dataset.save_to_disk`` copy;
 - a single data file: it holds the split its name starts with (``train_prefs-0000.parquet``), else the
   dataset's main split;
@@ -48,13 +49,14 @@ class SplitData:
 
 
 def _split_of_file(path: Path) -> str:
-    """``train_prefs-00000-of-00001.parquet`` -> ``train_prefs``; ``validation.jsonl`` -> ``validation``."""
+    """``train_prefs-00000-of-00001.parquet`` -> ``train_prefs``; ``validation.jsonl`` -> ``validation``; the hub's
+    content-addressed shard names too: ``train_prefs-00000-of-00001-f1b2c3d4e5f60718.parquet`` -> ``train_prefs``."""
     name = path.name
     for suffix in _FORMATS:
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
-    return re.sub(r"-\d{5}-of-\d{5}$", "", name)
+    return re.sub(r"-\d{5}-of-\d{5}(-[0-9a-f]{8,})?$", "", name)
 
 
 def _data_files(directory: Path) -> dict[str, list[Path]]:

@@ -11,18 +11,32 @@ model / 20 % RL by default:
 - preference_pairs.jsonl (reward-model part): ``prompt`` / ``chosen`` / ``rejected`` as text, with the scores;
 - rl_prompts.jsonl (RL part): ``prompt`` and the chosen response as ``reference``;
 - eval.jsonl (``test_prefs``): ``prompt`` / ``chosen`` / ``rejected`` as text.
+
+Every pair and annotation record carries ``tie``: ``score_chosen == score_rejected`` (row 0 of ``train_prefs`` is
+8.5 vs 8.5). A tie states no preference; ``drop_ties`` leaves such pairs out (before the split, and from
+eval.jsonl), and the report counts them either way. ``eval_split train_prefs`` is refused: it is the training
+split itself. Another eval split that shares prompts with the training pairs is reported (``eval_prompts_in_training``)
+and warned about.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from text2grad.apps.prepare_data.common import conversation_reply, split_by_key
 from text2grad.apps.prepare_data.prepare_data_config import PrepareDataConfig
 from text2grad.apps.prepare_data.sources import SchemaError, check_columns, load_split
 
+logger = logging.getLogger("text2grad.apps.prepare_data")
+
 SPLITS = ("train_prefs", "test_prefs", "train_sft", "test_sft", "train_gen", "test_gen")
 COLUMNS = ("prompt", "prompt_id", "chosen", "rejected", "score_chosen", "score_rejected")
+
+
+def is_tie(score_chosen: Any, score_rejected: Any) -> bool:
+    """Both scores known and equal: the pair states no preference."""
+    return score_chosen is not None and score_rejected is not None and score_chosen == score_rejected
 
 
 def _pairs(rows: list[dict[str, Any]], skipped: dict[str, int], where: str) -> list[dict[str, Any]]:
@@ -38,8 +52,9 @@ def _pairs(rows: list[dict[str, Any]], skipped: dict[str, int], where: str) -> l
         pid = str(row["prompt_id"])
         seen[pid] = seen.get(pid, 0) + 1
         key = pid if seen[pid] == 1 else f"{pid}#{seen[pid]}"
+        scores = row.get("score_chosen"), row.get("score_rejected")
         out.append({"id": key, "prompt_id": pid, "prompt": row["prompt"], "chosen": chosen, "rejected": rejected,
-                    "score_chosen": row.get("score_chosen"), "score_rejected": row.get("score_rejected")})
+                    "score_chosen": scores[0], "score_rejected": scores[1], "tie": is_tie(*scores)})
     return out
 
 
@@ -57,6 +72,10 @@ def prepare(cfg: PrepareDataConfig) -> tuple[dict[str, list[dict[str, Any]]], di
     if eval_split not in SPLITS:
         raise SchemaError(f"ultrafeedback: eval_split {eval_split!r} is not a split of ultrafeedback_binarized; "
                           f"choose one of {list(SPLITS)}")
+    if eval_split == "train_prefs":
+        raise SchemaError("ultrafeedback: eval_split 'train_prefs' is the training split itself (its pairs become the "
+                          "SFT, reward-model and RL parts), so eval.jsonl would score what was trained on; use "
+                          "test_prefs, the held-out preference split (the default)")
     fractions = cfg.resolved_fractions()
     unknown = set(fractions) - {"sft", "rm", "rl"}
     if unknown:
@@ -70,6 +89,16 @@ def prepare(cfg: PrepareDataConfig) -> tuple[dict[str, list[dict[str, Any]]], di
 
     skipped: dict[str, int] = {}
     pairs = _pairs(train.rows, skipped, "train_prefs")
+    eval_rows = _pairs(test.rows, skipped, eval_split)
+    ties = {"train_prefs": sum(p["tie"] for p in pairs), eval_split: sum(p["tie"] for p in eval_rows),
+            "dropped": cfg.drop_ties}
+    if cfg.drop_ties:
+        pairs = [p for p in pairs if not p["tie"]]
+        eval_rows = [p for p in eval_rows if not p["tie"]]
+    shared = {p["prompt_id"] for p in eval_rows} & {p["prompt_id"] for p in pairs}
+    if shared:
+        logger.warning("ultrafeedback: %d prompt(s) of eval split %r are also training prompts (e.g. %s); eval.jsonl "
+                       "then partly scores what was trained on", len(shared), eval_split, sorted(shared)[0])
     part_of = split_by_key([p["prompt_id"] for p in pairs], fractions, cfg.seed)
     parts: dict[str, list[dict[str, Any]]] = {name: [] for name in ("sft", "rm", "rl")}
     for pair in pairs:
@@ -81,10 +110,9 @@ def prepare(cfg: PrepareDataConfig) -> tuple[dict[str, list[dict[str, Any]]], di
     for p in parts["rm"]:
         for label in ("chosen", "rejected"):
             annotation.append({"id": f"{p['id']}:{label}", "prompt_id": p["prompt_id"], "prompt": p["prompt"],
-                               "response": p[label], "label": label, "score": p[f"score_{label}"]})
+                               "response": p[label], "label": label, "score": p[f"score_{label}"], "tie": p["tie"]})
     rl = [{"id": p["id"], "prompt_id": p["prompt_id"], "prompt": p["prompt"], "reference": p["chosen"]}
           for p in parts["rl"]]
-    eval_rows = _pairs(test.rows, skipped, eval_split)
     files = {"annotation_input.jsonl": annotation, "sft.jsonl": sft, "rl_prompts.jsonl": rl,
              "eval.jsonl": eval_rows, "preference_pairs.jsonl": parts["rm"]}
     prompts = {name: len({p["prompt_id"] for p in rows}) for name, rows in parts.items()}
@@ -96,6 +124,8 @@ def prepare(cfg: PrepareDataConfig) -> tuple[dict[str, list[dict[str, Any]]], di
         "seed": cfg.seed,
         "parts": {name: {"pairs": len(rows), "prompts": prompts[name]} for name, rows in parts.items()},
         "repeated_prompt_ids": sum(1 for p in pairs if "#" in p["id"]),
+        "ties": ties,
+        "eval_prompts_in_training": len(shared),
         "skipped": skipped,
     }
     return files, report

@@ -29,6 +29,7 @@ from typing import Any, Literal, Sequence
 
 from text2grad.apps.evaluation.code.evalplus_release import EvalPlusTask, check_test_module, is_release_record, load_release
 from text2grad.core.config import ConfigError
+from text2grad.core.critics import with_solution_import
 from text2grad.core.data import DataError, load_records, record_id
 
 __all__ = ["BENCHMARKS", "Benchmark", "CodeProblem", "load_problems"]
@@ -208,9 +209,11 @@ def _to_problem(benchmark: str, rec: dict[str, Any], i: int, source: Any) -> Cod
         prompt = f"{text}\nYour code should pass these tests:\n" + "\n".join(asserts) + "\n"
         entry = _first_call_name(asserts[0]) if asserts else None
         return CodeProblem(task_id, prompt, _assert_test_module(asserts, setup), rec["code"], entry)
-    # kodcode
+    # kodcode: some KodCode-V1 revisions call the tests `test_code`; they run as KodCode's harness runs them
+    if "test" not in rec and "test_code" in rec:
+        rec = {**rec, "test": rec["test_code"]}
     _require(rec, ("question", "solution", "test"), source, i, benchmark)
-    return CodeProblem(task_id, rec["question"], rec["test"], rec["solution"], None)
+    return CodeProblem(task_id, rec["question"], with_solution_import(rec["test"]), rec["solution"], None)
 
 
 def _code_tests(test: Any, entry: str, source: Any, i: int, benchmark: str) -> str:
