@@ -49,8 +49,8 @@ def labelling_config() -> str:
              {"labels": LABELS_NAME, "critique": CRITIQUE_NAME, "response": RESPONSE_NAME, "prompt": PROMPT_NAME}.items()}
     return "\n".join([
         "<View>",
-        "  <!-- Written by text2grad feedback-ui; import the export with: text2grad feedback-ui "
-        "--import_label_studio export.json --output human_feedback.jsonl -->",
+        # (an XML comment may not contain two hyphens in a row, so it names the option without its dashes)
+        "  <!-- Written by text2grad feedback-ui; its import_label_studio option reads this project's JSON export -->",
         # Without pre-wrap Label Studio trims spaces when it shows the text and counts offsets on the trimmed text.
         "  <Style>.htx-text { white-space: pre-wrap; }</Style>",
         '  <Header value="Prompt"/>',

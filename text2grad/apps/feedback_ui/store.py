@@ -146,7 +146,10 @@ class FeedbackStore:
             self._touch(annotator, item_id)
 
     def close(self) -> None:
+        """Release the files (idempotent). Everything submitted is already on disk."""
         with self._lock:
+            if self._lock_file.closed:
+                return
             self._out.close()
             self._skips.close()
             self._lock_file.close()

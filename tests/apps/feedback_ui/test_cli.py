@@ -1,0 +1,91 @@
+"""The command: --help, refusals before anything is served, one server per file, kill -9 loses nothing, --agreement."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from tests.apps.feedback_ui.fbui_testlib import ITEMS, Server, read_records, write_items
+
+from text2grad.apps.cli import main as text2grad
+from text2grad.apps.feedback_ui import main
+
+
+def _call(server: Server, path: str, body: dict | None = None) -> dict:
+    request = urllib.request.Request(server.base + path, data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+def test_help_documents_the_command(capsys):
+    with pytest.raises(SystemExit) as done:
+        text2grad(["feedback-ui", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("usage: text2grad feedback-ui")
+    for flag in ("--dataset_path", "--output", "--annotator", "--annotations_per_item", "--lease_minutes", "--host",
+                 "--access_token", "--agreement", "--label_studio_dir", "--import_label_studio"):
+        assert flag in out, flag
+    text2grad(["--help"])
+    assert "feedback-ui" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--output", "{data}"], "is the input file"),
+    (["--output", "{tmp}"], "is a directory"),
+    (["--output", "{tmp}/o.jsonl", "--agreement", "true", "--label_studio_dir", "{tmp}/ls"], "separate jobs"),
+    (["--output", "{tmp}/o.jsonl", "--annotator", "al ice"], "is not a valid id"),
+    (["--output", "{tmp}/o.jsonl", "--access_token", "short"], "at least 16 characters"),
+    (["--output", "{tmp}/o.jsonl", "--annotations_per_item", "0"], "annotations_per_item must be > 0"),
+    (["--output", "{tmp}/o.jsonl", "--dataset_path", "{tmp}/no_response.jsonl"], "lacks field(s) ['response']"),
+])
+def test_bad_input_is_refused_before_anything_is_served(tmp_path, capsys, args, message):
+    data = write_items(tmp_path / "items.jsonl")
+    write_items(tmp_path / "no_response.jsonl", [{"id": "1", "prompt": "p", "answer": "r"}])
+    argv = ["--dataset_path", str(data), "--port", "0"] + [a.format(data=data, tmp=tmp_path) for a in args]
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # the parser's own refusals
+        rc = exc.code
+    assert rc == 2 and message in capsys.readouterr().err
+
+
+def test_a_second_server_on_the_same_file_is_refused_and_kill_9_loses_no_submission(tmp_path, capsys):
+    data = write_items(tmp_path / "items.jsonl")
+    output = tmp_path / "out.jsonl"
+    args = ("--dataset_path", str(data), "--output", str(output))
+    server = Server(*args)
+    try:
+        assert main([*args, "--port", "0"]) == 2
+        assert "is in use by feedback-ui" in capsys.readouterr().err
+        assert _call(server, "/api/next?annotator=alice")["item"]["id"] == "a"
+        start = len(ITEMS[0]["response"][: ITEMS[0]["response"].index("Oslo")].encode("utf-16-le")) // 2
+        saved = _call(server, "/api/submit", {"annotator": "alice", "id": "a", "critique": "Wrong city.",
+                                               "spans": [{"start": start, "end": start + 4, "label": "poor", "text": "Oslo"}]})
+        assert saved["saved"] and saved["record"]["span_offsets"][0]["start"] == ITEMS[0]["response"].index("Oslo")
+    finally:
+        server.kill()  # SIGKILL right after the answer: no shutdown code runs
+    assert [r["id"] for r in read_records(output)] == ["a"]
+    again = Server(*args)
+    try:
+        assert _call(again, "/api/next?annotator=alice")["item"]["id"] == "b"
+    finally:
+        assert again.stop() in (0, 130)
+
+
+def test_agreement_reports_token_f1_of_double_annotated_items(tmp_path, capsys):
+    response = ITEMS[3]["response"]  # "Check local listings and compare prices."
+    base = {"id": "d", "prompt": ITEMS[3]["prompt"], "response": response, "source": "human"}
+    records = [
+        {**base, "annotator": "alice", "good_spans": ["compare prices"], "poor_spans": []},
+        {**base, "annotator": "bob", "good_spans": ["compare prices"], "poor_spans": ["Check"]},
+    ]
+    output = tmp_path / "out.jsonl"
+    output.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["--output", str(output), "--agreement", "true"]) == 0
+    out = capsys.readouterr().out
+    assert "annotated by two or more people: 1" in out and "alice vs bob: poor 0.000, good 1.000" in out
+    summary = json.loads((tmp_path / "out.jsonl.agreement.json").read_text())
+    assert summary["overall"]["any"]["micro_f1"] == pytest.approx(2 * 2 / (2 + 3))
