@@ -164,3 +164,20 @@ def _flag(argv: list[str], name: str) -> str | None:
     """The value of the last ``name`` flag in ``argv`` (later flags win), None if absent."""
     values = [argv[i + 1] for i in range(len(argv) - 1) if argv[i] == name]
     return values[-1] if values else None
+
+
+def test_each_mode_runs_with_its_own_flags_and_the_users_flags_win(tmp_path, monkeypatch):
+    calls = _RecordedPhases()
+    monkeypatch.setattr(pipeline, "_call", calls)
+    cfg = resolve(QuickstartConfig(preset="ci", output_dir=str(tmp_path / "out"), ppo_iterations=1, eval_every=1,
+                                   mode_ppo_args={"scalar": ["--lam", "0.95", "--learning_rate", "3e-4"]},
+                                   ppo_args=["--learning_rate", "1e-5"]))
+    data = pipeline.stage_data(cfg, tmp_path / "out")
+    for mode in ("nl_gradient", "scalar"):
+        pipeline.stage_ppo(cfg, data, tmp_path / "sft", tmp_path / "rm" / "model", tmp_path / "out", mode,
+                           lambda path, records: ({"fact_score": 0.0}, []))
+    t2g, scalar = calls.argv["policy_optimization.train"]
+    assert _flag(t2g, "--lam") == str(cfg.gae_lambda) and _flag(scalar, "--lam") == "0.95"
+    assert _flag(t2g, "--learning_rate") == _flag(scalar, "--learning_rate") == "1e-5"  # ppo_args come last
+    with pytest.raises(ValueError, match="unknown modes"):
+        resolve(QuickstartConfig(preset="ci", mode_ppo_args={"ppo": ["--lam", "1"]}))

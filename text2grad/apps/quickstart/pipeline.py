@@ -417,7 +417,7 @@ def stage_ppo(cfg: QuickstartConfig, data: dict[str, Path], sft: Path, rm: Path,
             resume += ["--accept_config_changes", "true"]
         result.reward_models.append(str(rm))
         _call("policy_optimization.train", base + [*_ppo_feedback_args(cfg, data, rm), "--num_iterations", str(done),
-                                                   *resume, *cfg.ppo_args])
+                                                   *resume, *cfg.mode_ppo_args.get(mode, []), *cfg.ppo_args])
         reached = max((r["iteration"] for r in _read_jsonl(run_dir / "metrics.jsonl")), default=0)
         if reached < done:  # the trainer stops gracefully on Ctrl-C/SIGTERM; so does the quickstart
             raise RuntimeError(f"policy optimization ({mode}) stopped at iteration {reached} of {done}; "
@@ -547,7 +547,8 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     stages.start("annotation", f"critic {cfg.critic}")
     rm, rm_report = stage_reward_model(cfg, data, sft, rm_base, out, stages)
 
-    stages.start("policy optimization", " vs ".join(cfg.modes))
+    stages.start("policy optimization", " vs ".join(
+        m + (f" ({' '.join(cfg.mode_ppo_args[m])})" if cfg.mode_ppo_args.get(m) else "") for m in cfg.modes))
     evaluator = PolicyEvaluator(sft, eval_records, cfg.response_length, cfg.use_chat_template)
     with torch_threads(cfg.decode_threads):  # the SFT policy's scores, once, before the modes start
         evaluator(sft, [])
@@ -576,6 +577,7 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
         commands=(out / "commands.sh").read_text().splitlines()[2:], start_name=start_policy_name(asdict(cfg)),
         max_feedback_error_rate=cfg.max_feedback_error_rate,
         selected={m: r.selected_iteration for m, r in runs.items()},
+        mode_args={m: cfg.mode_ppo_args.get(m, []) for m in cfg.modes},
     )
     stages.finish()
     summary = {

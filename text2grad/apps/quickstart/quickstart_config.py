@@ -124,6 +124,12 @@ class QuickstartConfig:
         "process. The tiny presets: on (the PPO stage 1.7x faster on 2 cores); smollm2: off (memory)."
     )
     ppo_args: list[str] = config_field([], "Extra flags for policy_optimization.train (JSON list).")
+    mode_ppo_args: dict[str, list[str]] | None = config_field(
+        None, "Extra flags for policy_optimization.train per reward mode (JSON object, e.g. "
+        "'{\"scalar\": [\"--lam\", \"0.95\"]}'), after the shared settings above and before ppo_args, so that each "
+        "mode runs at its own setting instead of one chosen for another mode. The tiny presets set each mode's setting "
+        "chosen on the validation split by benchmarks/method_study.py (benchmarks/README.md, 'Method study')."
+    )
 
     # ---- defences against reward-model exploitation (off by default; measured in benchmarks/README.md)
     early_stopping: bool = config_field(
@@ -208,6 +214,12 @@ def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
     for name in ("sft_model", "policy_model", "rm_base_model"):
         if getattr(out, name) == SMOLLM2:  # converted from the installed GGUF once, then cached
             out = replace(out, **{name: str(smollm2_path())})
+    if out.mode_ppo_args is None:
+        out = replace(out, mode_ppo_args={})
+    unknown = sorted(set(out.mode_ppo_args) - {"nl_gradient", "scalar", "dense", "mixed"})
+    if unknown:
+        raise ValueError(f"mode_ppo_args has settings for unknown modes {unknown}; the modes are nl_gradient, scalar, "
+                         "dense and mixed")
     if out.ppo_seed is None:
         out = replace(out, ppo_seed=out.seed)
     if out.policy_sft_steps is None:

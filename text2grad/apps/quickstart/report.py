@@ -441,6 +441,7 @@ def write_report(
     start_name: str = "SFT policy",
     max_feedback_error_rate: float | None = None,
     selected: Mapping[str, int] | None = None,
+    mode_args: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Write curves.png, rm_confusion.png and index.html under ``out_dir``; returns their paths, the log-prob shift
     summaries (by the reward model's and by the critic's true labels) and the sentences that read the results.
@@ -473,6 +474,10 @@ def write_report(
              "<nav>" + "".join(f"<a href='#{a}'>{t}</a>" for a, t in _SECTIONS) + "</nav>",
              "<h2 id='results'>Results (eval split, greedy decoding)</h2>", _md_table_html(results_table(results, start_name)),
              "<p>" + " ".join(html.escape(x) for x in describe_results(results, curves, selected, kl_end)) + "</p>",
+             "<p class='note'>Settings: every mode shares the preset's PPO flags (commands below)"
+             + ("; on top of them " + "; ".join(f"{html.escape(_policy_name(m))} runs with {html.escape(' '.join(a))}"
+                                                for m, a in mode_args.items() if a) if mode_args and any(mode_args.values())
+                else ", with no per-mode changes") + ".</p>",
              "<p class='note'>fact_score = (correct - false facts) / 5 per summary; fact_recall = correct facts / 5; "
              "n_false = false facts per summary; perfect = share of summaries with every fact right and none false.</p>",
              "<h2 id='reward-model'>Reward model on held-out annotations</h2>", _rm_section(rm_report, out_dir),
