@@ -1,4 +1,4 @@
-"""Talking to an OpenAI-compatible chat API robustly, and the `LLMCritic` feedback source built on it.
+"""Talking to an OpenAI-compatible chat API robustly, and the `LLMCritic` built on it.
 
 The ``openai`` client's own retries are switched off (``max_retries=0``) and `ChatClient` retries instead,
 so the behaviour is ours and tested: requests that fail with 408, 409, 429 or 5xx, time out, or lose their

@@ -1,6 +1,6 @@
 """What does the token-level path cost? Text2Grad PPO (``nl_gradient``) vs scalar PPO (``scalar``), same run.
 
-Both modes use the same model, prompts, seed and feedback source (the reference-summary critic, so the
+Both modes use the same model, prompts, seed and critic (the reference-summary critic, so the
 feedback call itself is cheap and the comparison isolates the trainer). ``scalar`` puts one score at the last
 token and does no span alignment; ``nl_gradient`` decodes every sampled id with offsets, locates the quoted
 spans and builds per-token rewards. Timing: one process holds a trainer per mode and alternates their
@@ -164,7 +164,7 @@ def main() -> int:
     ]
     n_iter = args.iterations * args.rounds
     cuda_col = sc["cuda"] is not None
-    print(f"\nPPO iteration, nl_gradient vs scalar, same feedback source (reference critic), {n_iter} measured iterations "
+    print(f"\nPPO iteration, nl_gradient vs scalar, same critic (the reference critic), {n_iter} measured iterations "
           f"per mode, alternating in one process ({args.rounds} process(es)); peak memory from one process per mode")
     print(f"model: Llama hidden={args.hidden} layers={args.layers} vocab={args.vocab}; batch={args.batch_size}, "
           f"response_length={args.response_length}, 2 minibatches x 2 PPO epochs; device={timing[0]['device']}, "

@@ -1,7 +1,7 @@
 """Memory of the value function: a head on the policy's own LoRA backbone vs a separate value model, side by side.
 
 Both designs run the same PPO iteration on SmolLM2-135M-Instruct (offline, `text2grad.core.assets`): LoRA policy,
-the same prompts, seed and a cheap deterministic feedback source (so the figures are the trainer's, not a reward
+the same prompts, seed and a cheap deterministic critic (so the figures are the trainer's, not a reward
 model's). Each design runs in its own fresh subprocess, so each peak resident set size (RSS) is that design's
 alone; the two subprocesses run one after the other in one invocation.
 

@@ -105,9 +105,9 @@ class Text2GradGRPOTrainer(GRPOTrainer):
             try:
                 got = list(self.critic.feedback([texts[i] for i in todo], [completions[i] for i in todo]))
             except Exception as exc:  # a broken source costs zero reward, not the run
-                got = [Feedback.failed(f"feedback source raised {type(exc).__name__}: {exc}")] * len(todo)
+                got = [Feedback.failed(f"critic raised {type(exc).__name__}: {exc}")] * len(todo)
             if len(got) != len(todo):
-                raise TypeError(f"the feedback source returned {len(got)} feedbacks for {len(todo)} completions")
+                raise TypeError(f"the critic returned {len(got)} feedbacks for {len(todo)} completions")
             for i, fb in zip(todo, got):
                 self._feedback_cache[(texts[i], completions[i])] = fb
         return [self._feedback_cache[key] for key in zip(texts, completions)]

@@ -22,7 +22,7 @@ class GRPORunConfig(ModelConfig):
     dataset_path: str = config_field("", "Prompts: a .jsonl/.json file, a saved datasets directory, or a hub id.")
     dataset_split: str = config_field("train", "Split for hub datasets.")
     field_map: dict[str, str] = config_field({}, "Rename record fields, {our_name: their_name}.")
-    prompt_template: str = config_field("{prompt}", "Policy prompt with {field} placeholders (the feedback source sees it too).")
+    prompt_template: str = config_field("{prompt}", "Policy prompt with {field} placeholders (the critic sees it too).")
     feedback_prompt_template: str | None = config_field(None, "Unused by GRPO (the critic sees the policy prompt); kept for PPO YAML compatibility.")
     use_chat_template: bool = config_field(False, "Wrap prompts in the tokenizer's chat template.")
     system_prompt: str | None = config_field(None, "System message for the chat template.")

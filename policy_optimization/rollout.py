@@ -60,13 +60,13 @@ def collect_feedback(source, prompts: Sequence[str], responses: Sequence[str]) -
     try:
         got = source.feedback([prompts[i] for i in todo], [responses[i] for i in todo])
     except Exception as exc:  # the protocol says sources never raise; a broken one is counted, then judged by rate
-        message = f"feedback source raised {type(exc).__name__}: {exc}"
+        message = f"critic raised {type(exc).__name__}: {exc}"
         for i in todo:
             out[i] = Feedback.failed(message)
         return out, len(todo)
     got = list(got)
     if len(got) != len(todo):
-        raise TypeError(f"the feedback source returned {len(got)} feedbacks for {len(todo)} responses; it must return one per pair")
+        raise TypeError(f"the critic returned {len(got)} feedbacks for {len(todo)} responses; it must return one per pair")
     for i, fb in zip(todo, got):
         if isinstance(fb, Mapping):
             fb = Feedback.from_dict(dict(fb))
@@ -105,7 +105,7 @@ def collect_scores(
 
 def feedback_errors(feedbacks: Sequence[Feedback], responses: Sequence[str]) -> list[str]:
     """The error of every non-empty response whose feedback failed (an empty response is the policy's doing,
-    not the feedback source's, and is counted separately)."""
+    not the critic's, and is counted separately)."""
     return [fb.error or "feedback failed" for fb, r in zip(feedbacks, responses) if r.strip() and not fb.ok]
 
 
@@ -116,7 +116,7 @@ def feedback_failure_message(
     return (
         f"iteration {iteration}: feedback failed for {n_errors} of {n_samples} samples ({n_errors / n_samples:.0%}), "
         f"above max_feedback_error_rate={max_rate}; first cause: {cause}. Nothing of this iteration was trained on. "
-        "Fix the feedback source (is its server reachable?), then rerun with --resume auto (continues from "
+        "Fix the critic (is its server reachable?), then rerun with --resume auto (continues from "
         f"{latest_checkpoint or 'the start'}), or raise --max_feedback_error_rate."
     )
 

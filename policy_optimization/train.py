@@ -7,7 +7,7 @@
     accelerate launch --config_file configs/accelerate/deepspeed_zero3.yaml -m policy_optimization.train --config ...
 
 Loads the policy (merging an SFT adapter if given), the value model, the prompts (templates filled from
-each record), builds the feedback source and runs `NLGradientPPOTrainer`. Writes ``metrics.jsonl``,
+each record), builds the critic and runs `NLGradientPPOTrainer`. Writes ``metrics.jsonl``,
 ``samples.jsonl``, ``checkpoint-<step>/`` and, at the end, ``policy/`` and ``value_model/`` into
 ``output_dir``. Exit codes: 0 done, 1 stopped because the feedback failed on more than
 ``max_feedback_error_rate`` of an iteration, 2 bad config/data/paths (found before any model loads), 3 stopped
@@ -44,7 +44,7 @@ logger = logging.getLogger("policy_optimization.train")
 def build_prompt_records(cfg: PPOConfig, tokenizer) -> list[dict[str, Any]]:
     """Records with ``prompt`` (policy prompt, chat template applied if asked) and ``feedback_prompt``.
 
-    The record's own fields are kept (feedback sources read references and tests from them).
+    The record's own fields are kept (critics read references and tests from them).
     """
     records = load_records(cfg.dataset_path, cfg.dataset_split, cfg.field_map, limit=cfg.max_samples)
     if not records:
@@ -100,7 +100,7 @@ def check_run_dir(cfg: PPOConfig, num_processes: int = 1) -> None:
 
 
 def build_trainer(cfg: PPOConfig) -> NLGradientPPOTrainer:
-    """Tokenizer, prompts, feedback source, score function, models and the trainer, cheapest first so a typo
+    """Tokenizer, prompts, critic, score function, models and the trainer, cheapest first so a typo
     fails before the models load. Every error here is the user's and is raised as a ConfigError."""
     if not cfg.model_name_or_path:
         raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")

@@ -1,4 +1,4 @@
-"""Feedback sources: the unit-test critic (real sandbox), custom FeedbackSource classes, and LLMCritic."""
+"""Critics: the unit-test critic (real sandbox), custom FeedbackSource classes, and LLMCritic."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """PPO fails loudly and never mixes runs: bad numbers and bad output paths stop before any model loads,
-a feedback source that mostly fails stops the run (exit 1) with a warning on every iteration that had errors,
+a critic that mostly fails stops the run (exit 1) with a warning on every iteration that had errors,
 and a resume with a changed config is refused unless accepted (then recorded)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from text2grad.core.modeling import build_tiny_llama
 
 
 class Unreachable:
-    """A feedback source whose server is down (sources should never raise; a broken one does)."""
+    """A critic whose server is down (sources should never raise; a broken one does)."""
 
     def __init__(self, **kwargs):
         pass

@@ -99,7 +99,7 @@ def test_every_phase_on_smollm2(smollm2, tmp_path, monkeypatch):
         assert all(q.strip() and q in rec["completion"] for q in (*fb.good_spans, *fb.poor_spans))
     del rm
 
-    # Phase 3: one PPO iteration, LoRA policy, chat-templated prompts, the reward model as feedback source
+    # Phase 3: one PPO iteration, LoRA policy, chat-templated prompts, the reward model as critic
     sampled: list = []
     real_generate = trainer_module.generate
 

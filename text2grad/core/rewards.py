@@ -40,7 +40,7 @@ Failure rules (each counted by `ScoreRewards.stats` as ``samples/<status>``):
 - empty response (no tokens, or only whitespace/special tokens): zero score reward in every mode, with an
   external score too (there is nothing to credit). ``missing_eos_penalty`` still applies when it ran out of
   tokens without EOS: filling ``response_length`` with blanks is exactly the failure to stop that it punishes.
-- failed feedback (``fb.error``, including a feedback source that raised): no span reward and a
+- failed feedback (``fb.error``, including a critic that raised): no span reward and a
   feedback-derived score of 0; an external score (``scores``) still counts, since it does not come from the
   feedback.
 - ok feedback none of whose quotes could be located (``no_matched_span``): the span part is zero; the
@@ -208,7 +208,7 @@ def span_sequence_score(feedback: Feedback) -> float:
 
 
 class NoFeedback:
-    """The feedback source of the scalar baseline with an external score (``critic: none``).
+    """The critic of the scalar baseline with an external score (``critic: none``).
 
     Scalar mode aligns no spans, so it needs no critic: every pair gets an empty, successful `Feedback`
     and the whole reward comes from the score function (e.g. the scalar reward model).

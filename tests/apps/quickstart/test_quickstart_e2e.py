@@ -179,7 +179,7 @@ def test_ci_preset_runs_every_phase_matches_the_committed_numbers_and_reads_in_a
     assert len(refreshed) == ci["ppo_batch_size"] and all(r["id"].startswith("it1-") for r in refreshed)
     assert (run_dir / "rm-refresh-1" / "model" / "config.json").is_file()
     changes = (run_dir / "config_changes.jsonl").read_text()
-    assert "rm-refresh-1" in changes  # the trainer logged the new feedback source on resume
+    assert "rm-refresh-1" in changes  # the trainer logged the new critic on resume
     assert (second / "data" / "val.jsonl").is_file()
 
     # pointing phases at given data and models skips generation, SFT, annotation and reward-model training
