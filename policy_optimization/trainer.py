@@ -69,6 +69,7 @@ from policy_optimization.rollout import (
 from text2grad.core import run_dir
 from text2grad.core.config import config_to_dict, save_config
 from text2grad.core.generation import Generation, generate
+from text2grad.core.placement import misplaced
 from text2grad.core.rewards import ScoreRewards, compute_score_rewards
 from text2grad.core.ppo_math import (
     adaptive_kl_coef,
@@ -206,6 +207,13 @@ class NLGradientPPOTrainer:
             self.zero_stage = int(ds_plugin.zero_stage or 0)
         self.model, self.optimizer, self.scheduler = acc.prepare(wrapper, optimizer, scheduler)
         self.ref_model = prepare_reference(ref_policy, acc, self.zero_stage) if ref_policy is not None else None
+        elsewhere = misplaced(acc.device, {"the critic": getattr(critic, "device", None),
+                                           "the scalar_source": getattr(score_fn, "device", None)})
+        if elsewhere:
+            logger.warning(
+                "process %d trains on %s but %s: leave device out of critic_kwargs / scalar_source_kwargs so that "
+                "each process loads its reward model onto its own GPU", acc.process_index, acc.device, ", ".join(elsewhere),
+            )
 
         set_seed(config.seed + acc.process_index)  # different samples on each process
         self.state = TrainerState(kl_coef=config.kl_coef)

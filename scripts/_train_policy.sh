@@ -30,7 +30,7 @@ if [ "${TEXT2GRAD_TINY:-0}" = "1" ]; then
     DATASET=""; SFT_DATASET=""; DPO_DATASET=""
     PREPARE_ARGS="--max_new_tokens 24 ${PREPARE_ARGS:-}"   # KodCode: short completions from the tiny model
     SFT_SIZE=(--max_steps 2 --per_device_train_batch_size 4 --bf16 false --logging_steps 1 --save_steps 1000)
-    PPO_SIZE=(--num_iterations 2 --batch_size 4 --num_mini_batches 2 --num_ppo_epochs 1 --response_length 12
+    PPO_SIZE=(--num_iterations 2 --batch_size 4 --num_mini_batches 2 --gradient_accumulation_steps 1 --num_ppo_epochs 1 --response_length 12
               --dtype auto --gradient_checkpointing false --progress_bar false --overwrite_output_dir true)
     DPO_SIZE=(--max_steps 2 --per_device_train_batch_size 4 --bf16 false --logging_steps 1 --save_steps 1000)
     SRM_SIZE=(--max_steps 2 --per_device_train_batch_size 4 --bf16 false --dtype auto --gradient_checkpointing false

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from text2grad.core.placement import local_rank, process_device, resolve_device, set_device_resolver, world_size
+from text2grad.core.placement import (
+    local_rank, misplaced, process_device, resolve_device, set_device_resolver, world_size,
+)
 
 
 @pytest.mark.parametrize(
@@ -46,3 +48,11 @@ def test_an_explicit_device_wins_and_the_resolver_can_be_replaced():
     finally:
         set_device_resolver(None)
     assert resolve_device() == process_device()
+
+
+def test_models_on_another_gpu_than_the_process_are_named():
+    rank3 = torch.device("cuda", 3)
+    placed = {"critic": torch.device("cuda", 0), "scorer": torch.device("cuda", 3), "cpu model": torch.device("cpu"),
+              "current device": torch.device("cuda"), "vLLM": None}
+    assert misplaced(rank3, placed) == ["critic on cuda:0"]
+    assert misplaced(torch.device("cpu"), placed) == []  # a CPU run has no GPU to be wrong about

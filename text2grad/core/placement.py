@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 
 import torch
 
-__all__ = ["local_rank", "process_device", "resolve_device", "set_device_resolver", "world_size"]
+__all__ = ["local_rank", "misplaced", "process_device", "resolve_device", "set_device_resolver", "world_size"]
 
 
 def local_rank(env: Mapping[str, str] | None = None) -> int | None:
@@ -67,6 +67,18 @@ def process_device(env: Mapping[str, str] | None = None, cuda_available: bool | 
             "(CUDA_VISIBLE_DEVICES). Launch at most one process per GPU (--num_processes / --nproc_per_node)."
         )
     return torch.device("cuda", rank)
+
+
+def misplaced(process: torch.device, placed: Mapping[str, torch.device | None]) -> list[str]:
+    """``"<name> on <device>"`` for each model in ``placed`` that sits on another GPU than ``process``, the device
+    this process trains on. On a multi-GPU node that usually means every rank's copy landed on one GPU. CPU
+    placements, a bare ``cuda`` (the current device) and unknown ones (None) are not reported."""
+    if process.type != "cuda":
+        return []
+    return [
+        f"{name} on {device}" for name, device in placed.items()
+        if device is not None and device.type == "cuda" and device.index is not None and device.index != process.index
+    ]
 
 
 _resolver: Callable[[], torch.device] = process_device
