@@ -140,6 +140,21 @@ class PPOConfig(ModelConfig):
     top_k: int = config_field(0, "Top-k sampling (0 = off).")
     stop_strings: list[str] | None = config_field(None, "Extra strings that end a response.")
     generation_batch_size: int | None = config_field(None, "Prompts per generate() call (default: the whole batch).")
+    generation_backend: Literal["hf", "vllm"] = config_field(
+        "hf",
+        "What samples the rollouts. hf: transformers' generate on the training model. vllm: a vLLM engine (extra "
+        "'vllm'; one process) that gets the current policy before every iteration (LoRA: the adapter saved and "
+        "served as a new LoRA request; full fine-tuning: the weights saved and reloaded in place), so rollouts "
+        "stay on-policy. Old log-probs still come from the training model; vllm/logprob_abs_diff logs the mean "
+        "|difference| to the engine's own log-probs of the sampled tokens as a check.",
+    )
+    vllm_gpu_memory_utilization: float = config_field(
+        0.3, "Share of the GPU the vLLM engine takes (weights + KV cache), leaving the rest to training (GPU only)."
+    )
+    vllm_cpu_kv_cache_gb: float = config_field(
+        1.0, "KV cache of the vLLM engine on a CPU, in GiB (VLLM_CPU_KVCACHE_SPACE, when the environment does not set it)."
+    )
+    vllm_kwargs: dict[str, Any] = config_field({}, "More vllm.LLM arguments, e.g. {\"max_model_len\": 2048}.")
 
     # ---- PPO ---------------------------------------------------------------------------------------
     num_iterations: int | None = config_field(None, "PPO iterations (rollout + update rounds).")
@@ -215,10 +230,10 @@ class PPOConfig(ModelConfig):
         problems += range_problems(
             self,
             positive=("learning_rate", "value_learning_rate", "lora_r", "lora_alpha", "max_samples", "max_prompt_length",
-                      "top_p", "generation_batch_size"),
+                      "top_p", "generation_batch_size", "vllm_cpu_kv_cache_gb", "vllm_gpu_memory_utilization"),
             non_negative=("warmup_steps", "weight_decay", "max_grad_norm", "kl_coef", "vf_coef", "entropy_coef",
                           "top_k", "log_samples", "missing_eos_penalty"),
-            share=("lora_dropout", "top_p"),
+            share=("lora_dropout", "top_p", "vllm_gpu_memory_utilization"),
         )
 
         try:

@@ -53,6 +53,7 @@ from policy_optimization.distributed import (
     wrap_lora,
 )
 from policy_optimization.models import PolicyAndValue, ValueHead, ValueModel, disable_dropout
+from policy_optimization.vllm_rollouts import VLLMRollouts, sampled_logprob_gap
 from policy_optimization.rollout import (
     SUM_KEYS,
     Rollout,
@@ -222,6 +223,7 @@ class NLGradientPPOTrainer:
         self._stop_requested = False
         self._trackers = False
         self._saved_step = -1
+        self.vllm_rollouts = self._make_vllm_rollouts() if config.generation_backend == "vllm" else None
 
     # ---------------------------------------------------------------------------------------------
     # The training loop
@@ -268,6 +270,8 @@ class NLGradientPPOTrainer:
             self.save_model(self.output_dir)
         if self._trackers:
             acc.end_training()
+        if self.vllm_rollouts is not None:
+            self.vllm_rollouts.close()
         return metrics
 
     def step(self) -> dict[str, float]:
@@ -342,6 +346,7 @@ class NLGradientPPOTrainer:
             **update_stats,
             "objective/kl_coef": kl_used,
             "lr": lr,
+            **self._vllm_metrics(generations, logprobs),
             "time/generation": t_generated - t_start,
             "time/feedback": t_feedback - t_generated,
             "time/rewards": t_rewards - t_feedback,
@@ -387,6 +392,9 @@ class NLGradientPPOTrainer:
     def _generate(self, prompts: list[str]) -> list[Generation]:
         cfg = self.config
         self.model.eval()
+        if self.vllm_rollouts is not None:  # the engine gets the policy as it is now: on-policy rollouts
+            self.vllm_rollouts.refresh(self.policy)
+            return self.vllm_rollouts.sample(prompts, self._prompt_special_tokens, self.state.step)
         with policy_for_generation(self.model, self.accelerator, self.zero_stage) as policy:
             return generate(
                 policy, self.tokenizer, prompts,
@@ -395,6 +403,27 @@ class NLGradientPPOTrainer:
                 max_prompt_length=cfg.max_prompt_length, stop_strings=cfg.stop_strings,
                 add_special_tokens=self._prompt_special_tokens,
             )
+
+    def _make_vllm_rollouts(self) -> VLLMRollouts:
+        """The vLLM sampler of ``generation_backend: vllm``: one process, the policy's weights on disk."""
+        cfg, n = self.config, self.accelerator.num_processes
+        if n > 1:
+            raise ValueError(f"generation_backend vllm samples on one process, but this run has {n}: launch it as one "
+                             "process, or use generation_backend hf")
+        base = self.base_model_path or cfg.model_name_or_path
+        if not base:
+            raise ValueError("generation_backend vllm starts its engine from the policy's weights on disk: pass "
+                             "base_model_path (or set model_name_or_path)")
+        rank = next(iter(self.policy.peft_config.values())).r if self.is_peft else None
+        return VLLMRollouts(cfg, self.tokenizer, str(base), rank)
+
+    def _vllm_metrics(self, generations: list[Generation], logprobs: torch.Tensor) -> dict[str, float]:
+        """The refresh check: vLLM's log-probs of the sampled tokens against the training model's (small while the
+        engine holds the current policy), and the time the refresh took (both only with generation_backend vllm)."""
+        gap = sampled_logprob_gap(generations, logprobs) if self.vllm_rollouts is not None else None
+        if gap is None:
+            return {}
+        return {"vllm/logprob_abs_diff": gap, "time/vllm_refresh": self.vllm_rollouts.last_refresh_seconds}
 
     @torch.no_grad()
     def _rollout_forward(self, rollout: Rollout) -> tuple[torch.Tensor, ...]:

@@ -16,7 +16,10 @@
 - Token rewards are not made here: the PPO trainer turns any critic's feedback into rewards on the exact ids
   the policy sampled with `text2grad.core.rewards.compute_score_rewards`.
 - ``grounded_spans`` constrains the quotes to exact substrings of the response (`reward_model.decoding`).
-- ``backend="vllm"`` serves the same interface from vLLM (imported only when asked for; GPU only).
+- ``backend="vllm"`` serves the same interface from vLLM (`text2grad.core.vllm_engine`, imported only when asked
+  for; CPU or GPU): the same token ids in, the same cut at the end of the JSON. Grounded span decoding is a
+  per-step logits constraint of the "hf" backend; with vLLM a quote that is not in the response stays an
+  unmatched span (no reward, counted in ``spans/unmatched``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from text2grad.core.feedback import Feedback
 from text2grad.core.generation import generate
 from text2grad.core.modeling import load_causal_lm, load_tokenizer, resolve_dtype
 from text2grad.core.placement import resolve_device
+from text2grad.core.vllm_engine import shared_engine, vllm_missing_message
 
 __all__ = ["GenerativeRewardModel", "RewardModelStats", "json_complete", "cut_at_json", "CONFIG_FILENAME"]
 
@@ -293,7 +297,7 @@ class GenerativeRewardModel:
         if self.backend == "vllm":
             ids = [self.tokenizer(inputs[k].text, add_special_tokens=inputs[k].add_special_tokens)["input_ids"] for k in order]
             generated = self.engine.generate(
-                ids, self.max_new_tokens, do_sample=self.do_sample, temperature=self.temperature, top_p=self.top_p
+                self.tokenizer, ids, self.max_new_tokens, do_sample=self.do_sample, temperature=self.temperature, top_p=self.top_p
             )
             for k, (text, finished) in zip(order, generated):
                 cut = cut_at_json(text) if self.stop_at_json else None
@@ -355,41 +359,23 @@ class GenerativeRewardModel:
 
 
 class _VLLMEngine:
-    """The vLLM backend: token-id prompts in, (text, finished) out. vLLM is imported only here."""
+    """The vLLM backend: this process's shared engine (`text2grad.core.vllm_engine.shared_engine`, so a PPO run
+    whose policy has the same base model uses the same engine) with the reward model's LoRA adapter, if any."""
 
     def __init__(self, model: str, adapter: str | None, tokenizer: str, dtype: str | None, engine_kwargs: dict):
+        rank = int(json.loads((Path(adapter) / "adapter_config.json").read_text()).get("r", 16)) if adapter else None
         try:
-            from vllm import LLM, SamplingParams  # noqa: F401
+            self.engine = shared_engine(model, tokenizer=tokenizer, dtype=dtype, max_lora_rank=rank, **engine_kwargs)
         except ImportError as exc:
-            raise ImportError(
-                "backend='vllm' needs the vllm package, which is not installed. Install it on a GPU machine with "
-                "`pip install 'text2grad[vllm]'`, or use backend='hf'."
-            ) from exc
-
-        torch_dtype = resolve_dtype(dtype)  # vLLM wants torch's names ("bfloat16"), not the short "bf16"
-        vllm_dtype = "auto" if torch_dtype is None else str(torch_dtype).removeprefix("torch.")
-        kwargs = dict(model=model, tokenizer=tokenizer, dtype=vllm_dtype)
-        self.lora = None
-        if adapter:
-            from vllm.lora.request import LoRARequest
-
-            rank = int(json.loads((Path(adapter) / "adapter_config.json").read_text()).get("r", 16))
-            kwargs.update(enable_lora=True, max_lora_rank=max(rank, 8))
-            self.lora = LoRARequest("text2grad_reward_model", 1, str(adapter))
-        kwargs.update(engine_kwargs)
-        self.llm = LLM(**kwargs)
+            raise ImportError(vllm_missing_message("backend='vllm'")) from exc
+        self.lora = self.engine.lora_request(adapter, name="text2grad-reward-model") if adapter else None
 
     def generate(
-        self, input_ids: list[list[int]], max_new_tokens: int, *, do_sample: bool, temperature: float, top_p: float
+        self, tokenizer, input_ids: list[list[int]], max_new_tokens: int, *, do_sample: bool, temperature: float,
+        top_p: float,
     ) -> list[tuple[str, bool]]:
-        from vllm import SamplingParams
-
-        params = SamplingParams(
-            temperature=temperature if do_sample else 0.0,
-            top_p=top_p if do_sample else 1.0,
-            max_tokens=max_new_tokens,
-            skip_special_tokens=True,
+        rows = self.engine.generate(
+            tokenizer, input_ids, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+            top_p=top_p, lora=self.lora,
         )
-        prompts = [{"prompt_token_ids": list(ids)} for ids in input_ids]
-        outputs = self.llm.generate(prompts, params, lora_request=self.lora, use_tqdm=False)
-        return [(o.outputs[0].text, o.outputs[0].finish_reason == "stop") for o in outputs]
+        return [(row.text, row.finished) for row in rows]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -25,6 +26,16 @@ CORPUS = [
     "Good spans: clear and concise. Poor spans: missing the key fact about the deadline.",
     "Emoji test 🙂 and accents: naïve résumé façade, Straße, 東京.",
 ] * 20
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stop_the_vllm_engine_at_the_end():
+    """The vLLM tests share one engine for the whole session (tests/vllm_testlib.py); stop it while pytest still
+    owns the output streams (at interpreter exit its shutdown messages would hit closed files)."""
+    yield
+    engine_module = sys.modules.get("text2grad.core.vllm_engine")
+    if engine_module is not None:
+        engine_module.close_shared_engine()
 
 
 @pytest.fixture(scope="session")

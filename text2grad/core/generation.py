@@ -22,7 +22,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
-__all__ = ["Generation", "generate", "apply_chat_template", "prompt_add_special_tokens"]
+__all__ = [
+    "Generation", "generate", "apply_chat_template", "prompt_add_special_tokens", "encode_prompt_ids", "finish_generation",
+]
 
 
 @dataclass
@@ -34,12 +36,15 @@ class Generation:
         response_ids: generated ids up to and including the first EOS (no padding).
         text: ``response_ids`` decoded without special tokens.
         finished: True if the model emitted EOS (or a stop string) before ``max_new_tokens``.
+        sampled_logprobs: the generating engine's log-probability of each response token, where it reports them
+            (the vLLM engine, `text2grad.core.vllm_engine`); None from transformers' generate.
     """
 
     prompt_ids: list[int]
     response_ids: list[int]
     text: str
     finished: bool
+    sampled_logprobs: list[float] | None = None
 
 
 def apply_chat_template(tokenizer, prompt: str, system: str | None = None) -> str:
@@ -139,6 +144,28 @@ def generate(
     finally:
         tokenizer.padding_side, tokenizer.truncation_side = old_side, old_trunc
     return outputs
+
+
+def encode_prompt_ids(
+    tokenizer, prompts: Sequence[str], add_special_tokens: bool | None = None, max_prompt_length: int | None = None
+) -> list[list[int]]:
+    """The token ids `generate` conditions on, one list per prompt (no padding): the special tokens rule per prompt
+    (``add_special_tokens=None``) or for all, prompts longer than ``max_prompt_length`` cut from the left. Engines
+    that take token ids (vLLM) get their prompts from here, so both backends see the same ids."""
+    old_side, old_trunc = tokenizer.padding_side, tokenizer.truncation_side
+    tokenizer.padding_side, tokenizer.truncation_side = "left", "left"
+    try:
+        enc = _encode_prompts(tokenizer, list(prompts), add_special_tokens, max_prompt_length)
+    finally:
+        tokenizer.padding_side, tokenizer.truncation_side = old_side, old_trunc
+    return [ids[mask.bool()].tolist() for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
+
+
+def finish_generation(tokenizer, prompt_ids: list[int], new_ids: Sequence[int], eos_ids: Sequence[int],
+                      stop_strings: Sequence[str] | None = None) -> Generation:
+    """A `Generation` from a prompt's ids and the ids an engine generated after it, cut as `generate` cuts: at
+    the first EOS (kept), or just after the token that completed a stop string."""
+    return _finish(tokenizer, list(prompt_ids), list(new_ids), list(eos_ids), stop_strings)
 
 
 def _encode_prompts(tokenizer, prompts: list[str], add_special_tokens: bool | None, max_prompt_length: int | None):

@@ -1,0 +1,112 @@
+"""PPO rollouts sampled by a vLLM engine that holds the current policy (``--generation_backend vllm``).
+
+Before every iteration's sampling the engine gets the policy as it is now, so the rollouts are on-policy:
+
+- **LoRA policy**: the adapter is saved (a few MB) and served as a new `LoRARequest` (a new id each time, so vLLM
+  loads the new weights instead of its cached adapter); the engine holds the base model the adapter sits on.
+- **Full fine-tuning**: the policy's weights are saved (safetensors) and reloaded into the engine in place
+  (`text2grad.core.vllm_engine.VLLMEngine.load_weights`).
+
+The PPO step itself does not change: old log-probs, values and reference log-probs still come from the training
+model's forward pass on the sampled ids. vLLM's own log-probs of the sampled tokens come back with every row
+(``Generation.sampled_logprobs``); the trainer logs their mean absolute difference to the training model's
+(``vllm/logprob_abs_diff``), which stays small while the engine holds the current policy and grows when it does
+not.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from policy_optimization.ppo_config import PPOConfig
+from text2grad.core.generation import Generation, encode_prompt_ids
+from text2grad.core.vllm_engine import VLLMEngine, shared_engine
+
+__all__ = ["VLLMRollouts", "sampled_logprob_gap"]
+
+logger = logging.getLogger(__name__)
+
+
+class VLLMRollouts:
+    """Samples a PPO iteration's responses with vLLM from the policy as it is now.
+
+    Args:
+        config: the run's `PPOConfig` (sampling settings, ``vllm_*`` engine settings, ``seed``).
+        tokenizer: the policy's tokenizer (prompts are encoded here, with the special tokens rule).
+        base_model_path: the weights the engine starts from: the base the LoRA adapter sits on, or the initial
+            policy for full fine-tuning.
+        lora_rank: the policy adapter's rank, or None for full fine-tuning.
+    """
+
+    def __init__(self, config: PPOConfig, tokenizer, base_model_path: str, lora_rank: int | None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.base_model_path = base_model_path
+        self.lora_rank = lora_rank
+        self._engine: VLLMEngine | None = None
+        self._lora = None
+        self._work = Path(tempfile.mkdtemp(prefix="text2grad-vllm-policy-"))
+        self._refreshes = 0
+        self.last_refresh_seconds = 0.0
+
+    @property
+    def engine(self) -> VLLMEngine:
+        """The engine, started on first use (this process's shared engine when one with these settings runs)."""
+        if self._engine is None:
+            cfg = self.config
+            self._engine = shared_engine(  # sampling is seeded per request (`sample`), not by the engine
+                self.base_model_path, tokenizer=cfg.tokenizer_name_or_path or None, dtype=cfg.dtype,
+                max_lora_rank=self.lora_rank, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                cpu_kv_cache_gb=cfg.vllm_cpu_kv_cache_gb, **cfg.vllm_kwargs,
+            )
+        return self._engine
+
+    def refresh(self, policy) -> None:
+        """Put ``policy``'s current weights into the engine (see the module docstring)."""
+        start = time.perf_counter()
+        engine = self.engine
+        self._refreshes += 1
+        folder = self._work / f"policy-{self._refreshes}"
+        if self.lora_rank is not None:
+            policy.save_pretrained(str(folder))  # the adapter only (a PeftModel)
+            self._lora = engine.lora_request(folder, name=f"policy-{self._refreshes}")
+            previous = self._work / f"policy-{self._refreshes - 1}"
+            shutil.rmtree(previous, ignore_errors=True)  # served from the engine's memory since the last sampling
+        else:
+            policy.save_pretrained(str(folder), safe_serialization=True)
+            engine.load_weights(folder)
+            shutil.rmtree(folder, ignore_errors=True)  # the engine holds the weights now
+        self.last_refresh_seconds = time.perf_counter() - start
+
+    def sample(self, prompts: list[str], add_special_tokens: bool | None, iteration: int) -> list[Generation]:
+        """One sampled response per prompt from the engine's current policy (call `refresh` first), with vLLM's
+        log-probs of the sampled tokens. Seeds are the run's seed, the iteration and the row, so a rerun samples
+        the same responses."""
+        cfg = self.config
+        ids = encode_prompt_ids(self.tokenizer, prompts, add_special_tokens, cfg.max_prompt_length)
+        return self.engine.generate(
+            self.tokenizer, ids, max_new_tokens=cfg.response_length, do_sample=True, temperature=cfg.temperature,
+            top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop_strings, lora=self._lora, logprobs=True,
+            seed=(cfg.seed * 1_000_003 + iteration * 10_007) % 2**31,
+        )
+
+    def close(self) -> None:
+        """Remove the saved policy copies (the shared engine stays up for whoever uses it next)."""
+        shutil.rmtree(self._work, ignore_errors=True)
+
+
+def sampled_logprob_gap(generations: list[Generation], logprobs: torch.Tensor) -> float | None:
+    """Mean |engine log-prob - training model log-prob| over the sampled tokens of the rows whose engine reported
+    log-probs (``Generation.sampled_logprobs``), or None when no row has them. ``logprobs``: (B, T), the training
+    model's log-probs of the same response ids at the same temperature."""
+    gaps = [
+        (logprobs[row, : len(g.sampled_logprobs)].detach().float().cpu() - torch.tensor(g.sampled_logprobs)).abs()
+        for row, g in enumerate(generations) if g.sampled_logprobs
+    ]
+    return float(torch.cat(gaps).mean()) if gaps else None

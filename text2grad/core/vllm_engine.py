@@ -1,0 +1,307 @@
+"""vLLM as a generation engine: token ids in, the exact sampled token ids (and their log-probs) out.
+
+PPO rollouts (``--generation_backend vllm``), the reward model's critiques (``backend="vllm"``) and the
+benchmarks share this one wrapper, so one engine per process serves them all (`shared_engine`): a LoRA policy and
+a LoRA reward model on the same base model are two `LoRARequest`s on one engine.
+
+- **Prompts are token ids**, encoded by `text2grad.core.generation.encode_prompt_ids` with the project's special
+  tokens rule (one BOS), so vLLM sees exactly the ids the transformers backend would; vLLM never re-tokenizes text.
+- **Outputs** become `text2grad.core.generation.Generation` rows through the same cut as transformers' generate
+  (first EOS kept, stop strings), with ``sampled_logprobs``: vLLM's own log-probabilities of the sampled tokens,
+  after temperature (``logprobs_mode="processed_logprobs"``), for checking that the engine holds the current policy.
+- **vLLM starts its engine in a spawned process**: a script that builds a `VLLMEngine` must do so under
+  ``if __name__ == "__main__":`` (the spawned process re-imports the main module).
+- **Memory**: on CPU the KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (set here to ``cpu_kv_cache_gb``, default 1,
+  unless the environment already sets it); on a GPU ``gpu_memory_utilization`` is the engine's share of the GPU
+  (weights + KV cache), which must leave room for the training model beside it.
+
+Install: ``TEXT2GRAD_EXTRAS=...,vllm bash env.sh`` (vLLM's CPU build on a CPU-only machine, the CUDA build next to
+a CUDA torch); ``pip install 'text2grad[vllm]'`` for the CUDA build.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from transformers import GenerationConfig
+
+from text2grad.core.generation import Generation, finish_generation
+from text2grad.core.modeling import resolve_dtype
+
+__all__ = [
+    "VLLMEngine", "EngineKey", "LORA_RANKS", "lora_rank_slot", "shared_engine", "close_shared_engine",
+    "vllm_available", "vllm_missing_message",
+]
+
+logger = logging.getLogger(__name__)
+
+# The LoRA ranks vLLM accepts for max_lora_rank (vllm.config.lora.MaxLoRARanks).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+_CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def vllm_available() -> bool:
+    """True when ``import vllm`` works in this environment."""
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # a broken install (e.g. media wheels built for another torch) counts as missing
+        return False
+    return True
+
+
+def vllm_missing_message(what: str) -> str:
+    """The error text for ``what`` needing vLLM where it is not importable."""
+    return (
+        f"{what} needs the vllm package, which is not importable here. Install it with "
+        "`TEXT2GRAD_EXTRAS=test,offline-eval,real-assets,vllm bash env.sh` (vLLM's CPU build on a CPU-only Linux "
+        "machine, the CUDA build next to a CUDA torch) or `pip install 'text2grad[vllm]'` (CUDA), or use the "
+        "transformers backend ('hf')."
+    )
+
+
+def lora_rank_slot(rank: int) -> int:
+    """The smallest rank vLLM accepts as ``max_lora_rank`` that holds a LoRA of rank ``rank`` (at least 16, so a
+    policy adapter and a reward-model adapter of the usual ranks share one engine)."""
+    for slot in LORA_RANKS:
+        if slot >= max(rank, 16):
+            return slot
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest supported rank {LORA_RANKS[-1]}")
+
+
+@dataclass(frozen=True)
+class EngineKey:
+    """What makes two engines interchangeable: same weights, tokenizer, dtype, LoRA slots and options."""
+
+    model: str
+    tokenizer: str
+    dtype: str
+    max_lora_rank: int | None
+    options: tuple[tuple[str, Any], ...] = field(default=())
+
+
+class VLLMEngine:
+    """One vLLM engine (`vllm.LLM`), started on construction.
+
+    Args:
+        model: a local model folder (or hub id) with safetensors weights.
+        tokenizer: the tokenizer folder (default: ``model``); the engine only decodes with it.
+        dtype: "auto", "fp32"/"float32", "bf16"/"bfloat16", "fp16" (the project's names or torch's).
+        max_lora_rank: serve LoRA adapters up to this rank (None: no LoRA).
+        gpu_memory_utilization: the engine's share of GPU memory (GPU only; vLLM's default 0.9 leaves no room for
+            a training model in the same GPU).
+        cpu_kv_cache_gb: the KV cache on CPU, in GiB (``VLLM_CPU_KVCACHE_SPACE``), unless the environment sets it.
+        max_model_len: the longest prompt + response the engine plans for (default: the model's maximum).
+        seed: the engine's sampling seed.
+        **engine_kwargs: anything else for `vllm.LLM` (e.g. ``enforce_eager``).
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        tokenizer: str | Path | None = None,
+        dtype: str | None = "auto",
+        max_lora_rank: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        cpu_kv_cache_gb: float = 1.0,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        **engine_kwargs: Any,
+    ):
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise ImportError(vllm_missing_message("the vLLM generation engine")) from exc
+
+        os.environ.setdefault(_CPU_KV_CACHE_ENV, f"{cpu_kv_cache_gb:g}")
+        # `load_weights` sends a function to the engine's own worker process (apply_model), which vLLM only
+        # unpickles with this switch; the channel is a local one between this process and the engine it started.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        self.model_path, self.tokenizer_path = str(model), str(tokenizer or model)
+        self.max_lora_rank = max_lora_rank
+        kwargs: dict[str, Any] = dict(
+            model=self.model_path, tokenizer=self.tokenizer_path, dtype=_vllm_dtype(dtype), seed=seed,
+            # log-probs after temperature, top-k and top-p: comparable with the trainer's logits / temperature
+            logprobs_mode="processed_logprobs",
+        )
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        if max_lora_rank is not None:
+            kwargs.update(enable_lora=True, max_lora_rank=lora_rank_slot(max_lora_rank), max_loras=2)
+        if gpu_memory_utilization is not None and torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if not torch.cuda.is_available():
+            kwargs.setdefault("enforce_eager", True)  # no graph capture on CPU: start-up in seconds, same outputs
+        kwargs.update(engine_kwargs)
+        logger.info("starting the vLLM engine for %s (dtype %s, LoRA %s)", self.model_path, kwargs["dtype"],
+                    kwargs.get("max_lora_rank", "off"))
+        self.llm = LLM(**kwargs)
+        self._next_lora_id = 1
+        self._eos_ids = _eos_token_ids(self.model_path, self.llm.get_tokenizer())
+
+    # ---------------------------------------------------------------------------------------------
+
+    def lora_request(self, adapter_dir: str | Path, name: str | None = None):
+        """A new `vllm.lora.request.LoRARequest` for the peft adapter saved in ``adapter_dir``.
+
+        Every call gets a new id, so an adapter saved again into a new folder (PPO's policy after an update) is
+        loaded afresh instead of served from vLLM's adapter cache.
+        """
+        if self.max_lora_rank is None:
+            raise ValueError("this engine was started without LoRA (max_lora_rank=None); start it with the "
+                             "adapter's rank to serve adapters")
+        from vllm.lora.request import LoRARequest
+
+        lora_id, self._next_lora_id = self._next_lora_id, self._next_lora_id + 1
+        return LoRARequest(name or f"adapter-{lora_id}", lora_id, str(adapter_dir))
+
+    def load_weights(self, model_dir: str | Path) -> None:
+        """Replace the engine's weights in place with the safetensors weights saved in ``model_dir`` (a full
+        fine-tune saved by ``save_pretrained``; same architecture and shapes). The engine's KV cache of earlier
+        prompts is dropped, so no output is computed from the old weights."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
+        # vLLM's in-place reload refills the input embeddings but leaves a tied output layer (lm_head) on its old
+        # tensor (measured on SmolLM2: sampled-token log-probs off by 0.2-0.4 nats); tie it again.
+        self.llm.apply_model(_retie_output_embeddings)
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("the vLLM engine could not drop its prefix cache after loading new weights (requests "
+                               "still running?); outputs would mix old and new weights")
+
+    def generate(
+        self,
+        tokenizer,
+        prompt_ids: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_strings: Sequence[str] | None = None,
+        lora=None,
+        logprobs: bool = False,
+        seed: int | None = None,
+        progress_bar: bool = False,
+    ) -> list[Generation]:
+        """One `Generation` per prompt (token ids), in order, cut like `text2grad.core.generation.generate` cuts
+        (first EOS kept, stop strings). With ``logprobs`` each row's ``sampled_logprobs`` holds vLLM's
+        log-probability of each sampled token (after temperature/top-k/top-p). ``lora`` is a request from
+        `lora_request` (None: the base weights). ``seed`` makes sampling reproducible (row i uses ``seed + i``)."""
+        from vllm import SamplingParams
+
+        settings = dict(
+            temperature=temperature if do_sample else 0.0,
+            top_p=top_p if do_sample else 1.0,
+            top_k=top_k if do_sample and top_k > 0 else 0,
+            max_tokens=max_new_tokens,
+            stop=list(stop_strings) if stop_strings else None,
+            include_stop_str_in_output=True,
+            skip_special_tokens=True,
+            logprobs=0 if logprobs else None,
+        )
+        # one seed per row (seed + row): the same prompt twice in a batch still gets two different samples
+        params = (SamplingParams(**settings) if seed is None
+                  else [SamplingParams(**settings, seed=seed + row) for row in range(len(prompt_ids))])
+        requests = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompt_ids]
+        outputs = self.llm.generate(requests, params, lora_request=lora, use_tqdm=progress_bar)
+        rows = []
+        for out in outputs:
+            sample = out.outputs[0]
+            # the prompt ids as the engine read them (it adds nothing to token-id prompts: no second BOS)
+            row = finish_generation(tokenizer, list(out.prompt_token_ids), list(sample.token_ids), self._eos_ids, stop_strings)
+            if logprobs and sample.logprobs is not None:
+                row.sampled_logprobs = [
+                    float(step[token].logprob) for step, token in zip(sample.logprobs, row.response_ids)
+                ]
+            rows.append(row)
+        return rows
+
+    def close(self) -> None:
+        """Stop the engine's processes and free its memory."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(engine, "shutdown", None) or getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            del llm
+
+
+def _retie_output_embeddings(model: torch.nn.Module) -> bool:
+    """Runs inside the engine's worker after a weight reload: a model with tied input and output embeddings gets
+    its output layer pointed at the reloaded input embeddings again (and its CPU matmul set up anew). True if it
+    re-tied something."""
+    config = getattr(model, "config", None)
+    lm_head = getattr(model, "lm_head", None)
+    inner = getattr(model, "model", None)
+    embed = getattr(inner, "embed_tokens", None)
+    if not (getattr(config, "tie_word_embeddings", False) and lm_head is not None and embed is not None):
+        return False
+    lm_head.weight = embed.weight
+    method = getattr(lm_head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(lm_head)
+    return True
+
+
+def _vllm_dtype(dtype: str | None) -> str:
+    torch_dtype = resolve_dtype(dtype)  # vLLM wants torch's names ("bfloat16"), not the short "bf16"
+    return "auto" if torch_dtype is None else str(torch_dtype).removeprefix("torch.")
+
+
+def _eos_token_ids(model_path: str, tokenizer) -> list[int]:
+    """The ids vLLM stops at: the model's generation config's EOS ids plus the tokenizer's EOS."""
+    ids: list[int] = []
+    try:
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+        ids = [eos] if isinstance(eos, int) else list(eos or [])
+    except (OSError, ValueError):
+        pass
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------------
+# One engine per process
+# ---------------------------------------------------------------------------------------------------
+
+_shared: tuple[EngineKey, VLLMEngine] | None = None
+
+
+def shared_engine(
+    model: str | Path,
+    *,
+    tokenizer: str | Path | None = None,
+    dtype: str | None = "auto",
+    max_lora_rank: int | None = None,
+    **options: Any,
+) -> VLLMEngine:
+    """This process's engine for ``model``: the running one when it was started with the same arguments (and a
+    LoRA slot at least as large), else a new one (the old one is closed first: one engine's memory at a time)."""
+    global _shared
+    key = EngineKey(str(model), str(tokenizer or model), _vllm_dtype(dtype), None, tuple(sorted(options.items())))
+    if _shared is not None:
+        old_key, engine = _shared
+        same = (old_key.model, old_key.tokenizer, old_key.dtype, old_key.options) == (key.model, key.tokenizer, key.dtype, key.options)
+        lora_fits = max_lora_rank is None or (old_key.max_lora_rank is not None and lora_rank_slot(max_lora_rank) <= old_key.max_lora_rank)
+        if same and lora_fits:
+            return engine
+        close_shared_engine()
+    slot = None if max_lora_rank is None else lora_rank_slot(max_lora_rank)
+    engine = VLLMEngine(model, tokenizer=tokenizer, dtype=dtype, max_lora_rank=slot, **options)
+    _shared = (EngineKey(key.model, key.tokenizer, key.dtype, slot, key.options), engine)
+    return engine
+
+
+def close_shared_engine() -> None:
+    """Stop this process's shared engine, if one runs."""
+    global _shared
+    if _shared is not None:
+        _shared[1].close()
+        _shared = None
