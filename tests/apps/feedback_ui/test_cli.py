@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import urllib.request
 
 import pytest
 
-from tests.apps.feedback_ui.fbui_testlib import ITEMS, Server, read_records, write_items
+from tests.apps.feedback_ui.fbui_testlib import ITEMS, REPO, Server, read_records, write_items
+from tests.test_cli_conventions import CONFIGS
 
 from text2grad.apps.cli import main as text2grad
 from text2grad.apps.feedback_ui import main
+from text2grad.core.config import parse_config
 
 
 def _call(server: Server, path: str, body: dict | None = None) -> dict:
@@ -89,3 +93,20 @@ def test_agreement_reports_token_f1_of_double_annotated_items(tmp_path, capsys):
     assert "annotated by two or more people: 1" in out and "alice vs bob: poor 0.000, good 1.000" in out
     summary = json.loads((tmp_path / "out.jsonl.agreement.json").read_text())
     assert summary["overall"]["any"]["micro_f1"] == pytest.approx(2 * 2 / (2 + 3))
+
+
+def _readme_commands() -> list[list[str]]:
+    """The ``text2grad <command> ...`` lines of the package README (continuation lines joined), as argv lists."""
+    text = (REPO / "text2grad" / "apps" / "feedback_ui" / "README.md").read_text(encoding="utf-8")
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [shlex.split(line.strip(), comments=True) for line in joined.splitlines() if line.strip().startswith("text2grad ")]
+
+
+def test_every_command_in_the_readme_parses(monkeypatch):
+    """The loop's commands exist and take these flags and values (nothing runs: each is parsed with its config)."""
+    monkeypatch.chdir(REPO)  # the YAML paths are relative to the repository root
+    commands = _readme_commands()
+    assert [c[1] for c in commands[:4]] == ["eval-summarization", "feedback-ui", "train-rm", "train-policy"]
+    for argv in commands:
+        cfg = parse_config(CONFIGS[argv[1]], argv[2:])
+        assert isinstance(cfg, CONFIGS[argv[1]]), argv
