@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -47,6 +48,7 @@ from trl import GRPOConfig, GRPOTrainer
 from policy_optimization.ppo_config import SCALAR_SOURCES
 from policy_optimization.grpo_config import GRPORunConfig
 from policy_optimization.scores import build_score_fn
+from reward_model.train import _allow_deepspeed_on_cpu
 from policy_optimization.train import build_prompt_records
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, save_config
@@ -184,8 +186,16 @@ def train_grpo(cfg: GRPORunConfig) -> int:
             task_type="CAUSAL_LM", r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
             target_modules=targets[0] if targets == ["all-linear"] else targets,
         )
+    deepspeed_on_cpu = (os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+                        and os.environ.get("DS_ACCELERATOR") == "cpu" and not torch.cuda.is_available())
+    if deepspeed_on_cpu:  # accelerate + DeepSpeed on CPU processes (how CI tests the ZeRO path): gloo
+        _allow_deepspeed_on_cpu()
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        # The launcher's accelerate config carries its own gradient_accumulation_steps (1 in configs/accelerate);
+        # DeepSpeed refuses to start when it differs from the trainer's, so this run's own value is the one it gets.
+        os.environ["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(cfg.gradient_accumulation_steps)
     args = GRPOConfig(
-        output_dir=cfg.output_dir, use_cpu=not torch.cuda.is_available(), seed=cfg.seed,
+        output_dir=cfg.output_dir, use_cpu=not torch.cuda.is_available() and not deepspeed_on_cpu, seed=cfg.seed,
         per_device_train_batch_size=cfg.per_device_train_batch_size, num_generations=cfg.num_generations,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps, max_completion_length=cfg.max_completion_length,
         temperature=cfg.temperature, top_p=cfg.top_p, learning_rate=cfg.learning_rate,

@@ -186,11 +186,13 @@ def deepspeed_launch(tmp_path: Path, module: str, flags: list[str]) -> subproces
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_sft_under_zero3_and_dpo_under_zero2_as_two_processes(world, tmp_path):
+def test_sft_zero3_dpo_zero2_and_grpo_zero3_as_two_processes(world, tmp_path):
     """SFT with ZeRO-3 (the training arguments come before the weights, so they load partitioned) and DPO with
-    ZeRO-2 from that SFT adapter, each as 2 CPU processes; both save a whole adapter whose base loads."""
+    ZeRO-2 from that SFT adapter under the DeepSpeed launcher, and Text2Grad-GRPO with ZeRO-3 under accelerate (its
+    YAML's gradient_accumulation_steps 2 against the accelerate config's 1), each as 2 CPU processes of one ZeRO
+    world (each checkpoint holds both ranks' shards); each saves a whole adapter."""
     hf = ["--bf16", "false", "--max_steps", "2", "--per_device_train_batch_size", "2", "--logging_steps", "1",
-          "--save_steps", "1000", "--model_name_or_path", str(world / "model")]
+          "--save_steps", "2", "--model_name_or_path", str(world / "model")]
     sft = tmp_path / "sft"
     deepspeed_launch(tmp_path, "policy_optimization.sft", [
         "--config", str(ROOT / "configs" / "slf5k" / "sft.yaml"), "--dataset_path", str(world / "data" / "sft.jsonl"),
@@ -200,8 +202,20 @@ def test_sft_under_zero3_and_dpo_under_zero2_as_two_processes(world, tmp_path):
         "--config", str(ROOT / "configs" / "slf5k" / "dpo.yaml"), "--adapter", str(sft),
         "--dataset_path", str(world / "data" / "preference_pairs.jsonl"), "--output_dir", str(dpo),
         "--deepspeed", str(ROOT / "configs" / "deepspeed" / "zero2.json"), *hf])
-    for run in (sft, dpo):
-        assert [m["step"] for m in read_metrics(run) if "loss" in m] == [1, 2]
+    grpo = tmp_path / "grpo"
+    zero3 = ["accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate" / "cpu_deepspeed_zero3.yaml")]
+    cmd = [sys.executable, "-m", *zero3, "-m", "policy_optimization.grpo", "--config", str(ROOT / "configs" / "slf5k" / "grpo.yaml"),
+           "--adapter", "none", "--dataset_path", str(world / "data" / "rl_prompts.jsonl"), "--critic", "reference",
+           "--critic_kwargs", '{"reference_field": "reference"}', "--output_dir", str(grpo), "--num_generations", "2",
+           "--max_completion_length", "12", "--dtype", "auto", "--use_chat_template", "false", *hf]
+    proc = subprocess.run(cmd, cwd=ROOT, env=script_env(tmp_path, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert [m["step"] for m in read_metrics(sft) if "loss" in m] == [1, 2]
+    assert [m["step"] for m in read_metrics(dpo) if "loss" in m] == [1, 2]
+    assert len([m for m in read_metrics(grpo) if "loss" in m]) == 2
+    for run in (sft, dpo, grpo):
+        assert list((run / "checkpoint-2").glob("global_step2/*zero_pp_rank_1_*")), f"{run.name}: not one world of 2"
         adapter = load_file(str(run / "adapter_model.safetensors"))
         assert adapter and all(t.numel() > 0 for t in adapter.values())  # gathered whole, not ZeRO-3 placeholders
     assert json.loads((dpo / "adapter_config.json").read_text())["base_model_name_or_path"] == str(dpo / "base_merged")
