@@ -8,16 +8,16 @@
 - the true fact score of the same rollouts (`text2grad.apps.quickstart.task.fact_scores`, the critic the reward
   model imitates), which shows whether the reward model's preferences transfer;
 - the eval fact score (greedy, eval split) at every evaluation point, and ROUGE-L;
-- the sequence KL to the SFT policy.
+- the sequence KL to the start policy (the SFT policy, or the model given as sft_model).
 
 ``rm_confusion.png``: the reward model's token labels against the critic's on held-out annotations.
 
 ``index.html``: the results table; the reward-model evaluation as tables and the confusion figure; the mean
 change of token log-probability by reward-model label, split by position in the span, with how to read it;
-the curves; sample eval posts with the SFT policy's summary coloured by the reward model's token labels and
+the curves; sample eval posts with the start policy's summary coloured by the reward model's token labels and
 each token's log-probability change; the installed versions and the commands that produced the run.
 
-Token log-probabilities are computed on the exact token ids the SFT policy generated (not a re-encoding of
+Token log-probabilities are computed on the exact token ids the start policy generated (not a re-encoding of
 its text), labelled the way PPO labels its rollouts (``occurrence="first"``: a repeated quote labels only its
 first occurrence).
 """
@@ -121,7 +121,7 @@ def plot_curves(
     ax_rm.set_title("Reward-model score of PPO rollouts\n(#good - #poor quotes) / #quotes, smoothed")
     ax_true.set_title("True fact score of the same rollouts\n(programmatic critic), smoothed")
     ax_eval.set_title("Eval split, greedy decoding")
-    ax_kl.set_title("KL(policy || SFT) per response (nats)")
+    ax_kl.set_title("KL(policy || start policy) per response (nats)")
     for ax in axes.flat:
         ax.set_xlabel("PPO iteration")
         ax.grid(alpha=0.3)
@@ -177,7 +177,7 @@ def _label_key(label: int) -> str:
 
 
 def logprob_shift(items: Sequence[Mapping[str, Any]], policy: str, labels: str = "labels") -> dict[str, float]:
-    """Mean change of token log-prob (``policy`` minus SFT) over all tokens with each label: the reward model's
+    """Mean change of token log-prob (``policy`` minus the start policy) over all tokens with each label: the reward model's
     (``labels="labels"``) or the critic's true ones (``labels="true_labels"``)."""
     sums = {"good": [0.0, 0], "poor": [0.0, 0], "neutral": [0.0, 0]}
     for it in items:
@@ -206,7 +206,7 @@ def logprob_shift_by_position(items: Sequence[Mapping[str, Any]], policy: str,
 
 
 def _token_items(eval_records, sft_generations, policies, reward_model, grounded_spans: bool = True):
-    """For each eval post: the SFT summary's exact token ids, reward-model labels and log-probs under every policy."""
+    """For each eval post: the start policy's summary: its exact token ids, reward-model labels and log-probs under every policy."""
     rm = GenerativeRewardModel.from_pretrained(str(reward_model), max_new_tokens=128, batch_size=64,
                                                grounded_spans=grounded_spans)
     records = list(eval_records)
@@ -354,10 +354,10 @@ def _shift_tables(shift, by_position) -> list[str]:
 def _logprob_section(shift: Mapping[str, Mapping[str, float]], by_position: Mapping[str, Mapping[str, Mapping[str, float]]],
                      n_tokens: Mapping[str, int], true_shift: Mapping[str, Mapping[str, float]] | None = None,
                      true_by_position: Mapping[str, Mapping[str, Mapping[str, float]]] | None = None) -> str:
-    parts = ["<p class='note'>Over the SFT policy's greedy summaries of every eval post, the same token ids "
-             "(exactly as the SFT policy generated them) are scored by the SFT policy and by each trained policy. "
+    parts = ["<p class='note'>Over the start policy's greedy summaries of every eval post, the same token ids "
+             "(exactly as the start policy generated them) are scored by the start policy and by each trained policy. "
              "Text2Grad rewards each poor token with -1 and each good one with +1, so it is expected to lower poor "
-             "tokens relative to good ones. Every token here is the SFT policy's greedy choice, so it starts near "
+             "tokens relative to good ones. Every token here is the start policy's greedy choice, so it starts near "
              "log p = 0 and can mostly only fall: compare the columns with each other, not with zero.</p>",
              "<h3>By the reward model's labels (as PPO labels its rollouts)</h3>",
              f"<p class='note'>Tokens: {n_tokens.get('good', 0)} good, {n_tokens.get('poor', 0)} poor, "
@@ -466,7 +466,7 @@ def write_report(
     n_tokens = {k: sum(_label_key(l) == k for it in items for l in it["labels"]) for k in ("good", "poor", "neutral")}
     main = "nl_gradient" if "nl_gradient" in shift else (trained[0] if trained else None)
 
-    # show flawed SFT summaries first: that is where token credit matters
+    # show flawed start-policy summaries first: that is where token credit matters
     order = sorted(range(len(items)), key=lambda i: (not items[i]["truth"].poor_spans, i))[:n_samples]
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Text2Grad quickstart report</title>"
              f"<style>{_CSS}</style></head><body>",
@@ -490,7 +490,7 @@ def write_report(
              "<h2 id='samples'>Samples</h2><p class='legend'>Token colour = reward-model label: "
              "<span style='background:#a6dba0'>good (+1)</span><span style='background:#f4a582'>poor (-1)</span>"
              "<span style='background:#f0f0f0'>no label (0)</span>. Bars under each token: change of its "
-             "log-probability from the SFT policy to "
+             "log-probability from the start policy to "
              + ", ".join(f"<b>{html.escape(p)}</b> (row {i + 1})" for i, p in enumerate(trained))
              + " (<span style='color:#2166ac'>blue up</span>, <span style='color:#d6604d'>red down</span>; hover for values).</p>"]
     for i in order:
@@ -498,7 +498,7 @@ def write_report(
         rec, fb, truth = it["record"], it["feedback"], it["truth"]
         parts.append(f"<h3>{html.escape(rec['id'])}</h3><div class='post'>{html.escape(rec['prompt'])}</div>")
         parts.append("<div class='crit'>"
-                     f"<div><b>SFT summary</b>{html.escape(it['response'])}</div>"
+                     f"<div><b>start policy's summary</b>{html.escape(it['response'])}</div>"
                      f"<div><b>reference</b>{html.escape(rec['reference'])}</div>"
                      f"<div><b>reward model critique</b>{html.escape(fb.critique if fb.ok else 'failed: ' + str(fb.error))}"
                      f" good={html.escape(json.dumps(list(fb.good_spans)))} poor={html.escape(json.dumps(list(fb.poor_spans)))}</div>"
