@@ -4,6 +4,7 @@ and a page script that never parses item text as HTML."""
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 from starlette.testclient import TestClient
@@ -12,7 +13,7 @@ from tests.apps.feedback_ui.fbui_testlib import ITEMS
 
 from text2grad.apps.feedback_ui import resolve_token
 from text2grad.apps.feedback_ui.feedback_ui_config import FeedbackUIConfig, is_loopback
-from text2grad.apps.feedback_ui.server import STATIC_DIR, create_app
+from text2grad.apps.feedback_ui.server import STATIC_DIR, bind_socket, create_app
 from text2grad.apps.feedback_ui.store import FeedbackStore
 
 TOKEN = "s3cret-token-for-tests-only"
@@ -79,3 +80,12 @@ def test_a_token_is_made_when_listening_beyond_this_machine(monkeypatch):
     assert resolve_token(FeedbackUIConfig(host="192.168.1.20")) == TOKEN
     assert [is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost", "0.0.0.0", "10.0.0.1")] == \
         [True, True, True, True, False, False]
+
+
+def test_the_socket_accepts_connections_as_soon_as_the_address_is_printed():
+    """The address is printed before uvicorn runs: a browser that connects at once must wait, not be refused."""
+    sock = bind_socket("127.0.0.1", 0)
+    try:
+        socket.create_connection(sock.getsockname(), timeout=2).close()
+    finally:
+        sock.close()

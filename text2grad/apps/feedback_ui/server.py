@@ -1,7 +1,7 @@
 """The web side of feedback-ui: a Starlette app over a `FeedbackStore`, served by uvicorn.
 
 Routes: ``/`` (the page), ``/static/*`` (its script and style sheet), and a small JSON API under ``/api/``
-(``session``, ``next``, ``item``, ``previous``, ``submit``, ``skip``, ``renew``). Safety, on every response:
+(``session``, ``next``, ``previous``, ``submit``, ``skip``, ``renew``). Safety, on every response:
 
 - The page is a fixed file; prompts and responses reach it only as JSON and are put into the document as text
   (``textContent``), never parsed as HTML. The Content-Security-Policy allows scripts from this server's own
@@ -111,9 +111,6 @@ def create_app(
         who = annotator_of(p.get("annotator"))
         return {"item": store.next_item(who), "progress": store.progress(who)}
 
-    def item(p: dict[str, Any]) -> dict[str, Any]:
-        return {"item": store.item(annotator_of(p.get("annotator")), str(p.get("id", "")))}
-
     def previous(p: dict[str, Any]) -> dict[str, Any]:
         return {"item": store.previous(annotator_of(p.get("annotator")), p.get("before") or None)}
 
@@ -137,7 +134,6 @@ def create_app(
         Route("/", page),
         Route("/api/session", api(session)),
         Route("/api/next", api(next_item)),
-        Route("/api/item", api(item)),
         Route("/api/previous", api(previous)),
         Route("/api/submit", api(submit, "POST"), methods=["POST"]),
         Route("/api/skip", api(skip, "POST"), methods=["POST"]),
@@ -170,7 +166,7 @@ class SecurityHeaders:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready socket bound to ``host:port`` (port 0: a free one, read back with getsockname)."""
+    """A listening socket on ``host:port`` (port 0: a free one, read back with getsockname)."""
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -179,6 +175,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise FeedbackUIError(400, f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port or --host") from None
+    # Listening now, before the address is printed: a browser that connects at once waits in the backlog until
+    # uvicorn accepts, instead of being refused.
+    sock.listen(128)
     return sock
 
 

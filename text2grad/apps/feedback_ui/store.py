@@ -185,15 +185,6 @@ class FeedbackStore:
             self._release(annotator)
             return None
 
-    def item(self, annotator: str, item_id: str) -> dict[str, Any]:
-        """One item by id: one this person submitted or skipped (to revise or do it now), or a free one."""
-        with self._lock:
-            self._known(item_id)
-            mine = item_id in self.touched.get(annotator, {})
-            if not mine and self._free_places(item_id, annotator, self.clock()) <= 0:
-                raise FeedbackUIError(409, f"item {item_id!r} is taken by other annotators; take the next one instead")
-            return self._view(annotator, item_id, lease=annotator not in self.done_by.get(item_id, ()))
-
     def previous(self, annotator: str, before: str | None) -> dict[str, Any] | None:
         """The item this person submitted or skipped just before ``before`` (the latest one when ``before`` is new)."""
         with self._lock:

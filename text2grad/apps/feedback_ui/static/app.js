@@ -166,6 +166,7 @@ function show(item) {
     return;
   }
   $("item-id").textContent = item.id;
+  $("item-position").textContent = `(#${item.position} of ${item.progress.total} in the file)`;
   $("item-state").textContent = item.status === "submitted" ? "(you submitted this; submitting again replaces your record)"
     : item.status === "skipped" ? "(you skipped this)" : "";
   $("prompt").textContent = item.prompt;
@@ -214,6 +215,10 @@ async function submit() {
 
 async function skip() {
   if (!state.item) return;
+  if (state.item.status === "submitted") {  // revisited with "back": moving on keeps the record as it is
+    await loadNext();
+    return;
+  }
   const skipped = state.item.id;
   await api("skip", { id: skipped }, "POST");
   await loadNext();
