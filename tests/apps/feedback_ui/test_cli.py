@@ -13,6 +13,7 @@ from tests.apps.feedback_ui.fbui_testlib import ITEMS, REPO, Server, read_record
 from tests.test_cli_conventions import CONFIGS
 
 from text2grad.apps.cli import main as text2grad
+import text2grad.apps.feedback_ui as feedback_ui
 from text2grad.apps.feedback_ui import main
 from text2grad.core.config import parse_config
 
@@ -45,7 +46,11 @@ def test_help_documents_the_command(capsys):
     (["--output", "{tmp}/o.jsonl", "--annotations_per_item", "0"], "annotations_per_item must be > 0"),
     (["--output", "{tmp}/o.jsonl", "--dataset_path", "{tmp}/no_response.jsonl"], "lacks field(s) ['response']"),
 ])
-def test_bad_input_is_refused_before_anything_is_served(tmp_path, capsys, args, message):
+def test_bad_input_is_refused_before_anything_is_served(tmp_path, capsys, monkeypatch, args, message):
+    def serve_forever(*unused):
+        raise AssertionError("the command started serving instead of refusing its input")
+
+    monkeypatch.setattr(feedback_ui, "serve", serve_forever)
     data = write_items(tmp_path / "items.jsonl")
     write_items(tmp_path / "no_response.jsonl", [{"id": "1", "prompt": "p", "answer": "r"}])
     argv = ["--dataset_path", str(data), "--port", "0"] + [a.format(data=data, tmp=tmp_path) for a in args]
