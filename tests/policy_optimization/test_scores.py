@@ -1,4 +1,4 @@
-"""Task score functions for the scalar/dense/mixed reward modes, loaded by spec."""
+"""Task score functions for the scalar/score_spread/mixed reward modes, loaded by spec."""
 
 from __future__ import annotations
 

@@ -216,10 +216,9 @@ def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
             out = replace(out, **{name: str(smollm2_path())})
     if out.mode_ppo_args is None:
         out = replace(out, mode_ppo_args={})
-    unknown = sorted(set(out.mode_ppo_args) - {"nl_gradient", "scalar", "dense", "mixed"})
+    unknown = sorted(set(out.mode_ppo_args) - set(REWARD_MODES))
     if unknown:
-        raise ValueError(f"mode_ppo_args has settings for unknown modes {unknown}; the modes are nl_gradient, scalar, "
-                         "dense and mixed")
+        raise ValueError(f"mode_ppo_args has settings for unknown modes {unknown}; the modes are {', '.join(REWARD_MODES)}")
     if out.ppo_seed is None:
         out = replace(out, ppo_seed=out.seed)
     if out.policy_sft_steps is None:
