@@ -209,3 +209,22 @@ def test_the_reward_model_trains_on_the_records_the_page_wrote(session):
     results = json.loads((world / "rm" / "train_results.json").read_text())
     assert results["train_examples"] == len(records) == 3 and results["dropped_too_long"] == 0
     assert results["train_loss"] > 0 and results["train_loss"] == results["train_loss"]  # finite, not NaN
+
+
+def test_with_an_access_token_the_printed_address_opens_the_page_and_the_token_leaves_the_address_bar(tmp_path):
+    data = write_items(tmp_path / "items.jsonl")
+    token = "browser-test-token-0123456789"
+    server = Server("--dataset_path", str(data), "--output", str(tmp_path / "out.jsonl"), "--annotator", "alice",
+                    "--access_token", token)
+    try:
+        assert server.url.endswith(f"/?token={token}")
+        with Browser() as browser:
+            browser.goto(server.base + "/")  # without the token: the page says what to do
+            refused = browser.wait_for("document.querySelector('#status.error') && document.getElementById('status').textContent")
+            browser.goto(server.url)
+            browser.wait_for(f"{SHOWN_ID} === 'a'")
+            address = browser.evaluate("window.location.href")
+    finally:
+        server.stop()
+    assert "access token" in refused
+    assert token not in address and "annotator=alice" in address
