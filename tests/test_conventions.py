@@ -11,10 +11,13 @@
 from __future__ import annotations
 
 import ast
+import typing
 import re
 from pathlib import Path
 
 import pytest
+
+from text2grad.core import reward_options as ro
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED = ("text2grad", "annotation", "reward_model", "policy_optimization", "benchmarks", "tests")
@@ -137,3 +140,38 @@ def test_every_test_file_named_in_the_code_and_package_docs_exists():
         if not (ROOT / name).is_file()
     ]
     assert not missing, missing
+
+
+def _option_sets() -> dict[str, set[str]]:
+    sets = {"reward modes": set(ro.REWARD_MODES), "reward schemes": set(ro.REWARD_SCHEMES),
+            "token weightings": set(ro.TOKEN_WEIGHTINGS)}
+    # Overlap's values are also the span labels ("good"/"poor" quotes), a different thing, so it is not checked
+    sets.update({name: set(typing.get_args(getattr(ro, name))) for name in ("Boundary", "Occurrence")})
+    return sets
+
+
+def _string_collections(tree: ast.AST):
+    """(line, values) of every list/tuple/set literal and ``Literal[...]`` made only of string constants."""
+    for node in ast.walk(tree):
+        elts = None
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            elts = node.elts
+        elif isinstance(node, ast.Subscript) and getattr(node.value, "id", getattr(node.value, "attr", "")) == "Literal":
+            elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if elts and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elts):
+            yield node.lineno, {e.value for e in elts}
+
+
+def test_each_reward_option_set_is_listed_once():
+    """The reward modes and span rules are defined in text2grad/core/reward_options.py; code reads them from there
+    instead of keeping its own copy (tests may pick the modes they exercise)."""
+    sets = _option_sets()
+    copies = [
+        f"{_rel(path)}:{line} repeats the {name}"
+        for path in FILES
+        if path.parts[len(ROOT.parts)] != "tests" and _rel(path) != "text2grad/core/reward_options.py"
+        for line, values in _string_collections(ast.parse(path.read_text(encoding="utf-8")))
+        for name, options in sets.items()
+        if len(options) >= 2 and values == options or (name == "reward modes" and len(values & options) >= 3)
+    ]
+    assert not copies, copies

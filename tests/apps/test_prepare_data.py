@@ -13,6 +13,8 @@ from datasets import Dataset, DatasetDict
 from tests.fake_openai import FakeOpenAIServer, quoting_handler
 
 from annotation.cli import main as annotate
+from annotation.code_critic import CodeTestCritic
+from text2grad.apps.evaluation.code import main as eval_code
 from text2grad.apps.cli import main as cli_main
 from text2grad.core.data import iter_jsonl
 from text2grad.core.modeling import build_tiny_llama, train_tokenizer
@@ -371,9 +373,6 @@ def test_kodcode_tests_without_the_import_run_as_kodcodes_harness_runs_them(tmp_
 
 
 def test_kodcode_rows_without_the_import_pass_in_eval_code_and_the_unit_test_critic(tmp_path):
-    from annotation.code_critic import CodeTestCritic
-    from text2grad.apps.evaluation.code import main as eval_code
-
     _, rows = _kodcode_v1_revision(tmp_path / "kc")
     local_copy = tmp_path / "kodcode_v1.jsonl"  # the V1 rows as a local JSONL copy: `test_code`, two without the import
     local_copy.write_text("".join(json.dumps(r) + "\n" for r in rows))

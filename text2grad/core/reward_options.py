@@ -32,8 +32,11 @@ __all__ = [
     "TokenWeightingName",
     "TOKEN_WEIGHTINGS",
     "Boundary",
+    "BOUNDARIES",
     "Overlap",
+    "OVERLAPS",
     "Occurrence",
+    "OCCURRENCES",
 ]
 
 RewardMode = Literal["nl_gradient", "scalar", "dense", "score_spread", "mixed"]
@@ -50,5 +53,8 @@ TOKEN_WEIGHTINGS: tuple[str, ...] = get_args(TokenWeightingName)
 
 # The span-to-token rules (`text2grad.core.spans`).
 Boundary = Literal["any", "majority", "all"]  # which tokens a span edge labels
+BOUNDARIES: tuple[str, ...] = get_args(Boundary)
 Overlap = Literal["poor", "good"]  # the label that wins where a good and a poor span overlap
+OVERLAPS: tuple[str, ...] = get_args(Overlap)
 Occurrence = Literal["all", "first"]  # label every occurrence of a repeated quote, or the first
+OCCURRENCES: tuple[str, ...] = get_args(Occurrence)

@@ -60,6 +60,7 @@ import torch
 from text2grad.core.feedback import Feedback
 from text2grad.core.reward_options import (
     REWARD_MODES,
+    REWARD_SCHEMES,
     SEQUENCE_SCORE_MODES,
     SPAN_MODES,
     TOKEN_WEIGHTINGS,
@@ -135,8 +136,8 @@ def span_token_rewards(
 
     Unlabelled tokens always get 0, so a longer response earns nothing for its length alone.
     """
-    if scheme not in ("uniform", "linear_decay"):
-        raise ValueError(f"scheme must be 'uniform' or 'linear_decay', got {scheme!r}")
+    if scheme not in REWARD_SCHEMES:
+        raise ValueError(f"scheme must be one of {', '.join(REWARD_SCHEMES)}, got {scheme!r}")
     rewards = torch.tensor([float(x) for x in labels], dtype=torch.float32)
     if scheme == "linear_decay" or span_normalize:
         for start, end, _ in _label_runs(list(labels)):

@@ -33,7 +33,7 @@ from typing import Sequence
 import numpy as np
 
 from text2grad.core.feedback import Feedback
-from text2grad.core.reward_options import Boundary, Occurrence, Overlap
+from text2grad.core.reward_options import BOUNDARIES, OCCURRENCES, OVERLAPS, Boundary, Occurrence, Overlap
 
 __all__ = [
     "CharSpan",
@@ -177,8 +177,8 @@ def locate_spans(
         A `SpanAlignment` with one `CharSpan` per located occurrence, in the order quotes were given,
         and the quotes that were found neither exactly nor after normalization.
     """
-    if occurrence not in ("all", "first"):
-        raise ValueError(f"occurrence must be 'all' or 'first', got {occurrence!r}")
+    if occurrence not in OCCURRENCES:
+        raise ValueError(f"occurrence must be one of {', '.join(OCCURRENCES)}, got {occurrence!r}")
     alignment = SpanAlignment()
     norm_response: tuple[str, list[int], list[int]] | None = None  # computed lazily: exact matches are the common case
     for quotes, label in ((good_spans, GOOD), (poor_spans, POOR)):
@@ -216,8 +216,8 @@ def char_labels(length: int, spans: Sequence[CharSpan], overlap: Overlap = "poor
     Returns an int8 array of shape (length,). Overlapping good and poor spans resolve to the
     ``overlap`` winner ("poor" by default).
     """
-    if overlap not in ("poor", "good"):
-        raise ValueError(f"overlap must be 'poor' or 'good', got {overlap!r}")
+    if overlap not in OVERLAPS:
+        raise ValueError(f"overlap must be one of {', '.join(OVERLAPS)}, got {overlap!r}")
     labels = np.zeros(length, dtype=np.int8)
     winner = POOR if overlap == "poor" else GOOD
     # Paint the loser first so the winner overwrites it.
@@ -250,8 +250,8 @@ def token_labels(
     Returns:
         One label in {-1, 0, +1} per token (length ``len(offsets)``).
     """
-    if boundary not in ("any", "majority", "all"):
-        raise ValueError(f"boundary must be 'any', 'majority' or 'all', got {boundary!r}")
+    if boundary not in BOUNDARIES:
+        raise ValueError(f"boundary must be one of {', '.join(BOUNDARIES)}, got {boundary!r}")
     winner = POOR if overlap == "poor" else GOOD
     n = len(text)
     if len(offsets) == 0:
