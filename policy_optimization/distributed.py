@@ -86,11 +86,13 @@ def prepare_reference(ref_policy, accelerator, zero_stage: int):
 
 
 @contextlib.contextmanager
-def policy_for_generation(model, accelerator, zero_stage: int) -> Iterator[torch.nn.Module]:
-    """The unwrapped policy of the prepared `PolicyAndValue`; under ZeRO-3 its partitioned weights are
-    gathered for the duration (and the ZeRO hooks removed, so generation does not re-gather per layer)."""
+def policy_for_generation(model, accelerator, zero_stage: int, gather: bool = True) -> Iterator[torch.nn.Module]:
+    """The unwrapped policy of the prepared `PolicyAndValue`; under ZeRO-3 with ``gather`` its partitioned weights
+    are gathered for the duration (and the ZeRO hooks removed, so generation does not re-gather per layer). Without
+    ``gather`` the ZeRO-3 hooks fetch each layer's weights as generation reaches it: no process ever holds the whole
+    policy, and every process must keep stepping until all have finished (``generate(..., synced_gpus=True)``)."""
     policy = accelerator.unwrap_model(model).policy
-    if zero_stage != 3:
+    if zero_stage != 3 or not gather:
         yield policy
         return
     import deepspeed

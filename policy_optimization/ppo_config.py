@@ -140,6 +140,12 @@ class PPOConfig(ModelConfig):
     top_k: int = config_field(0, "Top-k sampling (0 = off).")
     stop_strings: list[str] | None = config_field(None, "Extra strings that end a response.")
     generation_batch_size: int | None = config_field(None, "Prompts per generate() call (default: the whole batch).")
+    ds3_gather_for_generation: bool = config_field(
+        True,
+        "DeepSpeed ZeRO-3 only: gather the whole policy on every GPU while it samples (fast). false: each layer's "
+        "weights are fetched as generation reaches it, so no GPU ever holds the whole policy (slower; for a policy "
+        "that does not fit on one GPU next to the reward model). TRL's name for the same switch.",
+    )
     generation_backend: Literal["hf", "vllm"] = config_field(
         "hf",
         "What samples the rollouts. hf: transformers' generate on the training model. vllm: a vLLM engine (extra "

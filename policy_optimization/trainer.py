@@ -395,13 +395,15 @@ class NLGradientPPOTrainer:
         if self.vllm_rollouts is not None:  # the engine gets the policy as it is now: on-policy rollouts
             self.vllm_rollouts.refresh(self.policy)
             return self.vllm_rollouts.sample(prompts, self._prompt_special_tokens, self.state.step)
-        with policy_for_generation(self.model, self.accelerator, self.zero_stage) as policy:
+        gather = cfg.ds3_gather_for_generation
+        with policy_for_generation(self.model, self.accelerator, self.zero_stage, gather=gather) as policy:
             return generate(
                 policy, self.tokenizer, prompts,
                 max_new_tokens=cfg.response_length, batch_size=cfg.generation_batch_size or len(prompts),
                 do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                 max_prompt_length=cfg.max_prompt_length, stop_strings=cfg.stop_strings,
                 add_special_tokens=self._prompt_special_tokens,
+                synced_gpus=self.zero_stage == 3 and not gather and self.accelerator.num_processes > 1,
             )
 
     def _make_vllm_rollouts(self) -> VLLMRollouts:

@@ -1,5 +1,7 @@
 """Two-process DeepSpeed PPO on CPU: ZeRO-2 through the SLF5K script's DeepSpeed variant, ZeRO-3 through the
-CLI, and both must agree (same seeds, same data split -> the same numbers)."""
+CLI with the policy's weights left partitioned while it samples (ds3_gather_for_generation false: each layer is
+fetched as generation reaches it, all processes step together), and both must agree (same seeds, same data split
+-> the same numbers). ZeRO-3 with the gathered policy runs in test_multiprocess.py (two machines)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def test_two_process_deepspeed_zero2_and_zero3_ppo(tmp_path):
         "--critic", "reference", "--critic_kwargs", '{"reference_field": "reference"}',
         "--num_iterations", "2", "--batch_size", "4", "--num_mini_batches", "2", "--num_ppo_epochs", "1",
         "--response_length", "12", "--dtype", "auto", "--gradient_checkpointing", "false", "--progress_bar", "false",
-        "--output_dir", str(out3),
+        "--ds3_gather_for_generation", "false", "--output_dir", str(out3),
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=script_env(tmp_path, DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-5000:]

@@ -145,7 +145,7 @@ def test_the_same_global_batch_gives_the_same_metrics_on_one_and_two_processes(w
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_machines_launched_one_command_each_with_the_multinode_config(world, tmp_path):
-    """configs/accelerate/multinode_deepspeed_zero2.yaml as two machines of one process each, both on this host:
+    """configs/accelerate/multinode_deepspeed_zero3.yaml as two machines of one process each, both on this host:
     the same command on each with its --machine_rank. Each process is local rank 0 on its machine (its reward
     models on that machine's first device) and rank 0 or 1 of the run, and only the main process writes the
     run's files into the shared output_dir."""
@@ -157,7 +157,7 @@ def test_two_machines_launched_one_command_each_with_the_multinode_config(world,
     machines = []
     for machine in (0, 1):
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               str(ROOT / "configs" / "accelerate" / "multinode_deepspeed_zero2.yaml"), "--num_processes", "2",
+               str(ROOT / "configs" / "accelerate" / "multinode_deepspeed_zero3.yaml"), "--num_processes", "2",
                "--machine_rank", str(machine), "--main_process_ip", "127.0.0.1", "--main_process_port", port,
                "--mixed_precision", "no", "-m", WORKER, *flags]
         env = script_env(tmp_path, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
@@ -166,7 +166,7 @@ def test_two_machines_launched_one_command_each_with_the_multinode_config(world,
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-6000:]
     seen = placements(out)
-    assert [(p["local_rank"], p["process_index"], p["num_processes"]) for p in seen] == [(0, 0, 2), (0, 1, 2)]
+    assert [(p["local_rank"], p["process_index"], p["num_processes"], p["zero_stage"]) for p in seen] == [(0, 0, 2, 3), (0, 1, 2, 3)]
     assert [p["scalar_reward_model"] for p in seen] == ["cpu:0", "cpu:0"]  # local rank 0 on each machine
     assert [(m["iteration"], m["episodes"]) for m in read_metrics(out)] == [(1, 4)]  # one writer: one line
     assert (out / "policy" / "adapter_config.json").is_file()

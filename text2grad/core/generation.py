@@ -86,6 +86,7 @@ def generate(
     progress_bar: bool = False,
     stop_fn: Callable[[str], bool] | None = None,
     logits_processors: Callable[[range, int], Sequence[Any]] | None = None,
+    synced_gpus: bool = False,
 ) -> list[Generation]:
     """Generate one continuation per prompt, in order, in batches of ``batch_size``.
 
@@ -101,6 +102,8 @@ def generate(
     order; ``prompt_width``: the padded prompt length, where the new tokens start), it returns the
     transformers logits processors for that batch (the reward model's grounded span decoding,
     `reward_model.decoding.grounded_span_processors`, is one).
+    ``synced_gpus`` keeps every process of a distributed run generating until all have finished (needed when the
+    weights are ZeRO-3 partitions that all processes fetch together at every step).
     """
     if generator_seed is not None:
         torch.manual_seed(generator_seed)
@@ -133,6 +136,8 @@ def generate(
             width = enc["input_ids"].shape[1]
             if stop_fn is not None:
                 gen_kwargs.update(stopping_criteria=StoppingCriteriaList([_TextStop(tokenizer, width, stop_fn)]))
+            if synced_gpus:  # ZeRO-3 without gathered weights: every process steps until all have finished
+                gen_kwargs.update(synced_gpus=True)
             if logits_processors is not None:
                 rows = range(start, start + len(batch))
                 gen_kwargs.update(logits_processor=LogitsProcessorList(list(logits_processors(rows, width))))
