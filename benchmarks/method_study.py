@@ -54,6 +54,7 @@ from typing import Any, Mapping, Sequence
 
 import matplotlib
 import torch
+import transformers
 from scipy.stats import t as student_t
 from tqdm import tqdm
 
@@ -278,7 +279,8 @@ def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
                 point["test"] = _greedy(trainer.policy, trainer.tokenizer, ctx.test_records, ctx.response_length)[0]
             curve.append(point)
     result: dict[str, Any] = {"spec": {**asdict(spec), "run_id": spec.run_id}, "curve": curve, "metrics": metrics,
-                              "final": curve[-1], "seconds": time.perf_counter() - t0}
+                              "final": curve[-1], "seconds": time.perf_counter() - t0,
+                              "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     if score_test:
         sft_model = load_causal_lm(ctx.sft).eval()
         _, sft_gens = _greedy(sft_model, trainer.tokenizer, ctx.test_records, ctx.response_length)
@@ -341,8 +343,10 @@ def method_keys(arms: Sequence[str], methods: Sequence[str]) -> list[tuple[str, 
     return keys + ([("learned", "scalar_bt")] if "scalar_bt" in methods else [])
 
 
-def sweep(ctx: StudyContext, keys, base: Setting, lrs: Sequence[float], seed: int, jobs: int) -> dict[str, Any]:
-    """Coordinate search per (arm, method) on validation: lambda, then learning rate, then KL control."""
+def sweep(ctx: StudyContext, keys, base: Setting, lrs: Sequence[float], seed: int, jobs: int,
+          knobs: Sequence[str] = ("lambda", "lr", "kl")) -> dict[str, Any]:
+    """Coordinate search per (arm, method) on validation: lambda, then learning rate, then KL control (``knobs``
+    leaves stages out: a left-out knob stays at the base setting)."""
     def spec(a, m, s):
         return RunSpec(a, m, s, seed, "sweep")
 
@@ -350,25 +354,27 @@ def sweep(ctx: StudyContext, keys, base: Setting, lrs: Sequence[float], seed: in
         return {s: end_score(results[spec(a, m, s)]["curve"]) for s in settings if spec(a, m, s) in results}
 
     table: dict[str, Any] = {}
-    stage1 = {k: [replace(base, lam=lam) for lam in (base.lam, *[x for x in LAMBDAS if x != base.lam])] for k in keys}
+    lams = (base.lam, *[x for x in LAMBDAS if x != base.lam]) if "lambda" in knobs else (base.lam,)
+    stage1 = {k: [replace(base, lam=lam) for lam in lams] for k in keys}
     res = run_all(ctx, [spec(a, m, s) for (a, m), ss in stage1.items() for s in ss], jobs)
     stage2 = {}
     for (a, m), ss in stage1.items():
         c = crit(res, a, m, ss)
         best = choose(c) if c else base
-        stage2[(a, m)] = [best] + [replace(best, lr=lr) for lr in lrs if lr != best.lr]
+        stage2[(a, m)] = [best] + ([replace(best, lr=lr) for lr in lrs if lr != best.lr] if "lr" in knobs else [])
     res.update(run_all(ctx, [spec(a, m, s) for (a, m), ss in stage2.items() for s in ss], jobs))
     stage3 = {}
     for (a, m), ss in stage2.items():
         c = crit(res, a, m, ss)
         best = choose(c) if c else base
-        stage3[(a, m)] = [best, replace(best, kl="adaptive")]
+        stage3[(a, m)] = [best] + ([replace(best, kl="adaptive")] if "kl" in knobs else [])
     res.update(run_all(ctx, [spec(a, m, s) for (a, m), ss in stage3.items() for s in ss], jobs))
     for (a, m) in keys:
         tried = {s: v for s, v in crit(res, a, m, [*stage1[(a, m)], *stage2[(a, m)], *stage3[(a, m)]]).items()}
         final = crit(res, a, m, stage3[(a, m)])
         chosen = choose(final) if final else base
-        table[f"{a}/{m}"] = {"chosen": asdict(chosen), "tried": [{"setting": asdict(s), "val_end": v} for s, v in tried.items()]}
+        table[f"{a}/{m}"] = {"chosen": asdict(chosen), "knobs": list(knobs),
+                             "tried": [{"setting": asdict(s), "val_end": v} for s, v in tried.items()]}
     return table
 
 
@@ -515,8 +521,10 @@ def summarize_ablations(results: Mapping[RunSpec, Mapping[str, Any]]) -> dict[st
 
 def markdown(study: Mapping[str, Any]) -> str:
     summ, sft = study["final"], study["sft"]["test"]["fact_score"]
+    knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
     lines = [f"Test fact score (100 posts, greedy) after {study['config']['iterations']} iterations x "
-             f"{study['config']['batch_size']} rollouts; mean ± 95 % interval over seeds. SFT start: {sft:.3f}.", "",
+             f"{study['config']['batch_size']} rollouts; mean ± 95 % interval over seeds. SFT start: {sft:.3f}. "
+             f"Settings chosen on validation over: {', '.join(knobs) if knobs else 'nothing (base setting)'}.", "",
              "| arm | method | chosen setting (validation) | final | early-stopped (iteration chosen) | KL at end | "
              "poor-first / good token shift (true labels) | rollouts to best scalar's final |",
              "|---|---|---|---:|---:|---:|---:|---|"]
@@ -626,6 +634,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--task_seed", type=int, default=0)
     parser.add_argument("--iterations", type=int, default=90, help="PPO iterations per run (x 16 rollouts)")
     parser.add_argument("--eval_every", type=int, default=15)
+    parser.add_argument("--sweep_knobs", nargs="+", default=["lambda", "lr", "kl"], choices=["lambda", "lr", "kl"],
+                        help="which coordinates the sweep searches (the others stay at the base setting)")
     parser.add_argument("--base_lr", type=float, default=1e-4, help="the sweep's starting learning rate")
     parser.add_argument("--lrs", type=float, nargs="+", default=[3e-5, 3e-4], help="learning rates tried at the best lambda")
     parser.add_argument("--base_lambda", type=float, default=0.95, help="the sweep's starting GAE lambda")
@@ -644,7 +654,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "command": "python benchmarks/method_study.py " + " ".join(sys.argv[1:] if argv is None else argv)})
     study["config"]["batch_size"] = ctx.batch_size
     if "sweep" in args.phases:
-        study["sweep"] = {**study.get("sweep", {}), **sweep(ctx, keys, base, args.lrs, args.sweep_seed, args.jobs)}
+        study["sweep"] = {**study.get("sweep", {}),
+                          **sweep(ctx, keys, base, args.lrs, args.sweep_seed, args.jobs, args.sweep_knobs)}
         _write_json(study_path, study)
     chosen = chosen_settings(study.get("sweep", {}), keys, base)
     finals = [RunSpec(a, m, chosen[(a, m)], s, "final") for a, m in keys for s in args.seeds]

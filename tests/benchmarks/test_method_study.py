@@ -93,3 +93,22 @@ def test_ablation_sentences_compare_with_the_unchanged_setting():
     assert lines[0] == "The unchanged setting ends at 0.200 ± 0.050 with KL 9.00 nats and peaks at 0.400 ± 0.020."
     assert lines[1] == "span_normalize: ends at 0.380 ± 0.030 (+0.180 vs unchanged), KL 2.00 (-7.00); it removes the late decline."
     assert lines[2].endswith("the late decline remains.")
+
+
+def test_sweep_searches_only_the_given_knobs_and_picks_on_validation(monkeypatch):
+    asked = []
+
+    def fake_run_all(ctx, specs, jobs):  # validation rises with lambda, and is best at the lowest learning rate
+        asked.extend(specs)
+        return {s: {"curve": _curve([0.0, s.setting.lam - s.setting.lr * 100])} for s in specs}
+
+    monkeypatch.setattr(ms, "run_all", fake_run_all)
+    base = ms.Setting(1e-3, "fixed", 0.95)
+    table = ms.sweep(None, [("oracle", "text2grad")], base, [1e-4, 3e-3], seed=7, jobs=1, knobs=("lambda",))
+    assert table["oracle/text2grad"]["chosen"] == {"lr": 1e-3, "kl": "fixed", "lam": 1.0}
+    assert {s.setting.lam for s in asked} == {0.0, 0.95, 1.0} and {s.setting.lr for s in asked} == {1e-3}
+    assert all(s.seed == 7 and s.phase == "sweep" for s in asked)
+    asked.clear()
+    table = ms.sweep(None, [("oracle", "text2grad")], base, [1e-4, 3e-3], seed=7, jobs=1)
+    assert table["oracle/text2grad"]["chosen"] == {"lr": 1e-4, "kl": "fixed", "lam": 1.0}
+    assert {s.setting.kl for s in asked} == {"fixed", "adaptive"}
