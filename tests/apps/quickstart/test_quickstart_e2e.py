@@ -57,6 +57,37 @@ def deterministic_numbers(out: Path) -> dict[str, Any]:
     })
 
 
+# Float metrics of the PPO update differ in the 6th decimal between CPU families (vectorized reductions sum in
+# another order); a clip fraction counts tokens past a threshold, so such a difference can move a token across it.
+REL_TOL, ABS_TOL, CLIPFRAC_ABS_TOL = 1e-4, 1e-5, 0.02
+
+
+def assert_close(got: Any, want: Any, path: str = "") -> None:
+    """``got == want`` for everything but floats, which agree within REL_TOL/ABS_TOL (CLIPFRAC_ABS_TOL for clip
+    fractions)."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), f"{path}: keys {sorted(set(got) ^ set(want))} differ"
+        for k in want:
+            assert_close(got[k], want[k], f"{path}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), f"{path}: length {len(got)} != {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_close(g, w, f"{path}[{i}]")
+    elif isinstance(want, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        tol = CLIPFRAC_ABS_TOL if "clipfrac" in path else ABS_TOL
+        assert math.isclose(got, want, rel_tol=REL_TOL, abs_tol=tol), f"{path}: {got} != {want}"
+    else:
+        assert got == want, f"{path}: {got!r} != {want!r}"
+
+
+def test_assert_close_tolerates_rounding_and_nothing_more():
+    assert_close({"a": [1.0, 0.123456], "value/clipfrac": 0.0}, {"a": [1.0, 0.123457], "value/clipfrac": 0.0022})
+    for bad in ({"a": [1.0, 0.1236], "value/clipfrac": 0.0}, {"a": [1.0], "value/clipfrac": 0.0},
+                {"a": [1.0, 0.123456], "value/clipfrac": 0.05}, {"b": [1.0, 0.123456], "value/clipfrac": 0.0}):
+        with pytest.raises(AssertionError):
+            assert_close(bad, {"a": [1.0, 0.123457], "value/clipfrac": 0.0})
+
+
 @pytest.fixture
 def one_thread():
     before = torch.get_num_threads()
@@ -85,11 +116,11 @@ def test_ci_preset_runs_every_phase_matches_the_committed_numbers_and_reads_in_a
     if os.environ.get("TEXT2GRAD_UPDATE_EXPECTED") == "1":
         EXPECTED.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
     expected = json.loads(EXPECTED.read_text())
-    assert got["results"] == expected["results"]
+    assert got["results"] == expected["results"]  # decoded text scored: exact on every CPU measured so far
     assert got["curves"] == expected["curves"]
     assert got["reward_model"] == expected["reward_model"]
-    assert got["ppo_metrics"] == expected["ppo_metrics"]
-    assert got == expected
+    assert_close(got["ppo_metrics"], expected["ppo_metrics"], "ppo_metrics")
+    assert_close(got, expected)
 
     # the versions that produced it are in the results file
     summary = json.loads((out / "results.json").read_text())
@@ -119,7 +150,9 @@ def test_ci_preset_runs_every_phase_matches_the_committed_numbers_and_reads_in_a
                           ("logprob", "Mean change of token log-probability"), ("curves", "Curves"),
                           ("samples", "Samples"), ("provenance", "Versions and commands")):
         assert f'id="{anchor}"' in dom and title in dom, anchor
-    assert "How to read it." in dom and "poor first" in dom
+    assert "poor first" in dom and "By the critic's true labels" in dom
+    # the sentences under the tables are the ones generated from this run's numbers
+    assert summary["interpretation"] and all(sentence.split(":")[0] in dom for sentence in summary["interpretation"])
     assert versions["environment_sha256"] in dom and "python -m policy_optimization.train" in dom
     assert 'src="curves.png"' in dom and 'src="rm_confusion.png"' in dom
     shot = screenshot(out / "report" / "index.html", tmp_path / "report.png")

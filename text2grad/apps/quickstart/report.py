@@ -359,13 +359,13 @@ def _logprob_section(shift: Mapping[str, Mapping[str, float]], by_position: Mapp
              "Text2Grad rewards each poor token with -1 and each good one with +1, so it is expected to lower poor "
              "tokens relative to good ones. Every token here is the start policy's greedy choice, so it starts near "
              "log p = 0 and can mostly only fall: compare the columns with each other, not with zero.</p>",
-             "<h3>By the reward model's labels (as PPO labels its rollouts)</h3>",
+             "<p><b>By the reward model's labels (as PPO labels its rollouts)</b></p>",
              f"<p class='note'>Tokens: {n_tokens.get('good', 0)} good, {n_tokens.get('poor', 0)} poor, "
              f"{n_tokens.get('neutral', 0)} unlabelled.</p>", *_shift_tables(shift, by_position),
              "<p>" + " ".join(html.escape(describe_shift(_policy_name(p), shift[p], by_position.get(p, {}),
                                                           "the reward model's")) for p in shift) + "</p>"]
     if true_shift:
-        parts += ["<h3>By the critic's true labels (the task's fact check)</h3>",
+        parts += ["<p><b>By the critic's true labels (the task's fact check)</b></p>",
                   *_shift_tables(true_shift, true_by_position or {}),
                   "<p>" + " ".join(html.escape(describe_shift(_policy_name(p), true_shift[p], (true_by_position or {}).get(p, {}),
                                                                "the critic's true")) for p in true_shift) + "</p>"]
