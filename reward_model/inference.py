@@ -40,7 +40,7 @@ from reward_model.train_config import CONFIG_FILENAME
 from text2grad.core.feedback import Feedback
 from text2grad.core.generation import generate
 from text2grad.core.modeling import load_causal_lm, load_tokenizer, resolve_dtype
-from text2grad.core.placement import resolve_device
+from text2grad.core.placement import resolve_device, world_size
 from text2grad.core.vllm_engine import shared_engine, vllm_missing_message
 
 __all__ = ["GenerativeRewardModel", "RewardModelStats", "json_complete", "cut_at_json", "CONFIG_FILENAME"]
@@ -233,6 +233,12 @@ class GenerativeRewardModel:
             options["max_input_length"] = int(trained["max_length"])
         options.update(kwargs)
         if backend == "vllm":
+            if world_size() > 1 and torch.cuda.is_available():
+                raise ValueError(
+                    "backend='vllm' with several processes would put every process's engine on the first visible GPU "
+                    "(vLLM places a one-GPU engine on cuda:0, not on the process's own GPU): use backend='hf' under a "
+                    "launcher (each process's reward model on its own GPU), or run as one process"
+                )
             base = path_or_hub_id
             if is_adapter_dir:
                 base = PeftConfig.from_pretrained(str(path)).base_model_name_or_path
