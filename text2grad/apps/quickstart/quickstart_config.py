@@ -106,9 +106,9 @@ class QuickstartConfig:
         "iteration, so there a failed sample gets zero reward and is counted (results.json: feedback_error_rate).",
     )
     gae_lambda: float | None = config_field(
-        None, "GAE lambda of both modes (policy_optimization --lam). The presets use 0: each token's advantage is its own "
-        "reward plus the value step, so a span's reward is not smeared over the tokens before it. Text2Grad with 0 vs "
-        "0.95, same models, 3 seeds: ahead on 3/3 at iteration 20, 2/3 at 30 (benchmarks/README.md)."
+        None, "GAE lambda of every mode (policy_optimization --lam) unless the mode's own mode_ppo_args set --lam. The tiny "
+        "presets use 0 for Text2Grad and 0.95 for scalar PPO (in mode_ppo_args): each mode's value chosen among 0, 0.95 "
+        "and 1.0 on the validation split by benchmarks/method_study.py with the learned reward model (benchmarks/README.md)."
     )
     eval_every: int | None = config_field(None, "Evaluate the policy every N PPO iterations (PPO runs in chunks with --resume auto).")
     decode_threads: int | None = config_field(
@@ -159,6 +159,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         n_train=160, n_rl=32, n_eval=16, vocab_size=420, hidden_size=32, num_layers=2, intermediate_size=0, sft_steps=200,
         sft_learning_rate=3e-3, sft_decay_steps=0, n_annotations=96, rm_steps=150, rm_learning_rate=2e-3, ppo_iterations=4,
         ppo_batch_size=8, ppo_learning_rate=3e-4, kl_coef=0.05, gae_lambda=0.0, eval_every=2, use_chat_template=False,
+        mode_ppo_args={"scalar": ["--lam", "0.95"]},  # each mode at its own lambda chosen on validation
         decode_threads=1, parallel_modes=True,  # decoding on one thread, the modes side by side
         max_feedback_error_rate=1.0,  # the tiny reward model fails on up to 3 of 8 samples of an iteration
     ),
@@ -169,6 +170,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         policy_sft_steps=600, sft_learning_rate=3e-3, sft_decay_steps=1200, n_annotations=3000, rm_steps=600,
         rm_learning_rate=2e-3, ppo_iterations=30,
         ppo_batch_size=16, ppo_learning_rate=1e-4, kl_coef=0.1, gae_lambda=0.0, eval_every=10, use_chat_template=False,
+        mode_ppo_args={"scalar": ["--lam", "0.95"]},  # each mode at its own lambda chosen on validation
         decode_threads=1, parallel_modes=True,  # decoding on one thread, the modes side by side
         max_feedback_error_rate=0.2,  # measured (ppo_seed 0 and 1): 1 failed of 1,920 PPO samples, worst iteration 1 of 16
     ),
@@ -186,6 +188,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         n_train=4000, n_rl=1024, n_eval=300, vocab_size=1000, hidden_size=192, num_layers=4, intermediate_size=0, sft_steps=2000,
         sft_learning_rate=2e-3, sft_decay_steps=0, n_annotations=3000, rm_steps=1500, rm_learning_rate=1e-3, ppo_iterations=150,
         ppo_batch_size=32, ppo_learning_rate=1e-4, kl_coef=0.1, gae_lambda=0.0, eval_every=25, use_chat_template=False,
+        mode_ppo_args={"scalar": ["--lam", "0.95"]},  # each mode at its own lambda chosen on validation
         decode_threads=1, parallel_modes=True,  # decoding on one thread, the modes side by side
         max_feedback_error_rate=0.2,
     ),
