@@ -539,6 +539,16 @@ def markdown(study: Mapping[str, Any]) -> str:
             f"{shift.get('poor_first', float('nan')):+.3f} / {shift.get('good', float('nan')):+.3f} | "
             + (", ".join("-" if v is None else str(v) for v in reach.values()) or "") + " |")
     lines += ["", *interpret(summ, sft)]
+    if study.get("sweep"):
+        lines += ["", f"Sweep (seed {study['config'].get('sweep_seed')}, validation fact score averaged over the last two "
+                  "evaluation points; the chosen setting in bold):", "", "| arm / method | settings tried: validation score |",
+                  "|---|---|"]
+        for key, row in study["sweep"].items():
+            tried = []
+            for t in row["tried"]:
+                cell = f"{Setting(**t['setting']).label()}: {t['val_end']:.3f}"
+                tried.append(f"**{cell}**" if t["setting"] == row["chosen"] else cell)
+            lines.append(f"| {key} | " + "; ".join(tried) + " |")
     if study.get("ablations"):
         lines += ["", "| ablation (learned-arm Text2Grad, quickstart setting) | final | peak | KL at end | poor-first shift |",
                   "|---|---:|---:|---:|---:|"]
