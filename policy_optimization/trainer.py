@@ -394,7 +394,7 @@ class NLGradientPPOTrainer:
         self.model.eval()
         if self.vllm_rollouts is not None:  # the engine gets the policy as it is now: on-policy rollouts
             self.vllm_rollouts.refresh(self.policy)
-            return self.vllm_rollouts.sample(prompts, self._prompt_special_tokens, self.state.step)
+            return self.vllm_rollouts.sample(prompts, self._prompt_special_tokens)
         gather = cfg.ds3_gather_for_generation
         with policy_for_generation(self.model, self.accelerator, self.zero_stage, gather=gather) as policy:
             return generate(

@@ -37,7 +37,7 @@ class VLLMRollouts:
     """Samples a PPO iteration's responses with vLLM from the policy as it is now.
 
     Args:
-        config: the run's `PPOConfig` (sampling settings, ``vllm_*`` engine settings, ``seed``).
+        config: the run's `PPOConfig` (sampling settings, ``vllm_*`` engine settings).
         tokenizer: the policy's tokenizer (prompts are encoded here, with the special tokens rule).
         base_model_path: the weights the engine starts from: the base the LoRA adapter sits on, or the initial
             policy for full fine-tuning.
@@ -60,7 +60,7 @@ class VLLMRollouts:
         """The engine, started on first use (this process's shared engine when one with these settings runs)."""
         if self._engine is None:
             cfg = self.config
-            self._engine = shared_engine(  # sampling is seeded per request (`sample`), not by the engine
+            self._engine = shared_engine(
                 self.base_model_path, tokenizer=cfg.tokenizer_name_or_path or None, dtype=cfg.dtype,
                 max_lora_rank=self.lora_rank, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
                 cpu_kv_cache_gb=cfg.vllm_cpu_kv_cache_gb, **cfg.vllm_kwargs,
@@ -84,16 +84,15 @@ class VLLMRollouts:
             shutil.rmtree(folder, ignore_errors=True)  # the engine holds the weights now
         self.last_refresh_seconds = time.perf_counter() - start
 
-    def sample(self, prompts: list[str], add_special_tokens: bool | None, iteration: int) -> list[Generation]:
+    def sample(self, prompts: list[str], add_special_tokens: bool | None) -> list[Generation]:
         """One sampled response per prompt from the engine's current policy (call `refresh` first), with vLLM's
-        log-probs of the sampled tokens. Seeds are the run's seed, the iteration and the row, so a rerun samples
-        the same responses."""
+        log-probs of the sampled tokens. Sampling follows the engine's own random stream (no per-request seeds:
+        on CPU, vLLM 0.32 fails a seeded request whose prompt is prefilled in chunks, as long batches are)."""
         cfg = self.config
         ids = encode_prompt_ids(self.tokenizer, prompts, add_special_tokens, cfg.max_prompt_length)
         return self.engine.generate(
             self.tokenizer, ids, max_new_tokens=cfg.response_length, do_sample=True, temperature=cfg.temperature,
             top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop_strings, lora=self._lora, logprobs=True,
-            seed=(cfg.seed * 1_000_003 + iteration * 10_007) % 2**31,
         )
 
     def close(self) -> None:

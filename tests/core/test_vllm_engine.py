@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.vllm_testlib import engine_for_tests
 from text2grad.core.assets import real_tokenizer, smollm2_path
 from text2grad.core.generation import apply_chat_template, encode_prompt_ids, generate
-from text2grad.core.vllm_engine import lora_rank_slot
+from text2grad.core.vllm_engine import lora_rank_slot, shared_engine
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -87,3 +87,11 @@ def test_sampled_logprobs_match_the_model_at_the_sampling_temperature(smollm2):
         ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(row.response_ids)[:, None])[:, 0]
         assert len(row.sampled_logprobs) == len(row.response_ids)
         assert torch.allclose(torch.tensor(row.sampled_logprobs), ours, atol=2e-3), (row.sampled_logprobs, ours)
+
+
+@pytest.mark.slow
+def test_a_second_engine_with_other_settings_is_refused_with_the_difference():
+    engine = engine_for_tests()
+    assert engine_for_tests() is engine  # same settings: the running engine
+    with pytest.raises(ValueError, match=r"dtype 'bfloat16' \(running: 'float32'\).*LoRA rank 64"):
+        shared_engine(smollm2_path(), dtype="bf16", max_lora_rank=64)

@@ -191,7 +191,9 @@ class VLLMEngine:
         """One `Generation` per prompt (token ids), in order, cut like `text2grad.core.generation.generate` cuts
         (first EOS kept, stop strings). With ``logprobs`` each row's ``sampled_logprobs`` holds vLLM's
         log-probability of each sampled token (after temperature/top-k/top-p). ``lora`` is a request from
-        `lora_request` (None: the base weights). ``seed`` makes sampling reproducible (row i uses ``seed + i``)."""
+        `lora_request` (None: the base weights). ``seed`` makes sampling reproducible (row i uses ``seed + i``); on CPU,
+        vLLM 0.32 fails a seeded request whose prompt it prefills in chunks ("CPU Generator does not use offset"),
+        which happens once a batch's prompts exceed the engine's per-step token budget, so seed only small batches."""
         from vllm import SamplingParams
 
         settings = dict(
@@ -283,16 +285,30 @@ def shared_engine(
     **options: Any,
 ) -> VLLMEngine:
     """This process's engine for ``model``: the running one when it was started with the same arguments (and a
-    LoRA slot at least as large), else a new one (the old one is closed first: one engine's memory at a time)."""
+    LoRA slot at least as large), or a new one when none runs. One engine at a time (its memory is reserved up
+    front): asking for a different one while one runs is an error that names the difference; call
+    `close_shared_engine` first to switch on purpose."""
     global _shared
+    try:
+        import vllm  # noqa: F401  (first: without vllm, no other answer matters)
+    except ImportError as exc:
+        raise ImportError(vllm_missing_message("the vLLM generation engine")) from exc
     key = EngineKey(str(model), str(tokenizer or model), _vllm_dtype(dtype), None, tuple(sorted(options.items())))
     if _shared is not None:
         old_key, engine = _shared
-        same = (old_key.model, old_key.tokenizer, old_key.dtype, old_key.options) == (key.model, key.tokenizer, key.dtype, key.options)
-        lora_fits = max_lora_rank is None or (old_key.max_lora_rank is not None and lora_rank_slot(max_lora_rank) <= old_key.max_lora_rank)
-        if same and lora_fits:
+        differences = [
+            f"{name} {getattr(key, name)!r} (running: {getattr(old_key, name)!r})"
+            for name in ("model", "tokenizer", "dtype", "options") if getattr(key, name) != getattr(old_key, name)
+        ]
+        if max_lora_rank is not None and (old_key.max_lora_rank is None or lora_rank_slot(max_lora_rank) > old_key.max_lora_rank):
+            differences.append(f"LoRA rank {max_lora_rank} (running engine's LoRA slot: {old_key.max_lora_rank})")
+        if not differences:
             return engine
-        close_shared_engine()
+        raise ValueError(
+            "a vLLM engine with other settings already runs in this process (one engine at a time): asked for "
+            + "; ".join(differences) + ". Give the policy and the reward model the same base model, tokenizer, dtype "
+            "and vLLM options (LoRA ranks up to 16 share a slot), or use backend 'hf' for one of them."
+        )
     slot = None if max_lora_rank is None else lora_rank_slot(max_lora_rank)
     engine = VLLMEngine(model, tokenizer=tokenizer, dtype=dtype, max_lora_rank=slot, **options)
     _shared = (EngineKey(key.model, key.tokenizer, key.dtype, slot, key.options), engine)
