@@ -27,8 +27,8 @@ From the command line (`GRPORunConfig`; YAML in configs/<dataset>/grpo.yaml, fla
     accelerate launch --config_file configs/accelerate/deepspeed_zero3.yaml -m policy_optimization.grpo --config ...
     python -m policy_optimization.grpo --config ... --use_vllm true --vllm_mode colocate    # GPU: vLLM rollouts
 
-``use_vllm``/``vllm_mode``/``vllm_gpu_memory_utilization`` go to TRL's `GRPOConfig` unchanged (GPU only; not
-tested in CI). ``span_coef 0`` gives plain GRPO on the same sequence reward, the scalar-advantage baseline.
+``use_vllm``/``vllm_mode``/``vllm_gpu_memory_utilization`` go to TRL's `GRPOConfig` unchanged (GPU only: colocate
+mode is refused on CPU, where TRL's weight sync into vLLM fails; see policy_optimization/README.md). ``span_coef 0`` gives plain GRPO on the same sequence reward, the scalar-advantage baseline.
 """
 
 from __future__ import annotations
@@ -178,6 +178,12 @@ def _setup(cfg: GRPORunConfig) -> tuple[Any, list[dict[str, Any]], Any, Any, Any
 
 
 def train_grpo(cfg: GRPORunConfig) -> int:
+    if cfg.use_vllm and cfg.vllm_mode == "colocate" and not torch.cuda.is_available():
+        # TRL's colocate weight sync writes through vLLM's per-parameter weight loaders, which vLLM's CPU build has
+        # replaced by its CPU-kernel copies (policy_optimization/README.md, "The paper's baselines and ablations")
+        raise ConfigError("use_vllm with vllm_mode colocate needs a GPU: on CPU, TRL's weight sync into vLLM fails "
+                         "(vLLM's CPU kernels keep no weight loaders). Drop --use_vllm on CPU, or use PPO's "
+                         "--generation_backend vllm, which reloads weights the way vLLM's CPU build supports")
     tokenizer, items, source, reward_funcs, model = _setup(cfg)
     peft_config = None
     if cfg.use_lora:

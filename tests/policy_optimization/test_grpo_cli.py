@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from policy_optimization.grpo import main
 from text2grad.apps.tiny import make_tiny_world
@@ -50,3 +51,9 @@ def test_grpo_cli_errors_exit_2_before_loading_a_model(world, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:  # a bad config value stops in the parser, like every CLI here
         main(grpo_args(world, tmp_path / "x", "--per_device_train_batch_size", "3"))
     assert exc.value.code == 2 and "error: per_device_train_batch_size (3) must be a multiple" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+def test_grpo_refuses_colocated_vllm_without_a_gpu(world, tmp_path, capsys):
+    assert main(grpo_args(world, tmp_path / "x", "--use_vllm", "true", "--vllm_mode", "colocate")) == 2
+    assert "use_vllm with vllm_mode colocate needs a GPU" in capsys.readouterr().err
