@@ -36,3 +36,9 @@ def test_shift_sentence_says_which_way_the_poor_tokens_moved():
     assert "did not lose probability relative to the good ones (they gained 0.650 nats more)" in rose
     assert rose.endswith("moved by +0.100 (n=1): they rose.")
     assert "nothing to compare" in describe_shift("x", {"good": 0.1, "poor": float("nan")}, {}, "the critic's true")
+
+
+def test_a_policy_that_did_not_move_is_said_not_to_have_moved():
+    assert describe_shift("scalar PPO", {"good": 0.0, "poor": 0.0, "neutral": 0.0}, {"poor_first": {"mean": 0.0, "n": 9}},
+                          "the critic's true") == ("Under scalar PPO, neither poor nor good tokens (the critic's true labels) "
+                                                   "moved (both within 0.0005 nats).")

@@ -330,6 +330,8 @@ def describe_shift(policy: str, shift: Mapping[str, float], by_position: Mapping
     poor, good = shift.get("poor", float("nan")), shift.get("good", float("nan"))
     if poor != poor or good != good:
         return f"{policy}: {whose} labels mark no {'poor' if poor != poor else 'good'} tokens here, so there is nothing to compare."
+    if max(abs(poor), abs(good)) < 5e-4:  # e.g. early stopping kept the start policy itself
+        return f"Under {policy}, neither poor nor good tokens ({whose} labels) moved (both within 0.0005 nats)."
     gap = poor - good
     text = (f"Under {policy}, tokens {whose} labels call poor moved by {poor:+.3f} nats and good ones by {good:+.3f}: "
             + (f"the poor tokens lost {-gap:.3f} nats relative to the good ones." if gap < 0 else
