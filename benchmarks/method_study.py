@@ -207,7 +207,7 @@ def _ppo_config(ctx: StudyContext, spec: RunSpec, run_dir: Path):
         critic = {"critic": "reward_model", "critic_kwargs": {
             "path": ctx.dense_rm if method == "dense" else ctx.rm, "max_new_tokens": 128, "batch_size": 64,
             "grounded_spans": True}}
-    return PPOConfig(
+    fields = dict(
         model_name_or_path=ctx.sft, dataset_path=ctx.rl, prompt_template="{prompt}", reward_mode=REWARD_MODE[method],
         use_lora=False, output_dir=str(run_dir), overwrite_output_dir=True, batch_size=ctx.batch_size,
         num_mini_batches=2, num_ppo_epochs=2, learning_rate=s.lr, lr_scheduler_type="constant",
@@ -216,8 +216,9 @@ def _ppo_config(ctx: StudyContext, spec: RunSpec, run_dir: Path):
         kl_horizon=ctx.iterations * ctx.batch_size, lam=s.lam, response_length=ctx.response_length, temperature=0.7,
         vf_coef=0.1, save_steps=0, save_total_limit=1, occurrence="first", seed=spec.seed, log_samples=0,
         # a sample without feedback scores zero and is counted (samples/source_error in the metrics)
-        max_feedback_error_rate=1.0, num_iterations=ctx.iterations, progress_bar=False, **critic, **overrides,
+        max_feedback_error_rate=1.0, num_iterations=ctx.iterations, progress_bar=False, **critic,
     )
+    return PPOConfig(**{**fields, **overrides})  # an ablation's change replaces the study's value
 
 
 def _greedy(model, tokenizer, records: Sequence[Mapping[str, Any]], max_new_tokens: int):

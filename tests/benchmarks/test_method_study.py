@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,15 @@ def test_sweep_searches_only_the_given_knobs_and_picks_on_validation(monkeypatch
     table = ms.sweep(None, [("oracle", "text2grad")], base, [1e-4, 3e-3], seed=7, jobs=1)
     assert table["oracle/text2grad"]["chosen"] == {"lr": 1e-4, "kl": "fixed", "lam": 1.0}
     assert {s.setting.kl for s in asked} == {"fixed", "adaptive"}
+
+
+@pytest.mark.parametrize("ablation", list(ms.ABLATIONS))
+def test_every_ablation_is_one_valid_change_of_the_ppo_config(ablation):
+    ctx = ms.StudyContext(sft="sft", rl="rl.jsonl", val_records=[], test_records=[], rm="rm", dense_rm="dense_rm",
+                          scalar_rm="scalar_rm", iterations=90, eval_every=15, batch_size=16, response_length=40,
+                          kl_coef=0.1, target_kl=6.0, out="out")
+    spec = ms.RunSpec("learned", "text2grad", ms.Setting(1e-4, "fixed", 0.0), 0, "ablation", ablation)
+    cfg, base = ms._ppo_config(ctx, spec, "run"), ms._ppo_config(ctx, replace(spec, ablation="none"), "run")
+    changed = {k for k in vars(base) if getattr(cfg, k) != getattr(base, k)}
+    want = {k for k in ms.ABLATIONS[ablation] if not k.startswith("_")} | ({"critic", "critic_kwargs"} if ablation == "oracle_critic" else set())
+    assert changed == want and all(getattr(cfg, k) == v for k, v in ms.ABLATIONS[ablation].items() if not k.startswith("_"))
