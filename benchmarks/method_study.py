@@ -415,6 +415,8 @@ def summarize_final(results: Mapping[RunSpec, Mapping[str, Any]], keys, seeds: S
             "curves": {s: [{"iteration": p["iteration"], "test": p["test"]["fact_score"]} for p in r["curve"]]
                        for s, r in runs.items()},
             "true_label_shift": shift,
+            "recall_false": [statistics.fmean(r["final"]["test"].get(k, float("nan")) for r in runs.values())
+                             for k in ("fact_recall", "n_false")],
         }
     for arm in {a for a, _ in keys}:
         scalars = [k for k in out if k.split("/")[1] in ("scalar_collapsed", "scalar_bt")
@@ -450,7 +452,7 @@ def _pm(mc: Sequence[float]) -> str:
     return f"{m:.3f}" if h != h else f"{m:.3f} ± {h:.3f}"
 
 
-def interpret(summary: Mapping[str, Any], sft_test: float) -> list[str]:
+def interpret(summary: Mapping[str, Any], sft_test: float, sft_recall_false: tuple[float, float] = (float("nan"), float("nan"))) -> list[str]:
     """Sentences read from the numbers: who is ahead at the end and when early-stopped, on how many seeds, whether
     the interval of the difference excludes zero, the poor-token shift, and the rollouts to the baseline."""
     lines = []
@@ -478,6 +480,13 @@ def interpret(summary: Mapping[str, Any], sft_test: float) -> list[str]:
         lines.append(
             f"Text2Grad reached that baseline's mean final score ({t2g['reach'][arm]['target']:.3f}) on {len(got)} of "
             f"{len(reach)} seeds" + (f", after {statistics.median(got):.0f} rollouts (median)." if got else "."))
+        base = summary[cmp["baseline"]]
+        (r1, f1), (r2, f2) = t2g.get("recall_false", (math.nan,) * 2), base.get("recall_false", (math.nan,) * 2)
+        if all(x == x for x in (r1, f1, r2, f2)):
+            lines.append(
+                f"At the end, Text2Grad's test summaries state {r1:.3f} of the five facts correctly with {f1:.2f} false "
+                f"facts each, the baseline's {r2:.3f} with {f2:.2f} (the start policy: {sft_recall_false[0]:.3f} and "
+                f"{sft_recall_false[1]:.2f}).")
         shift = t2g["true_label_shift"]
         if "poor_first" in shift:
             pf, g = shift["poor_first"], shift.get("good", float("nan"))
@@ -504,8 +513,25 @@ def interpret_ablations(abl: Mapping[str, Mapping[str, Any]]) -> list[str]:
         lines.append(f"{name}: ends at {_pm(a['final'])} ({d:+.3f} vs unchanged), KL {a['kl'][0]:.2f} ({dk:+.2f}); "
                      + ("it removes the late decline." if a["final"][0] >= a["peak"][0] - 0.02 and d > 0 else
                         "the late decline remains." if a["final"][0] < a["peak"][0] - 0.02 else
-                        "no decline, but no gain either."))
+                        "no decline, but no gain either.")
+                     + _decline_words(a.get("decline_start"), ref.get("decline_start")))
     return lines
+
+
+def decline_start(curve: Sequence[Mapping[str, Any]], drop: float = 0.05) -> int | None:
+    """The first evaluated iteration after the test peak whose test fact score is more than ``drop`` below the
+    peak, or None if the curve never falls that far."""
+    scores = [p["test"]["fact_score"] for p in curve]
+    top = max(range(len(scores)), key=lambda i: (scores[i], -i))
+    return next((curve[i]["iteration"] for i in range(top + 1, len(scores)) if scores[i] < scores[top] - drop), None)
+
+
+def _decline_words(starts: Sequence[int | None] | None, ref: Sequence[int | None] | None) -> str:
+    """' A fall of more than 0.05 below the peak starts at iteration 75, 90 per seed (unchanged: 30, 30).'"""
+    if not starts or not ref:
+        return ""
+    fmt = lambda xs: ", ".join("never" if x is None else str(x) for x in xs)  # noqa: E731
+    return f" A fall of more than 0.05 below the peak starts at iteration {fmt(starts)} per seed (unchanged: {fmt(ref)})."
 
 
 def summarize_ablations(results: Mapping[RunSpec, Mapping[str, Any]]) -> dict[str, Any]:
@@ -516,6 +542,7 @@ def summarize_ablations(results: Mapping[RunSpec, Mapping[str, Any]]) -> dict[st
     return {name: {"final": mean_ci95([r["final"]["test"]["fact_score"] for r in rs]),
                    "peak": mean_ci95([max(p["test"]["fact_score"] for p in r["curve"]) for r in rs]),
                    "kl": mean_ci95([r["final"].get("kl") or 0.0 for r in rs]), "seeds": len(rs),
+                   "decline_start": [decline_start(r["curve"]) for r in sorted(rs, key=lambda r: r["spec"]["seed"])],
                    "poor_first": mean_ci95([r["true_label_shift"].get("poor_first", {}).get("mean", float("nan")) for r in rs])}
             for name, rs in groups.items()}
 
@@ -539,7 +566,8 @@ def markdown(study: Mapping[str, Any]) -> str:
             f"lambda {s['lam']:g} | {_pm(r['final_mean_ci'])} | {_pm(r['early_mean_ci'])} ({its}) | {_pm(r['kl_end'])} | "
             f"{shift.get('poor_first', float('nan')):+.3f} / {shift.get('good', float('nan')):+.3f} | "
             + (", ".join("-" if v is None else str(v) for v in reach.values()) or "") + " |")
-    lines += ["", *interpret(summ, sft)]
+    sft_all = study["sft"]["test"]
+    lines += ["", *interpret(summ, sft, (sft_all.get("fact_recall", float("nan")), sft_all.get("n_false", float("nan"))))]
     if study.get("sweep"):
         lines += ["", f"Sweep (seed {study['config'].get('sweep_seed')}, validation fact score averaged over the last two "
                   "evaluation points; the chosen setting in bold):", "", "| arm / method | settings tried: validation score |",

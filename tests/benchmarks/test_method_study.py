@@ -73,6 +73,11 @@ def test_summary_and_sentences_follow_the_numbers():
     assert "0.133 ahead of the best scalar baseline (scalar PPO, critic's quotes collapsed" in lines[0]
     assert "ahead on 2 of 3 seeds" in lines[0] and "includes zero" in lines[0]
     assert "wrong facts lost probability relative to the correct ones" in lines[3]
+    for key, (recall, false) in {"oracle/text2grad": (0.4, 0.02), "oracle/scalar_collapsed": (0.38, 0.1)}.items():
+        summ[key]["recall_false"] = [recall, false]
+    told = ms.interpret(summ, 0.2, (0.42, 1.23))[3]
+    assert told == ("At the end, Text2Grad's test summaries state 0.400 of the five facts correctly with 0.02 false facts "
+                    "each, the baseline's 0.380 with 0.10 (the start policy: 0.420 and 1.23).")
 
     # the same study with Text2Grad worse: every sentence turns
     worse = {**res, **_final("oracle", "text2grad", [0.1, 0.1, 0.1], [0.1, 0.1, 0.1])}
@@ -93,7 +98,18 @@ def test_ablation_sentences_compare_with_the_unchanged_setting():
     lines = ms.interpret_ablations(abl)
     assert lines[0] == "The unchanged setting ends at 0.200 ± 0.050 with KL 9.00 nats and peaks at 0.400 ± 0.020."
     assert lines[1] == "span_normalize: ends at 0.380 ± 0.030 (+0.180 vs unchanged), KL 2.00 (-7.00); it removes the late decline."
-    assert lines[2].endswith("the late decline remains.")
+    assert "the late decline remains." in lines[2]
+
+
+def test_decline_start_is_the_first_fall_after_the_peak():
+    curve = [{"iteration": 15 * i, "test": {"fact_score": v}} for i, v in enumerate([0.2, 0.38, 0.36, 0.30, 0.39])]
+    assert ms.decline_start(curve) is None  # the late recovery is the peak
+    curve[-1]["test"]["fact_score"] = 0.1
+    assert ms.decline_start(curve) == 45  # 0.30 is the first point more than 0.05 below 0.38
+    abl = {"none": {"final": (0.1, 0.0), "peak": (0.38, 0.0), "kl": (9.0, 0.0), "decline_start": [30, 45]},
+           "oracle_critic": {"final": (0.3, 0.0), "peak": (0.4, 0.0), "kl": (40.0, 0.0), "decline_start": [75, None]}}
+    assert ms.interpret_ablations(abl)[1].endswith(
+        "A fall of more than 0.05 below the peak starts at iteration 75, never per seed (unchanged: 30, 45).")
 
 
 def test_sweep_searches_only_the_given_knobs_and_picks_on_validation(monkeypatch):
