@@ -233,3 +233,16 @@ def test_validation_split_is_disjoint_and_leaves_the_other_splits_unchanged(tmp_
     assert plain == {k: splits[k] for k in ("train", "rl", "eval")}  # the validation posts changed nothing else
     with pytest.raises(ValueError, match="n_val"):
         resolve(QuickstartConfig(preset="ci", n_val=0))
+
+
+def test_installed_versions_reads_the_copy_python_imports_not_a_shadowed_vendored_one(tmp_path, monkeypatch):
+    first, vendored = tmp_path / "site", tmp_path / "vendor"
+    for folder, version in ((first, "26.3"), (vendored, "24.2")):
+        info = folder / f"packaging-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: packaging\nVersion: {version}\n")
+    lock = tmp_path / "constraints.txt"
+    lock.write_text("packaging==26.3\n")
+    monkeypatch.setattr(sys, "path", [str(first), *sys.path, str(vendored)])  # a vendor folder appended last
+    got = installed_versions(lock)
+    assert "packaging" not in got["differs_from_lock"]

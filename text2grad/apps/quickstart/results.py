@@ -223,9 +223,11 @@ def installed_versions(lock: Path = LOCK_FILE) -> dict[str, Any]:
     does not pin (the project itself excluded).
     """
     dists = {}
-    for dist in metadata.distributions():
+    for dist in metadata.distributions():  # in sys.path order: the first one of a name is the one Python imports
         name = dist.metadata["Name"]
-        if name:
+        # a later copy is shadowed, e.g. the packaging / typing_extensions that setuptools vendors in
+        # setuptools/_vendor, which lands on sys.path once setuptools is imported
+        if name and _normalize(name) not in dists:
             dists[_normalize(name)] = dist.version
     pins = read_lock(lock)
     differs = {}
