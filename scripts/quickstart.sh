@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The embedded default: every Text2Grad phase, offline, on a generated toy task (no GPU, no API key, no download).
 #
-#   bash scripts/quickstart.sh                         # default preset (~3.5-4 min on 2 idle CPU cores, ~1 GB RAM)
+#   bash scripts/quickstart.sh                         # default preset (~3-4 min on 2 idle CPU cores, ~1.1 GB RAM)
 #   bash scripts/quickstart.sh --preset ci             # smoke run
 #   TEXT2GRAD_TINY=1 bash scripts/quickstart.sh        # same as --preset ci (what CI runs)
 #   bash scripts/quickstart.sh --preset large --output_dir runs/quickstart-large

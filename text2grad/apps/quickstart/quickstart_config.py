@@ -25,7 +25,7 @@ class QuickstartConfig:
 
     output_dir: str = config_field("runs/quickstart", "Where data, models, metrics and the report go.")
     preset: Preset = config_field(
-        "default", "Size preset: ci (smoke test, ~1-2 min on 2 idle cores), default (~3.5-4 min), large, smollm2 (every "
+        "default", "Size preset: ci (smoke test, ~1-2 min on 2 idle cores), default (~3-4 min), large, smollm2 (every "
         "phase on the pretrained SmolLM2-135M-Instruct with LoRA; about half an hour on 2 CPU cores, GPU-sized flags in "
         "the quickstart README)."
     )
@@ -150,7 +150,7 @@ class QuickstartConfig:
     n_report_samples: int = config_field(8, "Eval responses shown token by token in the HTML report.")
 
 
-# Preset values for every None field above. ``default`` takes ~3.5-4 min on 2 idle CPU cores
+# Preset values for every None field above. ``default`` takes ~3-4 min on 2 idle CPU cores
 # (benchmarks/quickstart_time.py).
 PRESETS: dict[str, dict[str, Any]] = {
     "ci": dict(
