@@ -3,7 +3,7 @@ iterations whose rollouts vLLM samples from the refreshed adapter, the log-prob 
 the current policy (and that it would not without the refresh), and a full fine-tuning iteration whose weights are
 reloaded into the engine.
 
-Slow: the engine is this test session's shared one (`tests/core/test_vllm_engine.py` starts it with the same
+Slow: the engine is the one shared by the whole pytest run (`tests/core/test_vllm_engine.py` starts it with the same
 settings; alone, this file starts it, ~30-80 s on 2 CPU cores).
 """
 

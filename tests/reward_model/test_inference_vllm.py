@@ -2,7 +2,7 @@
 critiques of a batch of pairs through vLLM writes exactly what the transformers backend writes (same token ids in,
 greedy, the same cut at the end of the JSON), and the adapter is really applied.
 
-Slow: it uses the test session's shared engine (`tests/vllm_testlib.py`; alone, this file starts it).
+Slow: it uses the engine shared by the whole pytest run (`tests/vllm_testlib.py`; alone, this file starts it).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_vllm_critiques_equal_transformers_critiques(lora_reward_model):
         vllm_kwargs=dict(gpu_memory_utilization=defaults.vllm_gpu_memory_utilization,
                          cpu_kv_cache_gb=defaults.vllm_cpu_kv_cache_gb),
     )
-    assert vl.engine.engine is engine  # the session's engine, with the reward model as a LoRA request
+    assert vl.engine.engine is engine  # the pytest run's shared engine, with the reward model as a LoRA request
     inputs = hf._inputs(PROMPTS, RESPONSES)
     hf_out = hf._generate(inputs, RESPONSES)
     vl_out = vl._generate(vl._inputs(PROMPTS, RESPONSES), RESPONSES)
