@@ -24,8 +24,8 @@ from trl.models.utils import add_hooks, remove_hooks
 from policy_optimization.ppo_config import PPOConfig
 
 __all__ = [
-    "is_peft", "wrap_lora", "make_accelerator", "prepare_reference", "policy_for_generation", "save_policy_and_value",
-    "check_shared_directory",
+    "is_peft", "wrap_lora", "make_accelerator", "prepare_reference", "policy_for_generation", "policy_for_saving",
+    "save_policy_and_value", "check_shared_directory",
 ]
 
 
@@ -83,6 +83,23 @@ def prepare_reference(ref_policy, accelerator, zero_stage: int):
         engine.eval()
         return engine
     return ref_policy.to(accelerator.device)
+
+
+@contextlib.contextmanager
+def policy_for_saving(model, accelerator, zero_stage: int, adapter_only: bool) -> Iterator[torch.nn.Module]:
+    """The unwrapped policy of the prepared `PolicyAndValue` with whole weights, for ``save_pretrained`` by every
+    process (e.g. into its own vLLM engine). Under ZeRO-3 each process holds a shard of every weight, so the
+    weights are gathered for the duration: only the trainable ones with ``adapter_only`` (a LoRA adapter, a few
+    MB), else all of them. Must be entered by every process at once under ZeRO-3."""
+    policy = accelerator.unwrap_model(model).policy
+    if zero_stage != 3:
+        yield policy
+        return
+    import deepspeed
+
+    params = [p for p in policy.parameters() if p.requires_grad] if adapter_only else list(policy.parameters())
+    with deepspeed.zero.GatheredParameters(params):
+        yield policy
 
 
 @contextlib.contextmanager

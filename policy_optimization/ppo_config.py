@@ -149,16 +149,21 @@ class PPOConfig(ModelConfig):
     generation_backend: Literal["hf", "vllm"] = config_field(
         "hf",
         "What samples the rollouts. hf: transformers' generate on the training model. vllm: a vLLM engine (extra "
-        "'vllm'; one process) that gets the current policy before every iteration (LoRA: the adapter saved and "
+        "'vllm'; under a launcher one per process, on the process's own GPU) that gets the current policy before "
+        "every iteration (LoRA: the adapter saved and "
         "served as a new LoRA request; full fine-tuning: the weights saved and reloaded in place), so rollouts "
         "stay on-policy. Old log-probs still come from the training model; vllm/logprob_abs_diff logs the mean "
         "|difference| to the engine's own log-probs of the sampled tokens as a check.",
     )
     vllm_gpu_memory_utilization: float = config_field(
-        0.3, "Share of the GPU the vLLM engine takes (weights + KV cache), leaving the rest to training (GPU only)."
+        0.3,
+        "Share of its GPU that each process's vLLM engine takes (weights + KV cache, in (0, 1]); the rest is left to "
+        "the models training on that GPU. Under a launcher process k's engine runs on visible GPU k. GPU only.",
     )
     vllm_cpu_kv_cache_gb: float = config_field(
-        1.0, "KV cache of the vLLM engine on a CPU, in GiB (VLLM_CPU_KVCACHE_SPACE, when the environment does not set it)."
+        1.0,
+        "KV cache of the vLLM engines on a CPU machine, in GiB, split evenly between the processes on the machine "
+        "(VLLM_CPU_KVCACHE_SPACE, when the environment sets it, is used instead).",
     )
     vllm_kwargs: dict[str, Any] = config_field({}, "More vllm.LLM arguments, e.g. {\"max_model_len\": 2048}.")
 

@@ -48,6 +48,7 @@ from policy_optimization.distributed import (
     is_peft,
     make_accelerator,
     policy_for_generation,
+    policy_for_saving,
     prepare_reference,
     save_policy_and_value,
     wrap_lora,
@@ -392,8 +393,9 @@ class NLGradientPPOTrainer:
     def _generate(self, prompts: list[str]) -> list[Generation]:
         cfg = self.config
         self.model.eval()
-        if self.vllm_rollouts is not None:  # the engine gets the policy as it is now: on-policy rollouts
-            self.vllm_rollouts.refresh(self.policy)
+        if self.vllm_rollouts is not None:  # this process's engine gets the policy as it is now: on-policy rollouts
+            with policy_for_saving(self.model, self.accelerator, self.zero_stage, adapter_only=self.is_peft) as policy:
+                self.vllm_rollouts.refresh(policy)
             return self.vllm_rollouts.sample(prompts, self._prompt_special_tokens)
         gather = cfg.ds3_gather_for_generation
         with policy_for_generation(self.model, self.accelerator, self.zero_stage, gather=gather) as policy:
@@ -407,11 +409,17 @@ class NLGradientPPOTrainer:
             )
 
     def _make_vllm_rollouts(self) -> VLLMRollouts:
-        """The vLLM sampler of ``generation_backend: vllm``: one process, the policy's weights on disk."""
-        cfg, n = self.config, self.accelerator.num_processes
-        if n > 1:
-            raise ValueError(f"generation_backend vllm samples on one process, but this run has {n}: launch it as one "
-                             "process, or use generation_backend hf")
+        """The vLLM sampler of ``generation_backend: vllm``, started from the policy's weights on disk. Under a
+        launcher every process has its own engine on its own device (`text2grad.core.placement.engine_placement`),
+        samples its own share of the batch and refreshes it from its own copy of the policy (gathered under
+        ZeRO-3)."""
+        cfg = self.config
+        if self.zero_stage == 3 and not cfg.ds3_gather_for_generation:
+            raise ValueError(
+                "generation_backend vllm keeps a whole copy of the policy in every process's engine, but "
+                "ds3_gather_for_generation false asks that no GPU ever hold the whole policy: set "
+                "ds3_gather_for_generation true to sample with vLLM under ZeRO-3, or use generation_backend hf"
+            )
         base = self.base_model_path or cfg.model_name_or_path
         if not base:
             raise ValueError("generation_backend vllm starts its engine from the policy's weights on disk: pass "
@@ -421,11 +429,17 @@ class NLGradientPPOTrainer:
 
     def _vllm_metrics(self, generations: list[Generation], logprobs: torch.Tensor) -> dict[str, float]:
         """The refresh check: vLLM's log-probs of the sampled tokens against the training model's (small while the
-        engine holds the current policy), and the time the refresh took (both only with generation_backend vllm)."""
-        gap = sampled_logprob_gap(generations, logprobs) if self.vllm_rollouts is not None else None
-        if gap is None:
+        engine holds the current policy), and the time the refresh took (only with generation_backend vllm). Each
+        process checks its own engine: the mean over processes, the worst process's gap, and the slowest refresh."""
+        if self.vllm_rollouts is None:
             return {}
-        return {"vllm/logprob_abs_diff": gap, "time/vllm_refresh": self.vllm_rollouts.last_refresh_seconds}
+        gap = sampled_logprob_gap(generations, logprobs)
+        mine = torch.tensor([[float("nan") if gap is None else gap, self.vllm_rollouts.last_refresh_seconds]],
+                            dtype=torch.float64, device=self.accelerator.device)
+        every = self.accelerator.gather(mine) if self.accelerator.num_processes > 1 else mine
+        gaps, seconds = every[:, 0], every[:, 1]
+        return {"vllm/logprob_abs_diff": float(gaps.nanmean()), "vllm/logprob_abs_diff_max": float(gaps.max()),
+                "time/vllm_refresh": float(seconds.max())}
 
     @torch.no_grad()
     def _rollout_forward(self, rollout: Rollout) -> tuple[torch.Tensor, ...]:

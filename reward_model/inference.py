@@ -40,7 +40,7 @@ from reward_model.train_config import CONFIG_FILENAME
 from text2grad.core.feedback import Feedback
 from text2grad.core.generation import generate
 from text2grad.core.modeling import load_causal_lm, load_tokenizer, resolve_dtype
-from text2grad.core.placement import resolve_device, world_size
+from text2grad.core.placement import resolve_device
 from text2grad.core.vllm_engine import shared_engine, vllm_missing_message
 
 __all__ = ["GenerativeRewardModel", "RewardModelStats", "json_complete", "cut_at_json", "CONFIG_FILENAME"]
@@ -210,7 +210,9 @@ class GenerativeRewardModel:
                 ``cuda:<LOCAL_RANK>`` under a launcher, ``cuda:0`` alone, cpu without CUDA).
             backend: "hf" (transformers) or "vllm".
             tokenizer_name_or_path: defaults to the adapter/model directory when it has tokenizer files.
-            vllm_kwargs: extra arguments for ``vllm.LLM`` (e.g. gpu_memory_utilization).
+            vllm_kwargs: extra arguments for ``vllm.LLM``, e.g. ``gpu_memory_utilization``: the share of its GPU
+                each process's engine takes (`text2grad.core.vllm_engine.VLLMEngine`; under a launcher every process
+                starts its own engine on its own GPU). Beside a training policy on the same GPU, leave it room.
             **kwargs: GenerativeRewardModel options (max_new_tokens, batch_size, ...); they override
                 what the saved training config says.
         """
@@ -232,13 +234,7 @@ class GenerativeRewardModel:
         if trained.get("max_length"):
             options["max_input_length"] = int(trained["max_length"])
         options.update(kwargs)
-        if backend == "vllm":
-            if world_size() > 1 and torch.cuda.is_available():
-                raise ValueError(
-                    "backend='vllm' with several processes would put every process's engine on the first visible GPU "
-                    "(vLLM places a one-GPU engine on cuda:0, not on the process's own GPU): use backend='hf' under a "
-                    "launcher (each process's reward model on its own GPU), or run as one process"
-                )
+        if backend == "vllm":  # under a launcher: this process's engine on its own GPU (vllm_engine.place_engine)
             base = path_or_hub_id
             if is_adapter_dir:
                 base = PeftConfig.from_pretrained(str(path)).base_model_name_or_path

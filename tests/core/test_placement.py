@@ -6,8 +6,12 @@ import pytest
 import torch
 
 from text2grad.core.placement import (
-    local_rank, misplaced, process_device, resolve_device, set_device_resolver, world_size,
+    EnginePlacement, engine_placement, local_rank, local_world_size, misplaced, process_device, resolve_device,
+    set_device_resolver, visible_gpus, world_size,
 )
+from text2grad.core.vllm_engine import place_engine
+
+GIB = 1 << 30
 
 
 @pytest.mark.parametrize(
@@ -56,3 +60,103 @@ def test_models_on_another_gpu_than_the_process_are_named():
               "current device": torch.device("cuda"), "vLLM": None}
     assert misplaced(rank3, placed) == ["critic on cuda:0"]
     assert misplaced(torch.device("cpu"), placed) == []  # a CPU run has no GPU to be wrong about
+
+
+# ---- vLLM engines: one per process ----------------------------------------------------------------
+
+
+def test_the_launcher_environment_gives_the_processes_per_machine_and_the_visible_gpus():
+    assert local_world_size({"LOCAL_WORLD_SIZE": "8", "WORLD_SIZE": "16"}) == 8  # torchrun / accelerate
+    assert local_world_size({"LOCAL_SIZE": "4", "WORLD_SIZE": "8"}) == 4  # the DeepSpeed launcher
+    assert local_world_size({"WORLD_SIZE": "2"}) == 2 and local_world_size({}) == 1
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE must be >= 1"):
+        local_world_size({"LOCAL_WORLD_SIZE": "0"})
+    assert visible_gpus({}, cuda_available=False, cuda_device_count=0) == []
+    assert visible_gpus({}, cuda_available=True, cuda_device_count=3) == ["0", "1", "2"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "4, 5,6,7"}, cuda_available=True, cuda_device_count=4) == ["4", "5", "6", "7"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-aa,GPU-bb"}, cuda_available=True, cuda_device_count=2) == ["GPU-aa", "GPU-bb"]
+
+
+@pytest.mark.parametrize(
+    "rank, processes, gpus, index, physical",
+    [
+        (3, 4, ["4", "5", "6", "7"], 3, "7"),  # rank 3 of 4 with CUDA_VISIBLE_DEVICES=4,5,6,7: physical GPU 7
+        (0, 8, [str(i) for i in range(8)], 0, "0"),
+        (5, 8, [str(i) for i in range(8)], 5, "5"),  # the GPU its models train on (process_device: cuda:5)
+        (2, 4, [str(i) for i in range(8)], 2, "2"),  # fewer processes than GPUs: the first ones
+        (6, 8, ["GPU-a"], 0, "GPU-a"),  # a scheduler gave each process its own single visible GPU
+        (1, 2, ["GPU-a", "MIG-b"], 1, "MIG-b"),  # UUIDs as CUDA_VISIBLE_DEVICES names them
+    ],
+)
+def test_each_process_engine_goes_on_its_own_gpu_with_the_configured_share(rank, processes, gpus, index, physical):
+    placed = engine_placement(rank, processes, gpus, 0.3, cpu_kv_cache_gb=4.0)
+    assert placed == EnginePlacement(index, physical, 0.3, None, None, pinned=True)
+    # vLLM 0.32's device_ids counts within CUDA_VISIBLE_DEVICES, as torch's cuda:<index> does
+    assert placed.engine_kwargs() == {"device_ids": [index], "gpu_memory_utilization": 0.3}
+    assert placed.environment() == {}  # nothing changes the training process's environment on a GPU
+    assert placed.describe() == f"cuda:{index} (physical GPU {physical}), 0.3 of it"
+
+
+def test_a_lone_process_engine_keeps_vllms_own_gpu_choice():
+    placed = engine_placement(0, 1, ["0", "1"], None, cpu_kv_cache_gb=1.0)
+    assert (placed.gpu_index, placed.pinned) == (0, False)
+    assert placed.engine_kwargs() == {}  # vLLM's first visible GPU and its default share, as before launchers
+
+
+@pytest.mark.parametrize(
+    "rank, processes, cores, budget, kv_bytes, bound",
+    [
+        (0, 1, [0, 1], 1.0, GIB, None),  # one process: the whole budget, vLLM binds its threads itself
+        (1, 2, [0, 1], 1.0, GIB // 2, (1,)),  # two engines share 1 GiB and the two cores
+        (0, 2, [0, 1], 1.0, GIB // 2, (0,)),
+        (2, 3, list(range(8)), 3.0, GIB, (5, 6, 7)),  # 8 cores over 3 processes: 2, 3 and 3
+        (0, 3, list(range(8)), 3.0, GIB, (0, 1)),
+        (1, 4, [0, 1], 2.0, GIB // 2, None),  # fewer cores than engines: vLLM's own binding
+        (1, 2, [6, 2, 4, 8], 0.5, GIB // 4, (6, 8)),  # the affinity set in order
+    ],
+)
+def test_cpu_engines_split_the_kv_cache_budget_and_the_cores(rank, processes, cores, budget, kv_bytes, bound):
+    placed = engine_placement(rank, processes, [], None, budget, cores)
+    assert placed == EnginePlacement(None, None, None, kv_bytes, bound, pinned=processes > 1)
+    assert placed.engine_kwargs() == {"kv_cache_memory_bytes": kv_bytes}
+    expected_env = {"VLLM_CPU_KVCACHE_SPACE": None}  # whole GiB per engine in vLLM's CPU build: split here instead
+    if bound is not None:
+        expected_env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, bound))
+    assert placed.environment() == expected_env
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((0, 2, ["0"], 0.0, 1.0), r"memory share .* must be in \(0, 1\], got 0.0"),
+        ((0, 2, ["0"], 1.5, 1.0), r"must be in \(0, 1\], got 1.5: it is the fraction of its GPU"),
+        ((0, 2, [], -0.1, 1.0), r"must be in \(0, 1\], got -0.1"),
+        ((3, 8, ["4", "5", "6", "7"], 0.3, 1.0),
+         r"8 processes on this machine but 4 visible GPUs \(CUDA_VISIBLE_DEVICES=4,5,6,7\).*Launch at most 4 processes"),
+        ((2, 2, ["0", "1"], 0.3, 1.0), r"local rank 2 is not one of this machine's 2 process"),
+        ((0, 2, [], None, 0.0), r"KV cache on a CPU .* must be > 0 GiB, got 0.0"),
+    ],
+)
+def test_bad_engine_placements_are_refused_saying_what_to_change(args, message):
+    with pytest.raises(ValueError, match=message):
+        engine_placement(*args)
+
+
+def test_this_process_engine_is_placed_from_the_launcher_environment(monkeypatch):
+    for name in ("CUDA_VISIBLE_DEVICES", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert place_engine(0.4, 1.0) == EnginePlacement(1, "1", 0.4, None, None, pinned=True)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # the user's budget for the machine wins over the config's
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert place_engine(None, 1.0) == EnginePlacement(None, None, None, 3 * GIB // 2, (2, 3), pinned=True)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1|2-3")  # the user's own binding is left to vLLM
+    assert place_engine(None, 1.0).cpu_cores is None
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "lots")
+    with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE must be a number of GiB, got 'lots'"):
+        place_engine(None, 1.0)

@@ -10,17 +10,24 @@ was meant for, so a model built for the wrong rank (e.g. every rank's copy on de
 ``--seeded_rollouts`` samples each prompt on its own with a seed made from the prompt and the iteration, so a
 prompt gets the same response whichever process samples it (the trainer's sampling streams differ per process by
 design); the world-size comparison needs that.
+
+With ``--generation_backend vllm`` it also writes ``<output_dir>/vllm-rank<k>.json``: the process's engine
+placement, what its engine's worker reports from inside (its process id, KV-cache size and CPU affinity), and the
+process's own refresh check (``vllm/logprob_abs_diff`` before it is averaged over processes) per iteration.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import sys
 import zlib
 from pathlib import Path
 
 import torch
 
+import policy_optimization.trainer as trainer_module
 from policy_optimization.distributed import policy_for_generation
 from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.train import build_trainer
@@ -68,6 +75,31 @@ def placement(trainer: NLGradientPPOTrainer) -> dict:
     }
 
 
+def engine_facts(worker) -> dict:
+    """Runs inside the engine's worker process (`vllm.LLM.collective_rpc`): what the engine itself was given."""
+    return {"pid": os.getpid(), "parent_pid": os.getppid(), "kv_cache_bytes": worker.cache_config.kv_cache_memory_bytes,
+            "cpu_affinity": sorted(os.sched_getaffinity(0)), "device": str(getattr(worker, "device", None))}
+
+
+def record_own_logprob_gaps() -> list[float]:
+    """Keep this process's own refresh check of every iteration (the trainer logs the mean over processes)."""
+    gaps: list[float] = []
+    measure = trainer_module.sampled_logprob_gap
+
+    def recording(generations, logprobs):
+        gaps.append(measure(generations, logprobs))
+        return gaps[-1]
+
+    trainer_module.sampled_logprob_gap = recording
+    return gaps
+
+
+def vllm_record(trainer: NLGradientPPOTrainer, gaps: list[float]) -> dict:
+    engine = trainer.vllm_rollouts.engine
+    return {"rank_pid": os.getpid(), "placement": dataclasses.asdict(engine.placement),
+            "engine": engine.llm.collective_rpc(engine_facts)[0], "own_logprob_abs_diff": gaps}
+
+
 def main(argv: list[str]) -> int:
     if "--seeded_rollouts" in argv:
         argv = [a for a in argv if a != "--seeded_rollouts"]
@@ -77,8 +109,12 @@ def main(argv: list[str]) -> int:
     trainer = build_trainer(cfg)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"placement-rank{trainer.accelerator.process_index}.json").write_text(json.dumps(placement(trainer)))
+    rank = trainer.accelerator.process_index
+    (out / f"placement-rank{rank}.json").write_text(json.dumps(placement(trainer)))
+    gaps = record_own_logprob_gaps() if cfg.generation_backend == "vllm" else []
     trainer.train()
+    if cfg.generation_backend == "vllm":
+        (out / f"vllm-rank{rank}.json").write_text(json.dumps(vllm_record(trainer, gaps)))
     end_distributed()
     return 0
 

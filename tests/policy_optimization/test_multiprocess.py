@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from reward_model.scalar_config import ScalarRMConfig
 from tests.policy_optimization.test_training_scripts import ROOT, read_metrics, script_env
 from text2grad.apps.tiny import make_tiny_world
 from text2grad.core.config import save_config
-from text2grad.core.modeling import load_tokenizer
+from text2grad.core.modeling import build_tiny_llama, load_tokenizer
 
 WORKER = "tests.policy_optimization.multiprocess_worker"
 
@@ -220,3 +221,54 @@ def test_sft_zero3_dpo_zero2_and_grpo_zero3_as_two_processes(world, tmp_path):
         assert adapter and all(t.numel() > 0 for t in adapter.values())  # gathered whole, not ZeRO-3 placeholders
     assert json.loads((dpo / "adapter_config.json").read_text())["base_model_name_or_path"] == str(dpo / "base_merged")
     assert (dpo / "base_merged" / "config.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_zero3_ppo_samples_with_one_vllm_engine_per_process(world, tmp_path, monkeypatch):
+    """generation_backend vllm under a launcher (ZeRO-3, 2 CPU processes, LoRA): each process starts its own engine,
+    placed by `text2grad.core.placement.engine_placement` (half the machine's KV-cache budget and its own core each),
+    samples its own half of the global batch, and refreshes it from its own policy copy every iteration (the
+    adapter gathered from the ZeRO-3 shards), so each process's refresh check stays small."""
+    pytest.importorskip("vllm", reason="vllm is not importable (install the 'vllm' extra: see env.sh)")
+    model = tmp_path / "model"  # vLLM's CPU attention needs a head size of at least 32 (the tiny world's is 16)
+    tokenizer = load_tokenizer(str(world / "model"))
+    build_tiny_llama(tokenizer, hidden_size=64, num_layers=2, num_heads=2, seed=0).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    out = tmp_path / "run"
+    flags = ppo_flags(world, out, "--generation_backend", "vllm", "--vllm_cpu_kv_cache_gb", "0.25",
+                      "--critic", "reference", "--critic_kwargs", '{"reference_field": "reference"}',
+                      "--num_iterations", "2", "--learning_rate", "1e-2", "--use_chat_template", "false",
+                      "--save_steps", "0", "--log_samples", "0")
+    flags[flags.index("--model_name_or_path") + 1] = str(model)
+    flags[flags.index("--dtype") + 1] = "fp32"  # the engine samples in the policy's own precision
+    zero3 = ["accelerate.commands.launch", "--config_file", str(ROOT / "configs" / "accelerate" / "cpu_deepspeed_zero3.yaml")]
+    for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    started = time.perf_counter()
+    launch(tmp_path, zero3, flags, DS_ACCELERATOR="cpu")
+    print(f"2 processes, 2 engines, 2 iterations: {time.perf_counter() - started:.0f} s")
+
+    cores = sorted(os.sched_getaffinity(0))
+    seen = [json.loads((out / f"vllm-rank{k}.json").read_text()) for k in (0, 1)]
+    half = (1 << 30) // 4 // 2
+    for rank, record in enumerate(seen):
+        placed, engine = record["placement"], record["engine"]
+        assert placed["gpu_index"] is None and placed["pinned"] and placed["cpu_kv_cache_bytes"] == half
+        assert engine["kv_cache_bytes"] == half  # the engine itself holds its share of the budget
+        if len(cores) >= 2:  # each engine's threads on its own slice of the cores
+            share = cores[rank * len(cores) // 2 : (rank + 1) * len(cores) // 2]
+            assert placed["cpu_cores"] == share and set(engine["cpu_affinity"]) <= set(share)
+        # this rank's own refresh check, both iterations (the second after an update)
+        assert len(record["own_logprob_abs_diff"]) == 2 and max(record["own_logprob_abs_diff"]) < 1e-3, record
+    # two engines: each rank's engine worker is its own process, started under that rank
+    pids = {seen[0]["rank_pid"], seen[1]["rank_pid"], seen[0]["engine"]["pid"], seen[1]["engine"]["pid"]}
+    assert len(pids) == 4
+    assert [p["rollouts_per_process"] for p in placements(out)] == [2, 2]
+    metrics = read_metrics(out)
+    assert [(m["iteration"], m["episodes"]) for m in metrics] == [(1, 4), (2, 8)]
+    for m, own in zip(metrics, zip(*(r["own_logprob_abs_diff"] for r in seen))):
+        assert m["vllm/logprob_abs_diff"] == pytest.approx(sum(own) / 2)
+        assert m["vllm/logprob_abs_diff_max"] == pytest.approx(max(own))
+    adapter = load_file(str(out / "policy" / "adapter_model.safetensors"))
+    assert any(float(t.abs().sum()) > 0 for name, t in adapter.items() if "lora_B" in name)  # the policy moved

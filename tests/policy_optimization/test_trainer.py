@@ -406,3 +406,15 @@ def test_sigterm_finishes_the_iteration_saves_and_stops(make_trainer, tmp_path):
     resumed = make_trainer(CallableFeedbackSource(first_and_last_words), num_iterations=3, resume="auto")
     resumed.train()
     assert resumed.state.step == 3 and (tmp_path / "run" / "policy" / "adapter_config.json").is_file()
+
+
+def test_vllm_sampling_under_zero3_without_gathering_is_refused_naming_the_alternatives():
+    """Every process's vLLM engine holds a whole policy, which ds3_gather_for_generation false rules out; the
+    trainer refuses before any engine starts (the gathered ZeRO-3 path runs in tests/policy_optimization/
+    test_multiprocess.py)."""
+    trainer = object.__new__(NLGradientPPOTrainer)
+    trainer.config = PPOConfig(generation_backend="vllm", ds3_gather_for_generation=False)
+    trainer.zero_stage = 3
+    with pytest.raises(ValueError, match="set ds3_gather_for_generation true to sample with vLLM under ZeRO-3, or use "
+                                         "generation_backend hf"):
+        trainer._make_vllm_rollouts()

@@ -28,8 +28,23 @@ def test_each_process_loads_its_reward_model_onto_its_own_device(saved_model, mo
     assert GenerativeRewardModel.from_critic_kwargs(path=str(saved_model), device="cpu").device == torch.device("cpu")
 
 
-def test_the_vllm_backend_is_refused_with_several_gpu_processes(saved_model, monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
+def test_the_vllm_backend_starts_this_processes_own_engine_under_a_launcher(saved_model, monkeypatch):
+    """Rank 1 of 2 on a GPU node asks for its own engine with its memory share; the engine places itself on the
+    rank's GPU (`text2grad.core.vllm_engine.place_engine`, tested in tests/core/test_placement.py)."""
+    asked = {}
+
+    class Engine:
+        def generate(self, *args, **kwargs):
+            return []
+
+    def fake_shared_engine(model, **kwargs):
+        asked.update(model=model, **kwargs)
+        return Engine()
+
+    for name, value in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1", "RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with pytest.raises(ValueError, match="every process's engine on the first visible GPU"):
-        GenerativeRewardModel.from_pretrained(str(saved_model), backend="vllm")
+    monkeypatch.setattr("reward_model.inference.shared_engine", fake_shared_engine)
+    rm = GenerativeRewardModel.from_pretrained(str(saved_model), backend="vllm",
+                                               vllm_kwargs={"gpu_memory_utilization": 0.25})
+    assert rm.backend == "vllm" and asked["model"] == str(saved_model) and asked["gpu_memory_utilization"] == 0.25

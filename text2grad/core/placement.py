@@ -10,16 +10,23 @@ instead of writing ``"cuda"``.
 `process_device` is a pure function of its arguments (the environment and whether CUDA is usable), so the
 mapping is tested without a GPU; `set_device_resolver` lets a test or an unusual cluster layout replace it
 (e.g. one reward-model GPU per node).
+
+A vLLM engine is placed by `engine_placement`, also pure: each process's engine on that process's own GPU with the
+configured share of it, or on a CPU machine a slice of the KV-cache budget (and of the CPU cores) per process.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-__all__ = ["local_rank", "misplaced", "process_device", "resolve_device", "set_device_resolver", "world_size"]
+__all__ = [
+    "EnginePlacement", "engine_placement", "local_rank", "local_world_size", "misplaced", "process_device",
+    "resolve_device", "set_device_resolver", "visible_gpus", "world_size",
+]
 
 
 def local_rank(env: Mapping[str, str] | None = None) -> int | None:
@@ -43,6 +50,37 @@ def world_size(env: Mapping[str, str] | None = None) -> int:
     if size < 1:
         raise ValueError(f"WORLD_SIZE must be >= 1, got {size}")
     return size
+
+
+def local_world_size(env: Mapping[str, str] | None = None) -> int:
+    """The number of processes on this machine: ``LOCAL_WORLD_SIZE`` (torchrun, accelerate) or ``LOCAL_SIZE``
+    (the DeepSpeed launcher); a launcher that sets neither is taken to run on one machine (``WORLD_SIZE``)."""
+    env = os.environ if env is None else env
+    for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
+        value = env.get(name)
+        if value:
+            try:
+                size = int(value)
+            except ValueError:
+                raise ValueError(f"{name} must be an integer, got {value!r}") from None
+            if size < 1:
+                raise ValueError(f"{name} must be >= 1, got {size}")
+            return size
+    return world_size(env)
+
+
+def visible_gpus(env: Mapping[str, str] | None = None, cuda_available: bool | None = None,
+                 cuda_device_count: int | None = None) -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs), or
+    ``["0", ..., "<count-1>"]`` when it is unset; empty without CUDA. Position i is what torch calls ``cuda:i``."""
+    available = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if not available:
+        return []
+    count = torch.cuda.device_count() if cuda_device_count is None else cuda_device_count
+    listed = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return [str(i) for i in range(count)]
+    return [name.strip() for name in listed.split(",") if name.strip()][:count]
 
 
 def process_device(env: Mapping[str, str] | None = None, cuda_available: bool | None = None,
@@ -96,3 +134,118 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     if device is not None:
         return torch.device(device)
     return _resolver()
+
+
+# ---------------------------------------------------------------------------------------------------
+# vLLM engines: one per process
+# ---------------------------------------------------------------------------------------------------
+
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class EnginePlacement:
+    """Where one process's vLLM engine runs and how much memory it takes.
+
+    Attributes:
+        gpu_index: on a GPU machine, the engine's GPU as torch in this process numbers it (``cuda:<gpu_index>``,
+            a position in ``CUDA_VISIBLE_DEVICES``); None on a CPU.
+        physical_gpu: that GPU as ``CUDA_VISIBLE_DEVICES`` (or ``nvidia-smi``, when it is unset) names it.
+        gpu_memory_utilization: the share of that GPU the engine takes (weights + KV cache); None: vLLM's default.
+        cpu_kv_cache_bytes: on a CPU, this engine's KV cache in bytes; None on a GPU.
+        cpu_cores: on a CPU, the cores this engine's threads are bound to (None: vLLM's own choice).
+        pinned: True when several processes share the machine, so the engine must be told its GPU (a lone
+            process's engine takes the first visible GPU, which is already its own).
+    """
+
+    gpu_index: int | None
+    physical_gpu: str | None
+    gpu_memory_utilization: float | None
+    cpu_kv_cache_bytes: int | None
+    cpu_cores: tuple[int, ...] | None
+    pinned: bool
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Arguments for `vllm.LLM` (vLLM 0.32: ``device_ids`` indexes ``CUDA_VISIBLE_DEVICES`` when it is set)."""
+        kwargs: dict[str, Any] = {}
+        if self.gpu_index is not None:
+            if self.pinned:
+                kwargs["device_ids"] = [self.gpu_index]
+            if self.gpu_memory_utilization is not None:
+                kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        if self.cpu_kv_cache_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = self.cpu_kv_cache_bytes
+        return kwargs
+
+    def environment(self) -> dict[str, str | None]:
+        """Environment variables to hold while the engine starts (its processes inherit them); None removes one.
+        vLLM's CPU build reads ``VLLM_CPU_KVCACHE_SPACE`` as whole GiB per engine and lets it override
+        ``kv_cache_memory_bytes``, so it is removed while the engine starts (its value is already split here)."""
+        if self.cpu_kv_cache_bytes is None:
+            return {}
+        env: dict[str, str | None] = {"VLLM_CPU_KVCACHE_SPACE": None}
+        if self.cpu_cores is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in self.cpu_cores)
+        return env
+
+    def describe(self) -> str:
+        """One line for the log."""
+        if self.gpu_index is None:
+            cores = "vLLM's choice" if self.cpu_cores is None else ",".join(map(str, self.cpu_cores))
+            return f"CPU, KV cache {self.cpu_kv_cache_bytes / _GIB:.3g} GiB, cores {cores}"
+        share = "vLLM's default share" if self.gpu_memory_utilization is None else f"{self.gpu_memory_utilization:g} of it"
+        return f"cuda:{self.gpu_index} (physical GPU {self.physical_gpu}), {share}"
+
+
+def engine_placement(
+    local_rank: int,
+    local_world_size: int,
+    visible_gpus: Sequence[str],
+    gpu_memory_utilization: float | None,
+    cpu_kv_cache_gb: float,
+    cpu_cores: Sequence[int] = (),
+) -> EnginePlacement:
+    """Place the vLLM engine of the process with rank ``local_rank`` among ``local_world_size`` processes on
+    this machine.
+
+    On a GPU machine (``visible_gpus`` non-empty, as `visible_gpus` lists them) process k's engine goes on
+    visible GPU k, the GPU its models train on (`process_device`), and takes ``gpu_memory_utilization`` of it; a
+    process that sees exactly one GPU uses that one (a scheduler gave each process its own). On a CPU machine
+    the engines share ``cpu_kv_cache_gb`` GiB of KV cache evenly, and, when ``cpu_cores`` lists at least one core
+    per process, process k's engine gets the k-th contiguous slice of them, so the engines do not all bind their
+    threads to the same cores.
+
+    Raises ValueError naming the setting to change: a share outside (0, 1], a non-positive KV budget, a rank
+    outside the machine's processes, or more processes than visible GPUs.
+    """
+    if local_world_size < 1 or not 0 <= local_rank < local_world_size:
+        raise ValueError(f"local rank {local_rank} is not one of this machine's {local_world_size} process(es) "
+                         "(LOCAL_RANK / LOCAL_WORLD_SIZE as the launcher sets them)")
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(
+            f"the vLLM engine's GPU memory share (vllm_gpu_memory_utilization / gpu_memory_utilization) must be in "
+            f"(0, 1], got {gpu_memory_utilization}: it is the fraction of its GPU each process's engine takes "
+            "(weights + KV cache), e.g. 0.3, leaving the rest to the models that train on that GPU"
+        )
+    if visible_gpus:
+        if len(visible_gpus) == 1:
+            index = 0
+        elif local_world_size > len(visible_gpus):
+            raise ValueError(
+                f"{local_world_size} processes on this machine but {len(visible_gpus)} visible GPUs "
+                f"(CUDA_VISIBLE_DEVICES={','.join(visible_gpus)}): each process's vLLM engine needs a GPU of its own. "
+                f"Launch at most {len(visible_gpus)} processes per machine (--num_processes / --nproc_per_node) or "
+                "make more GPUs visible"
+            )
+        else:
+            index = local_rank
+        return EnginePlacement(index, visible_gpus[index], gpu_memory_utilization, None, None, local_world_size > 1)
+    if not cpu_kv_cache_gb > 0:
+        raise ValueError(f"the vLLM KV cache on a CPU (vllm_cpu_kv_cache_gb / VLLM_CPU_KVCACHE_SPACE) must be > 0 GiB, "
+                         f"got {cpu_kv_cache_gb}")
+    cores = None
+    if local_world_size > 1 and len(cpu_cores) >= local_world_size:
+        ordered = sorted(cpu_cores)
+        start, stop = (len(ordered) * local_rank) // local_world_size, (len(ordered) * (local_rank + 1)) // local_world_size
+        cores = tuple(ordered[start:stop])
+    return EnginePlacement(None, None, None, int(cpu_kv_cache_gb * _GIB) // local_world_size, cores, local_world_size > 1)

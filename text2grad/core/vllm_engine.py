@@ -11,9 +11,12 @@ a LoRA reward model on the same base model are two `LoRARequest`s on one engine.
   after temperature (``logprobs_mode="processed_logprobs"``), for checking that the engine holds the current policy.
 - **vLLM starts its engine in a spawned process**: a script that builds a `VLLMEngine` must do so under
   ``if __name__ == "__main__":`` (the spawned process re-imports the main module).
-- **Memory**: on CPU the KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (set here to ``cpu_kv_cache_gb``, default 1,
-  unless the environment already sets it); on a GPU ``gpu_memory_utilization`` is the engine's share of the GPU
-  (weights + KV cache), which must leave room for the training model beside it.
+- **Placement and memory** (`text2grad.core.placement.engine_placement`): under a launcher every process starts its
+  own engine. On GPUs process k's engine runs on the process's own GPU (visible GPU k, passed to vLLM as
+  ``device_ids``) and takes ``gpu_memory_utilization`` of it (weights + KV cache), which must leave room for the
+  training models beside it. On a CPU the machine's KV-cache budget (``cpu_kv_cache_gb``, or
+  ``VLLM_CPU_KVCACHE_SPACE`` GiB when the environment sets it) is split evenly between the processes' engines,
+  and each engine binds its threads to its own slice of the cores.
 
 Install: ``TEXT2GRAD_EXTRAS=...,vllm bash env.sh`` (vLLM's CPU build on a CPU-only machine, the CUDA build next to
 a CUDA torch); ``pip install 'text2grad[vllm]'`` for the CUDA build.
@@ -23,18 +26,20 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from transformers import GenerationConfig
 
 from text2grad.core.generation import Generation, finish_generation
 from text2grad.core.modeling import resolve_dtype
+from text2grad.core.placement import EnginePlacement, engine_placement, local_rank, local_world_size, visible_gpus
 
 __all__ = [
-    "VLLMEngine", "EngineKey", "LORA_RANKS", "lora_rank_slot", "shared_engine", "close_shared_engine",
+    "VLLMEngine", "EngineKey", "LORA_RANKS", "lora_rank_slot", "place_engine", "shared_engine", "close_shared_engine",
     "vllm_available", "vllm_missing_message",
 ]
 
@@ -92,11 +97,13 @@ class VLLMEngine:
         tokenizer: the tokenizer folder (default: ``model``); the engine only decodes with it.
         dtype: "auto", "fp32"/"float32", "bf16"/"bfloat16", "fp16" (the project's names or torch's).
         max_lora_rank: serve LoRA adapters up to this rank (None: no LoRA).
-        gpu_memory_utilization: the engine's share of GPU memory (GPU only; vLLM's default 0.9 leaves no room for
-            a training model in the same GPU).
-        cpu_kv_cache_gb: the KV cache on CPU, in GiB (``VLLM_CPU_KVCACHE_SPACE``), unless the environment sets it.
+        gpu_memory_utilization: the engine's share of its GPU (GPU only; None: vLLM's default 0.9, which leaves
+            no room for a training model on the same GPU).
+        cpu_kv_cache_gb: the KV cache on CPU, in GiB, for all the engines on this machine together (split evenly
+            between a launcher's processes); ``VLLM_CPU_KVCACHE_SPACE`` in the environment takes precedence.
         max_model_len: the longest prompt + response the engine plans for (default: the model's maximum).
-        seed: the engine's sampling seed.
+        seed: the engine's sampling seed (plus the process's rank under a launcher, so processes draw different
+            samples).
         **engine_kwargs: anything else for `vllm.LLM` (e.g. ``enforce_eager``).
     """
 
@@ -118,14 +125,15 @@ class VLLMEngine:
         except ImportError as exc:
             raise ImportError(vllm_missing_message("the vLLM generation engine")) from exc
 
-        os.environ.setdefault(_CPU_KV_CACHE_ENV, f"{cpu_kv_cache_gb:g}")
+        self.placement = place_engine(gpu_memory_utilization, cpu_kv_cache_gb)
         # `load_weights` sends a function to the engine's own worker process (apply_model), which vLLM only
         # unpickles with this switch; the channel is a local one between this process and the engine it started.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         self.model_path, self.tokenizer_path = str(model), str(tokenizer or model)
         self.max_lora_rank = max_lora_rank
         kwargs: dict[str, Any] = dict(
-            model=self.model_path, tokenizer=self.tokenizer_path, dtype=_vllm_dtype(dtype), seed=seed,
+            model=self.model_path, tokenizer=self.tokenizer_path, dtype=_vllm_dtype(dtype),
+            seed=seed + int(os.environ.get("RANK") or 0),
             # log-probs after temperature, top-k and top-p: comparable with the trainer's logits / temperature
             logprobs_mode="processed_logprobs",
         )
@@ -133,14 +141,15 @@ class VLLMEngine:
             kwargs["max_model_len"] = max_model_len
         if max_lora_rank is not None:
             kwargs.update(enable_lora=True, max_lora_rank=lora_rank_slot(max_lora_rank), max_loras=2)
-        if gpu_memory_utilization is not None and torch.cuda.is_available():
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        if not torch.cuda.is_available():
+        kwargs.update(self.placement.engine_kwargs())
+        if self.placement.gpu_index is None:
             kwargs.setdefault("enforce_eager", True)  # no graph capture on CPU: start-up in seconds, same outputs
         kwargs.update(engine_kwargs)
-        logger.info("starting the vLLM engine for %s (dtype %s, LoRA %s)", self.model_path, kwargs["dtype"],
-                    kwargs.get("max_lora_rank", "off"))
-        self.llm = LLM(**kwargs)
+        logger.info("starting the vLLM engine for %s (dtype %s, LoRA %s) on %s", self.model_path, kwargs["dtype"],
+                    kwargs.get("max_lora_rank", "off"), self.placement.describe())
+        # the engine's processes are spawned inside LLM() and inherit the environment as it is then
+        with _environment(self.placement.environment()):
+            self.llm = LLM(**kwargs)
         self._next_lora_id = 1
         self._eos_ids = _eos_token_ids(self.model_path, self.llm.get_tokenizer())
 
@@ -232,6 +241,42 @@ class VLLMEngine:
             if callable(shutdown):
                 shutdown()
             del llm
+
+
+def place_engine(gpu_memory_utilization: float | None, cpu_kv_cache_gb: float) -> EnginePlacement:
+    """This process's engine placement (`text2grad.core.placement.engine_placement`) from the launcher's
+    environment, the visible GPUs and this process's CPU cores. ``VLLM_CPU_KVCACHE_SPACE`` (GiB), when set, is the
+    machine's KV-cache budget instead of ``cpu_kv_cache_gb``; a ``VLLM_CPU_OMP_THREADS_BIND`` set by the user is
+    left to vLLM."""
+    budget = os.environ.get(_CPU_KV_CACHE_ENV)
+    if budget:
+        try:
+            cpu_kv_cache_gb = float(budget)
+        except ValueError:
+            raise ValueError(f"{_CPU_KV_CACHE_ENV} must be a number of GiB, got {budget!r}") from None
+    user_bound = bool(os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
+    cores = () if user_bound or not hasattr(os, "sched_getaffinity") else sorted(os.sched_getaffinity(0))
+    return engine_placement(local_rank() or 0, local_world_size(), visible_gpus(), gpu_memory_utilization,
+                            cpu_kv_cache_gb, cores)
+
+
+@contextmanager
+def _environment(changes: dict[str, str | None]) -> Iterator[None]:
+    """Hold ``changes`` (None: unset) in ``os.environ`` for the duration, then put every variable back."""
+    saved = {name: os.environ.get(name) for name in changes}
+    try:
+        for name, value in changes.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _retie_output_embeddings(model: torch.nn.Module) -> bool:
