@@ -10,13 +10,16 @@ from text2grad.core.assets import smollm2_path
 from text2grad.core.vllm_engine import VLLMEngine, shared_engine, vllm_available
 
 
+def engine_options() -> dict:
+    """The engine settings a default PPOConfig asks for; a command given them as ``vllm_kwargs`` (with dtype fp32 on
+    SmolLM2) gets the shared engine instead of refusing a second one."""
+    defaults = PPOConfig()
+    return dict(gpu_memory_utilization=defaults.vllm_gpu_memory_utilization, cpu_kv_cache_gb=defaults.vllm_cpu_kv_cache_gb)
+
+
 def engine_for_tests() -> VLLMEngine:
     """The shared engine, with the settings a default PPOConfig asks for (so PPO runs in the tests reuse it); skips
     the calling test when vllm is not importable."""
     if not vllm_available():
         pytest.skip("vllm is not importable in this environment (install the 'vllm' extra: see env.sh)")
-    defaults = PPOConfig()
-    return shared_engine(
-        smollm2_path(), dtype="fp32", max_lora_rank=16, gpu_memory_utilization=defaults.vllm_gpu_memory_utilization,
-        cpu_kv_cache_gb=defaults.vllm_cpu_kv_cache_gb,
-    )
+    return shared_engine(smollm2_path(), dtype="fp32", max_lora_rank=16, **engine_options())

@@ -17,16 +17,16 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
-from peft import PeftConfig
 from tqdm.auto import tqdm
 
 from text2grad.core.cli import EXIT_OK
 from text2grad.core.cli import run_cli as run_shared_cli
 from text2grad.core.config import ConfigError
-from text2grad.core.modeling import load_causal_lm, load_tokenizer
+from text2grad.core.generation_backend import TextGenerator, load_text_generator
 
 __all__ = [
     "load_policy",
+    "load_generator",
     "pick_device",
     "ContinuationScore",
     "continuation_logprobs",
@@ -54,20 +54,24 @@ def load_policy(model: str, adapter: str | None = None, dtype: str | None = "aut
         device: "cpu", "cuda", "cuda:1", ...; default: a GPU if visible.
 
     The tokenizer comes from the adapter directory when it holds one (training scripts save the tokenizer
-    next to the adapter, possibly with added tokens), else from the base model.
+    next to the adapter, possibly with added tokens), else from the base model
+    (`text2grad.core.generation_backend.resolve_model_source`).
     """
-    adapter_dir = adapter
-    model_path = Path(model).expanduser()
-    if adapter is None and (model_path / "adapter_config.json").is_file() and not (model_path / "config.json").is_file():
-        adapter_dir = str(model_path)
-    tokenizer_source = model
-    if adapter_dir and (Path(adapter_dir) / "tokenizer_config.json").is_file():
-        tokenizer_source = adapter_dir
-    elif adapter_dir and adapter is None:  # adapter-only directory without a tokenizer: use its base model's
-        tokenizer_source = PeftConfig.from_pretrained(adapter_dir).base_model_name_or_path
-    policy = load_causal_lm(model, adapter=adapter, dtype=dtype, merge_adapter=True)
-    policy.to(pick_device(device)).eval()
-    return policy, load_tokenizer(tokenizer_source, padding_side="left")
+    generator = load_text_generator("hf", model, adapter, dtype=dtype, device=pick_device(device))
+    return generator.model, generator.tokenizer
+
+
+def load_generator(cfg: Any) -> TextGenerator:
+    """The generator an evaluation config asks for: its ``model`` (+ ``adapter``) on its ``generation_backend``
+    (``dtype``, ``device``, ``vllm_kwargs``). A missing vllm is a usage error (exit 2) raised before any model
+    loads."""
+    try:
+        return load_text_generator(
+            cfg.generation_backend, cfg.model, cfg.adapter, dtype=cfg.dtype, device=pick_device(cfg.device),
+            vllm_kwargs=cfg.vllm_kwargs,
+        )
+    except ImportError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True)

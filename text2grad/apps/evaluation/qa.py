@@ -46,12 +46,12 @@ from typing import Any, Sequence
 
 import datasets
 
-from text2grad.apps.evaluation.common import continuation_logprobs, load_policy, run_cli, write_report
+from text2grad.apps.evaluation.common import continuation_logprobs, load_generator, load_policy, run_cli, write_report
 from text2grad.apps.evaluation.judge import JudgeConfig, PairwiseItem, SingleItem, grade_summary, judge_pairwise, judge_single, length_controlled_win_rate, load_prompt, win_rate_summary
 from text2grad.apps.evaluation.qa_config import QAEvalConfig
 from text2grad.core.config import save_config
 from text2grad.core.data import DataError, load_records, record_id, render_template, write_jsonl
-from text2grad.core.generation import generate
+from text2grad.core.generation_backend import TextGenerator
 
 __all__ = [
     "MultipleChoiceItem",
@@ -237,14 +237,15 @@ def _chat_prompt(tokenizer, messages: list[dict], cfg: QAEvalConfig) -> str:
     return head + "".join(f"{names[m['role']]}: {m['content']}\n\n" for m in messages) + "Assistant:"
 
 
-def _generate_turn(model, tokenizer, conversations: list[list[dict]], cfg: QAEvalConfig) -> list[str]:
+def _generate_turn(generator: TextGenerator, conversations: list[list[dict]], cfg: QAEvalConfig) -> list[str]:
+    tokenizer = generator.tokenizer
     templated = cfg.use_chat_template and bool(getattr(tokenizer, "chat_template", None))
     stop = None if templated else ["\nUser:"]
-    gens = generate(
-        model, tokenizer, [_chat_prompt(tokenizer, c, cfg) for c in conversations],
+    gens = generator.generate(
+        [_chat_prompt(tokenizer, c, cfg) for c in conversations],
         max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, do_sample=cfg.do_sample,
         temperature=cfg.temperature, top_p=cfg.top_p, max_prompt_length=cfg.max_prompt_length,
-        stop_strings=stop, add_special_tokens=not templated, generator_seed=cfg.seed, progress_bar=cfg.progress_bar,
+        stop_strings=stop, add_special_tokens=not templated, seed=cfg.seed, progress_bar=cfg.progress_bar,
     )
     texts = []
     for g in gens:
@@ -300,8 +301,7 @@ def evaluate_alpaca_eval(cfg: QAEvalConfig) -> tuple[dict[str, Any], list[dict],
     if cfg.predictions_file:
         outputs = [str(x) for x in _predictions(cfg.predictions_file, cfg.prediction_field, ids, instructions)]
     else:
-        model, tokenizer = _policy(cfg)
-        outputs = _generate_turn(model, tokenizer, [[{"role": "user", "content": x}] for x in instructions], cfg)
+        outputs = _generate_turn(load_generator(cfg), [[{"role": "user", "content": x}] for x in instructions], cfg)
     items = [PairwiseItem(i, ins, out, base) for i, ins, out, base in zip(ids, instructions, outputs, baseline)]
     judgments = judge_pairwise(items, _judge_config(cfg), load_prompt(cfg.judge_prompt or _DEFAULT_JUDGE_PROMPTS["alpaca_eval"]), cfg.judge_seed, cfg.progress_bar)
     summary = win_rate_summary(judgments)
@@ -354,12 +354,12 @@ def evaluate_mt_bench(cfg: QAEvalConfig) -> tuple[dict[str, Any], list[dict], li
             if len(a) != len(t):
                 raise DataError(f"{cfg.predictions_file}: record {rid!r} has {len(a)} answers for {len(t)} turns")
     else:
-        model, tokenizer = _policy(cfg)
+        generator = load_generator(cfg)
         answers = [[] for _ in records]
         for turn in range(max(map(len, turns))):
             active = [k for k, t in enumerate(turns) if len(t) > turn]
             conversations = [_conversation(turns[k][: turn + 1], answers[k]) for k in active]
-            for k, text in zip(active, _generate_turn(model, tokenizer, conversations, cfg)):
+            for k, text in zip(active, _generate_turn(generator, conversations, cfg)):
                 answers[k].append(text)
     items = []
     for rid, rec, t, a in zip(ids, records, turns, answers):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from text2grad.core.config import ConfigError, config_field
+from text2grad.core.generation_options import GENERATION_BACKEND_HELP, VLLM_KWARGS_HELP, GenerationBackend
 
 __all__ = ["QAEvalConfig"]
 
@@ -25,6 +26,8 @@ class QAEvalConfig:
     adapter: str | None = config_field(None, "LoRA adapter directory applied on top of --model.")
     dtype: str = config_field("auto", "auto | bf16 | fp16 | fp32.")
     device: str | None = config_field(None, "cpu | cuda | cuda:N (default: GPU if visible).")
+    generation_backend: GenerationBackend = config_field("hf", GENERATION_BACKEND_HELP)
+    vllm_kwargs: dict[str, Any] = config_field({}, VLLM_KWARGS_HELP)
     batch_size: int = config_field(8, "Batch size for scoring and generation.")
 
     arc_prompt_template: str = config_field(

@@ -36,12 +36,13 @@ from typing import Any, Sequence
 import sacrebleu
 from rouge_score import rouge_scorer
 
-from text2grad.apps.evaluation.common import continuation_logprobs, load_policy, run_cli, write_report
+from text2grad.apps.evaluation.common import continuation_logprobs, load_generator, load_policy, run_cli, write_report
 from text2grad.apps.evaluation.judge import JudgeConfig, PairwiseItem, judge_pairwise, load_prompt, win_rate_summary
 from text2grad.apps.evaluation.summarization_config import SummarizationEvalConfig
 from text2grad.core.config import save_config
 from text2grad.core.data import DataError, iter_jsonl, load_records, record_id, render_template, write_jsonl
-from text2grad.core.generation import apply_chat_template, generate
+from text2grad.core.generation import apply_chat_template
+from text2grad.core.generation_backend import TextGenerator
 
 __all__ = [
     "ROUGE_TYPES",
@@ -221,10 +222,15 @@ def evaluate_summarization(cfg: SummarizationEvalConfig) -> dict[str, Any]:
         raise DataError(f"{cfg.dataset_path}: record ids are not unique; predictions are matched by id")
     references = [str(r[cfg.reference_field]) for r in records]
 
-    model = tokenizer = None
+    model = tokenizer = generator = None
     prompts: list[str] | None = None
     if cfg.model is not None:
-        model, tokenizer = load_policy(cfg.model, cfg.adapter, cfg.dtype, cfg.device)
+        if cfg.generation_backend == "vllm" and not cfg.predictions_file:
+            generator = load_generator(cfg)
+            tokenizer = generator.tokenizer
+        if generator is None or "perplexity" in cfg.metrics:  # perplexity scores with the transformers model
+            model, tokenizer = load_policy(cfg.model, cfg.adapter, cfg.dtype, cfg.device)
+            generator = generator or TextGenerator(tokenizer, model=model)
         prompts = [render_template(cfg.prompt_template, r, where=i) for r, i in zip(records, ids)]
         if cfg.use_chat_template:
             prompts = [apply_chat_template(tokenizer, p, cfg.system_prompt) for p in prompts]
@@ -236,17 +242,19 @@ def evaluate_summarization(cfg: SummarizationEvalConfig) -> dict[str, Any]:
         predictions = _aligned(load_predictions(cfg.predictions_file, cfg.prediction_field), ids, cfg.predictions_file)
         source = cfg.predictions_file
     else:
-        gens = generate(
-            model, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
-            do_sample=cfg.do_sample, temperature=cfg.temperature, top_p=cfg.top_p,
-            max_prompt_length=cfg.max_prompt_length, stop_strings=cfg.stop_strings or None,
-            add_special_tokens=add_special, generator_seed=cfg.seed, progress_bar=cfg.progress_bar,
+        gens = generator.generate(
+            prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, do_sample=cfg.do_sample,
+            temperature=cfg.temperature, top_p=cfg.top_p, max_prompt_length=cfg.max_prompt_length,
+            stop_strings=cfg.stop_strings or None, add_special_tokens=add_special, seed=cfg.seed,
+            progress_bar=cfg.progress_bar,
         )
         predictions = [g.text.strip() for g in gens]
         finished = [g.finished for g in gens]
         source = cfg.model + (f" + {cfg.adapter}" if cfg.adapter else "")
 
     results: dict[str, Any] = {"system": source, "n": len(records), "data": cfg.dataset_path}
+    if not cfg.predictions_file:
+        results["generation_backend"] = cfg.generation_backend
     rows: list[dict[str, Any]] = []
     per_item: list[dict[str, Any]] = [
         {"id": i, "prediction": p, "reference": ref} | ({"prompt": prompts[k]} if prompts else {}) | ({"finished": finished[k]} if finished[k] is not None else {})

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from text2grad.core.config import ConfigError, config_field
+from text2grad.core.generation_options import GENERATION_BACKEND_HELP, VLLM_KWARGS_HELP, GenerationBackend
 
 __all__ = ["SummarizationEvalConfig"]
 
@@ -32,6 +34,8 @@ class SummarizationEvalConfig:
     adapter: str | None = config_field(None, "LoRA adapter directory applied on top of --model.")
     dtype: str = config_field("auto", "auto | bf16 | fp16 | fp32.")
     device: str | None = config_field(None, "cpu | cuda | cuda:N (default: GPU if visible).")
+    generation_backend: GenerationBackend = config_field("hf", GENERATION_BACKEND_HELP)
+    vllm_kwargs: dict[str, Any] = config_field({}, VLLM_KWARGS_HELP)
     batch_size: int = config_field(8, "Generation and perplexity batch size.")
     max_new_tokens: int = config_field(128, "Generated summary length limit (tokens).")
     max_prompt_length: int = config_field(1024, "Prompts longer than this are cut from the left.")

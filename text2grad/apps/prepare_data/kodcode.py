@@ -10,8 +10,8 @@ The policy ``prompt`` is the question followed by the required signature(s) from
 the function by name, so a correct program with another name would fail.
 
 Reward-model data, as in the paper: for each reward-model question, the reference solution and the completions
-of a weaker model (``completions_model``, generated here with `text2grad.core.generation`, or a ``completions``
-JSONL) are each run against the unit tests in the sandbox (`text2grad.core.sandbox.run_tests`), as KodCode's own
+of a weaker model (``completions_model``, sampled here with transformers or vLLM, ``generation_backend``:
+`text2grad.core.generation_backend`; or a ``completions`` JSONL) are each run against the unit tests in the sandbox (`text2grad.core.sandbox.run_tests`), as KodCode's own
 harness runs them: ``from solution import *`` above the test code (`text2grad.core.critics.with_solution_import`;
 some rows' tests call the solution without importing it); the output files keep each row's tests as released. Each becomes an
 annotation record whose ``execution`` (verdict, passed/failed tests, the first failure's test, exception and
@@ -39,8 +39,8 @@ from text2grad.apps.prepare_data.sources import SchemaError, check_columns, load
 from text2grad.core import sandbox
 from text2grad.core.critics import extract_code, with_solution_import
 from text2grad.core.data import iter_jsonl
-from text2grad.core.generation import apply_chat_template, generate
-from text2grad.core.modeling import load_causal_lm, load_tokenizer
+from text2grad.core.generation import apply_chat_template
+from text2grad.core.generation_backend import load_text_generator
 
 __all__ = ["prepare", "policy_prompt", "signature_lines", "execution_summary", "generate_completions"]
 
@@ -123,14 +123,17 @@ def _read_completions(path: str) -> dict[str, list[str]]:
 
 def generate_completions(cfg: PrepareDataConfig, prompts: Mapping[str, str]) -> dict[str, list[str]]:
     """``completions_per_question`` samples of ``completions_model`` for each prompt (keyed like ``prompts``)."""
-    tokenizer = load_tokenizer(cfg.completions_model, padding_side="left")
-    model = load_causal_lm(cfg.completions_model, adapter=cfg.completions_adapter, dtype=cfg.dtype, merge_adapter=True)
-    model.eval()
+    try:
+        generator = load_text_generator(cfg.generation_backend, cfg.completions_model, cfg.completions_adapter,
+                                        dtype=cfg.dtype, vllm_kwargs=cfg.vllm_kwargs)
+    except ImportError as exc:
+        raise SchemaError(str(exc)) from None
+    tokenizer = generator.tokenizer
     keys = [k for k in prompts for _ in range(cfg.completions_per_question)]
     texts = [apply_chat_template(tokenizer, prompts[k]) if cfg.use_chat_template else prompts[k] for k in keys]
-    generations = generate(
-        model, tokenizer, texts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
-        do_sample=cfg.temperature > 0, temperature=max(cfg.temperature, 1e-5), generator_seed=cfg.seed,
+    generations = generator.generate(
+        texts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, do_sample=cfg.temperature > 0,
+        temperature=max(cfg.temperature, 1e-5), seed=cfg.seed,
         add_special_tokens=not cfg.use_chat_template or not getattr(tokenizer, "chat_template", None),
     )
     out: dict[str, list[str]] = {}

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from text2grad.core.config import ConfigError, config_field
+from text2grad.core.generation_options import GENERATION_BACKEND_HELP, VLLM_KWARGS_HELP, GenerationBackend
 
 __all__ = ["DEFAULT_FRACTIONS", "PrepareDataConfig"]
 
@@ -53,6 +54,8 @@ class PrepareDataConfig:
     batch_size: int = config_field(8, "KodCode: prompts per generation batch.")
     use_chat_template: bool = config_field(True, "KodCode: wrap the prompt in the model's chat template when it has one.")
     dtype: str = config_field("auto", "KodCode: dtype of completions_model (auto, bf16, fp16, fp32).")
+    generation_backend: GenerationBackend = config_field("hf", "KodCode completions: " + GENERATION_BACKEND_HELP)
+    vllm_kwargs: dict[str, Any] = config_field({}, "KodCode completions: " + VLLM_KWARGS_HELP)
     test_timeout_s: float = config_field(10.0, "KodCode: time limit of one program's test run in the sandbox.")
     test_memory_mb: int = config_field(1024, "KodCode: memory limit of one test run.")
     workers: int = config_field(2, "KodCode: test runs in parallel (each in its own sandbox).")

@@ -11,10 +11,10 @@ from typing import Any, Sequence
 from text2grad.apps.evaluation.code.benchmarks import CodeProblem, load_problems
 from text2grad.apps.evaluation.code.code_eval_config import CodeEvalConfig
 from text2grad.apps.evaluation.code.harness import Sample, load_samples, reference_samples, score_samples, summarize
-from text2grad.apps.evaluation.common import load_policy, markdown_table, run_cli, write_report
+from text2grad.apps.evaluation.common import load_generator, markdown_table, run_cli, write_report
 from text2grad.core.config import save_config
 from text2grad.core.data import write_jsonl
-from text2grad.core.generation import apply_chat_template, generate
+from text2grad.core.generation import apply_chat_template
 from text2grad.core.sandbox import isolation
 
 __all__ = ["evaluate_code", "main", "COMPLETION_STOPS"]
@@ -43,7 +43,8 @@ _DEFAULT_TEMPLATES = {
 
 
 def _generate_samples(cfg: CodeEvalConfig, problems: Sequence[CodeProblem]) -> dict[str, list[Sample]]:
-    model, tokenizer = load_policy(cfg.model, cfg.adapter, cfg.dtype, cfg.device)
+    generator = load_generator(cfg)
+    tokenizer = generator.tokenizer
     defaults = _DEFAULT_CHAT_TEMPLATES if cfg.use_chat_template else _DEFAULT_TEMPLATES
     template = cfg.prompt_template or defaults[cfg.benchmark]
     prompts = [template.replace("{prompt}", p.prompt) for p in problems]
@@ -59,10 +60,10 @@ def _generate_samples(cfg: CodeEvalConfig, problems: Sequence[CodeProblem]) -> d
         stops = ["\n```"]  # the default template opened the fence; its closing ends the code
     # every prompt n times in a row; greedy for n == 1 (pass@1 of the policy's mode), sampling otherwise
     expanded = [p for p in prompts for _ in range(cfg.n)]
-    gens = generate(
-        model, tokenizer, expanded, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
-        do_sample=cfg.n > 1, temperature=cfg.temperature, top_p=cfg.top_p, max_prompt_length=cfg.max_prompt_length,
-        stop_strings=stops or None, add_special_tokens=not cfg.use_chat_template, generator_seed=cfg.seed,
+    gens = generator.generate(
+        expanded, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, do_sample=cfg.n > 1,
+        temperature=cfg.temperature, top_p=cfg.top_p, max_prompt_length=cfg.max_prompt_length,
+        stop_strings=stops or None, add_special_tokens=not cfg.use_chat_template, seed=cfg.seed,
         progress_bar=cfg.progress_bar,
     )
     samples: dict[str, list[Sample]] = {p.task_id: [] for p in problems}

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from text2grad.apps.evaluation.code.benchmarks import BENCHMARKS
 from text2grad.core.config import ConfigError, config_field
+from text2grad.core.generation_options import GENERATION_BACKEND_HELP, VLLM_KWARGS_HELP, GenerationBackend
 
 __all__ = ["CodeEvalConfig"]
 
@@ -29,6 +31,8 @@ class CodeEvalConfig:
     adapter: str | None = config_field(None, "LoRA adapter directory applied on top of --model.")
     dtype: str = config_field("auto", "auto | bf16 | fp16 | fp32.")
     device: str | None = config_field(None, "cpu | cuda | cuda:N (default: GPU if visible).")
+    generation_backend: GenerationBackend = config_field("hf", GENERATION_BACKEND_HELP)
+    vllm_kwargs: dict[str, Any] = config_field({}, VLLM_KWARGS_HELP)
     samples_file: str | None = config_field(
         None,
         "Score this JSONL of {task_id, completion|solution} instead of generating.",
