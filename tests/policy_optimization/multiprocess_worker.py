@@ -12,8 +12,9 @@ prompt gets the same response whichever process samples it (the trainer's sampli
 design); the world-size comparison needs that.
 
 With ``--generation_backend vllm`` it also writes ``<output_dir>/vllm-rank<k>.json``: the process's engine
-placement, what its engine's worker reports from inside (its process id, KV-cache size and CPU affinity), and the
-process's own refresh check (``vllm/logprob_abs_diff`` before it is averaged over processes) per iteration.
+placement, what its engine's worker reports from inside (its process id, KV-cache size and CPU affinity), the
+process's own refresh check (``vllm/logprob_abs_diff`` before it is averaged over processes) per iteration, and
+what that check reads with an engine left on the initial policy.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ import policy_optimization.trainer as trainer_module
 from policy_optimization.distributed import policy_for_generation
 from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.train import build_trainer
+from policy_optimization.rollout import pack_rollout
 from policy_optimization.trainer import NLGradientPPOTrainer
+from policy_optimization.vllm_rollouts import sampled_logprob_gap
 from text2grad.core.config import parse_config
 from text2grad.core.generation import Generation, generate
 from text2grad.core.modeling import end_distributed
@@ -81,6 +84,20 @@ def engine_facts(worker) -> dict:
             "cpu_affinity": sorted(os.sched_getaffinity(0)), "device": str(getattr(worker, "device", None))}
 
 
+def stale_engine_gap(trainer: NLGradientPPOTrainer, measure) -> float:
+    """What the refresh check reads when the engine was not refreshed: this process's engine samples from its base
+    weights (the policy before any update: LoRA B starts at zero) and the trained policy scores the samples."""
+    rollouts = trainer.vllm_rollouts
+    prompts = [r["prompt"] for r in trainer._next_items()]
+    current, rollouts._lora = rollouts._lora, None
+    try:
+        generations = rollouts.sample(prompts, trainer._prompt_special_tokens)
+    finally:
+        rollouts._lora = current
+    logprobs = trainer._rollout_forward(pack_rollout(generations, trainer.tokenizer.pad_token_id, trainer.accelerator.device))[0]
+    return measure(generations, logprobs)
+
+
 def record_own_logprob_gaps() -> list[float]:
     """Keep this process's own refresh check of every iteration (the trainer logs the mean over processes)."""
     gaps: list[float] = []
@@ -97,7 +114,8 @@ def record_own_logprob_gaps() -> list[float]:
 def vllm_record(trainer: NLGradientPPOTrainer, gaps: list[float]) -> dict:
     engine = trainer.vllm_rollouts.engine
     return {"rank_pid": os.getpid(), "placement": dataclasses.asdict(engine.placement),
-            "engine": engine.llm.collective_rpc(engine_facts)[0], "own_logprob_abs_diff": gaps}
+            "engine": engine.llm.collective_rpc(engine_facts)[0], "own_logprob_abs_diff": gaps,
+            "stale_logprob_abs_diff": stale_engine_gap(trainer, sampled_logprob_gap)}
 
 
 def main(argv: list[str]) -> int:

@@ -259,8 +259,10 @@ def test_zero3_ppo_samples_with_one_vllm_engine_per_process(world, tmp_path, mon
         if len(cores) >= 2:  # each engine's threads on its own slice of the cores
             share = cores[rank * len(cores) // 2 : (rank + 1) * len(cores) // 2]
             assert placed["cpu_cores"] == share and set(engine["cpu_affinity"]) <= set(share)
-        # this rank's own refresh check, both iterations (the second after an update)
+        # this rank's own refresh check, both iterations (the second after an update), far below what an engine
+        # left on the initial policy reads after the updates
         assert len(record["own_logprob_abs_diff"]) == 2 and max(record["own_logprob_abs_diff"]) < 1e-3, record
+        assert record["stale_logprob_abs_diff"] > 10 * max(record["own_logprob_abs_diff"]), record
     # two engines: each rank's engine worker is its own process, started under that rank
     pids = {seen[0]["rank_pid"], seen[1]["rank_pid"], seen[0]["engine"]["pid"], seen[1]["engine"]["pid"]}
     assert len(pids) == 4
