@@ -4,9 +4,14 @@
     python benchmarks/method_study.py --output_dir runs/method_study --phases sweep final --arms oracle
     python benchmarks/method_study.py --output_dir runs/method_study --phases report      # tables and plot only
     python benchmarks/method_study.py --output_dir /tmp/ms --iterations 4 --eval_every 2 --preset ci --jobs 1  # smoke
+    python benchmarks/method_study.py --output_dir runs/study_smollm2 --preset smollm2 --arms oracle \
+        --methods text2grad scalar_collapsed --sweep_knobs lambda --seeds 0 1 2 --phases sweep final report
 
 Every method starts from the same SFT policy of the quickstart task (`text2grad.apps.quickstart`) and gets the same
-number of rollouts (``iterations`` x 16). Methods (PPO reward modes of `policy_optimization`):
+number of rollouts (``iterations`` x the preset's PPO batch). ``--preset smollm2`` runs the paper's pipeline order on
+the real SmolLM2-135M-Instruct: LoRA SFT on the task first (through its chat template; the adapter is merged once into
+the study's start policy), then LoRA PPO (r 16) from it; the reward models are trained only when a learned arm or the
+Bradley-Terry baseline asks for them. Methods (PPO reward modes of `policy_optimization`):
 
 ====================  ==========================================================================================
 ``text2grad``         span token rewards from the critic's good/poor quotes (``reward_mode nl_gradient``)
@@ -66,8 +71,9 @@ from benchmarks.baselines import preference_pairs  # noqa: E402
 from policy_optimization.ppo_config import PPOConfig  # noqa: E402
 from policy_optimization.train import build_trainer  # noqa: E402
 from text2grad.apps.quickstart import pipeline as qs  # noqa: E402
-from text2grad.apps.quickstart.quickstart_config import QuickstartConfig, resolve  # noqa: E402
+from text2grad.apps.quickstart.quickstart_config import SMOLLM2, QuickstartConfig, resolve  # noqa: E402
 from text2grad.apps.quickstart.report import token_logprobs  # noqa: E402
+from text2grad.apps.quickstart.results import policy_prompts  # noqa: E402
 from text2grad.apps.quickstart.task import critique_summary, fact_accuracy  # noqa: E402
 from text2grad.core.data import iter_jsonl, write_jsonl  # noqa: E402
 from text2grad.core.generation import generate  # noqa: E402
@@ -144,6 +150,8 @@ class StudyContext:
     target_kl: float
     out: str
     sft_scores: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> scores
+    use_chat_template: bool = False  # the policy's prompts through its tokenizer's chat template (SmolLM2)
+    ppo_fields: dict[str, Any] = field(default_factory=dict)  # the preset's PPOConfig fields (SmolLM2: LoRA)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -216,17 +224,19 @@ def _ppo_config(ctx: StudyContext, spec: RunSpec, run_dir: Path):
         kl_horizon=ctx.iterations * ctx.batch_size, lam=s.lam, response_length=ctx.response_length, temperature=0.7,
         vf_coef=0.1, save_steps=0, save_total_limit=1, occurrence="first", seed=spec.seed, log_samples=0,
         # a sample without feedback scores zero and is counted (samples/source_error in the metrics)
-        max_feedback_error_rate=1.0, num_iterations=ctx.iterations, progress_bar=False, **critic,
+        max_feedback_error_rate=1.0, num_iterations=ctx.iterations, progress_bar=False,
+        use_chat_template=ctx.use_chat_template, **critic,
     )
-    return PPOConfig(**{**fields, **overrides})  # an ablation's change replaces the study's value
+    return PPOConfig(**{**fields, **ctx.ppo_fields, **overrides})  # an ablation's change replaces the study's value
 
 
-def _greedy(model, tokenizer, records: Sequence[Mapping[str, Any]], max_new_tokens: int):
-
+def _greedy(model, tokenizer, records: Sequence[Mapping[str, Any]], max_new_tokens: int, use_chat_template: bool = False):
+    """Fact scores of the greedy summaries of ``records`` (prompts rendered as PPO renders them), and the generations."""
     was_training = model.training
     model.eval()
-    gens = generate(model, tokenizer, [r["prompt"] for r in records], max_new_tokens=max_new_tokens, batch_size=64,
-                    do_sample=False)
+    prompts, add_special = policy_prompts(tokenizer, [r["prompt"] for r in records], use_chat_template)
+    gens = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=64, do_sample=False,
+                    add_special_tokens=add_special)
     model.train(was_training)
     return dict(fact_accuracy(records, [g.text for g in gens])), gens
 
@@ -275,16 +285,18 @@ def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
                         if k in m})
         if it % ctx.eval_every == 0 or it == ctx.iterations:
             point: dict[str, Any] = {"iteration": it, "kl": m.get("objective/kl"),
-                                     "val": _greedy(trainer.policy, trainer.tokenizer, ctx.val_records, ctx.response_length)[0]}
+                                     "val": _greedy(trainer.policy, trainer.tokenizer, ctx.val_records, ctx.response_length,
+                                                   ctx.use_chat_template)[0]}
             if score_test:
-                point["test"] = _greedy(trainer.policy, trainer.tokenizer, ctx.test_records, ctx.response_length)[0]
+                point["test"] = _greedy(trainer.policy, trainer.tokenizer, ctx.test_records, ctx.response_length,
+                                        ctx.use_chat_template)[0]
             curve.append(point)
     result: dict[str, Any] = {"spec": {**asdict(spec), "run_id": spec.run_id}, "curve": curve, "metrics": metrics,
                               "final": curve[-1], "seconds": time.perf_counter() - t0,
                               "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     if score_test:
         sft_model = load_causal_lm(ctx.sft).eval()
-        _, sft_gens = _greedy(sft_model, trainer.tokenizer, ctx.test_records, ctx.response_length)
+        _, sft_gens = _greedy(sft_model, trainer.tokenizer, ctx.test_records, ctx.response_length, ctx.use_chat_template)
         trainer.policy.eval()
         result["true_label_shift"] = true_label_shift(trainer.policy, sft_model, trainer.tokenizer, ctx.test_records, sft_gens)
         result["early_stopped"] = early_stopped(curve)
@@ -345,7 +357,7 @@ def method_keys(arms: Sequence[str], methods: Sequence[str]) -> list[tuple[str, 
 
 
 def sweep(ctx: StudyContext, keys, base: Setting, lrs: Sequence[float], seed: int, jobs: int,
-          knobs: Sequence[str] = ("lambda", "lr", "kl")) -> dict[str, Any]:
+          knobs: Sequence[str] = ("lambda", "lr", "kl"), lambdas: Sequence[float] = LAMBDAS) -> dict[str, Any]:
     """Coordinate search per (arm, method) on validation: lambda, then learning rate, then KL control (``knobs``
     leaves stages out: a left-out knob stays at the base setting)."""
     def spec(a, m, s):
@@ -355,7 +367,7 @@ def sweep(ctx: StudyContext, keys, base: Setting, lrs: Sequence[float], seed: in
         return {s: end_score(results[spec(a, m, s)]["curve"]) for s in settings if spec(a, m, s) in results}
 
     table: dict[str, Any] = {}
-    lams = (base.lam, *[x for x in LAMBDAS if x != base.lam]) if "lambda" in knobs else (base.lam,)
+    lams = (base.lam, *[x for x in lambdas if x != base.lam]) if "lambda" in knobs else (base.lam,)
     stage1 = {k: [replace(base, lam=lam) for lam in lams] for k in keys}
     res = run_all(ctx, [spec(a, m, s) for (a, m), ss in stage1.items() for s in ss], jobs)
     stage2 = {}
@@ -550,7 +562,9 @@ def summarize_ablations(results: Mapping[RunSpec, Mapping[str, Any]]) -> dict[st
 def markdown(study: Mapping[str, Any]) -> str:
     summ, sft = study["final"], study["sft"]["test"]["fact_score"]
     knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
-    lines = [f"Test fact score (100 posts, greedy) after {study['config']['iterations']} iterations x "
+    cfg = study["config"]
+    lines = [f"Policy: {cfg.get('policy', 'tiny Llama')}. Test fact score ({cfg.get('n_test', 100)} posts, greedy) after "
+             f"{cfg['iterations']} iterations x "
              f"{study['config']['batch_size']} rollouts; mean ± 95 % interval over seeds. SFT start: {sft:.3f}. "
              f"Settings chosen on validation over: {', '.join(knobs) if knobs else 'nothing (base setting)'}.", "",
              "| arm | method | chosen setting (validation) | final | early-stopped (iteration chosen) | KL at end | "
@@ -616,46 +630,103 @@ def plot(summary: Mapping[str, Any], png: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-def build_context(args: argparse.Namespace) -> StudyContext:
-    """Data, SFT policy, both generative reward models and the Bradley-Terry reward model (cached like the
-    quickstart's), and the SFT policy's validation and test scores."""
+# The SmolLM2 study's start: LoRA SFT on the task (the paper's order: SFT, then the reward model, then PPO), and the
+# PPO policy as a LoRA adapter on the merged SFT weights (PPO's reference is that merged start policy).
+SMOLLM2_LORA = ["--use_lora", "true", "--lora_r", "16", "--lora_alpha", "32"]
+SMOLLM2_SFT_ARGS = [*SMOLLM2_LORA, "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2"]
 
+
+def study_config(args: argparse.Namespace, shared: Path) -> QuickstartConfig:
+    """The quickstart configuration the study builds its task, SFT policy and reward models with."""
+    base = dict(output_dir=str(shared), seed=args.task_seed, modes=["nl_gradient"], early_stopping=True)
+    if args.preset != "smollm2":
+        return resolve(QuickstartConfig(preset=args.preset, **base))
+    # the quickstart's smollm2 preset starts PPO from SmolLM2 as it is; the study fine-tunes it on the task first
+    return resolve(QuickstartConfig(
+        preset="smollm2", **base, sft_model="", policy_model=SMOLLM2, sft_steps=args.sft_steps,
+        policy_sft_steps=args.sft_steps, sft_learning_rate=args.sft_learning_rate, sft_decay_steps=0,
+        n_rl=256, n_eval=100, ppo_batch_size=args.batch_size or 8, sft_args=SMOLLM2_SFT_ARGS))
+
+
+def _merged_policy(adapter_dir: Path, out: Path) -> Path:
+    """The LoRA SFT adapter folded into its base, saved once to ``out`` (the start policy every run loads)."""
+    if not (out / "config.json").is_file():
+        tmp = out.with_name(out.name + ".tmp")
+        load_causal_lm(str(adapter_dir), merge_adapter=True).save_pretrained(tmp)
+        load_tokenizer(str(adapter_dir)).save_pretrained(tmp)
+        tmp.replace(out)
+    return out
+
+
+def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> StudyContext:
+    """Data, SFT policy, the reward models ``keys`` need (the generative ones for a learned arm, the Bradley-Terry
+    one for scalar_bt; cached like the quickstart's), and the SFT policy's validation and test scores."""
 
     out = Path(args.output_dir)
     shared = out / "shared"
     shared.mkdir(parents=True, exist_ok=True)
-    cfg = resolve(QuickstartConfig(preset=args.preset, output_dir=str(shared), seed=args.task_seed, modes=["nl_gradient"],
-                                   early_stopping=True))
+    cfg = study_config(args, shared)
     qs._COMMAND_LOG[:] = [out / "commands.sh"]
     (out / "commands.sh").write_text("#!/usr/bin/env bash\n# Every phase command the study's setup ran, in order.\n")
     stages = qs.StageClock(qs.STAGES)
     data = qs.stage_data(cfg, shared)
     sft, rm_base = qs.stage_policy(cfg, data)
-    rm, _ = qs.stage_reward_model(cfg, data, sft, rm_base, shared / "text2grad_rm", stages)
-    dense_cfg = replace(cfg, critic="benchmarks.baselines:DenseFactCritic")
-    dense_rm, _ = qs.stage_reward_model(dense_cfg, data, sft, rm_base, shared / "dense_rm", stages)
+    if (sft / "adapter_config.json").is_file() and not (sft / "config.json").is_file():
+        sft = _merged_policy(sft, shared / "sft_merged")
+    learned = {m for a, m in keys if a == "learned" and m != "scalar_bt"}
+    rm = dense_rm = scalar_rm = ""
+    if learned - {"dense"}:
+        rm = str(qs.stage_reward_model(cfg, data, sft, rm_base, shared / "text2grad_rm", stages)[0])
+    if "dense" in learned:
+        dense_cfg = replace(cfg, critic="benchmarks.baselines:DenseFactCritic")
+        dense_rm = str(qs.stage_reward_model(dense_cfg, data, sft, rm_base, shared / "dense_rm", stages)[0])
     stages.finish()
-    scalar_rm = shared / "scalar_rm"
-    if not (scalar_rm / "eval_pairwise.json").is_file():
-        pairs = preference_pairs(list(iter_jsonl(data["train"])), cfg.seed, cfg.rm_p_wrong)
-        write_jsonl(shared / "preference_pairs.jsonl", pairs)
-        qs._call("reward_model.scalar", [
-            "--model_name_or_path", str(rm_base), "--dataset_path", str(shared / "preference_pairs.jsonl"),
-            "--eval_fraction", "0.1", "--output_dir", str(scalar_rm), "--use_lora", "false", "--prompt_template", "{prompt}",
-            "--max_length", "256", "--max_steps", "300", "--learning_rate", "5e-4", "--per_device_train_batch_size", "16",
-            "--logging_steps", "50", "--save_steps", str(10 ** 9), "--progress_bar", "false", "--seed", str(cfg.seed),
-        ])
+    if any(m == "scalar_bt" for _, m in keys):
+        scalar_rm = str(shared / "scalar_rm")
+        if not (shared / "scalar_rm" / "eval_pairwise.json").is_file():
+            pairs = preference_pairs(list(iter_jsonl(data["train"])), cfg.seed, cfg.rm_p_wrong)
+            write_jsonl(shared / "preference_pairs.jsonl", pairs)
+            qs._call("reward_model.scalar", [
+                "--model_name_or_path", str(rm_base), "--dataset_path", str(shared / "preference_pairs.jsonl"),
+                "--eval_fraction", "0.1", "--output_dir", scalar_rm, "--use_lora", "false", "--prompt_template", "{prompt}",
+                "--max_length", "256", "--max_steps", "300", "--learning_rate", "5e-4", "--per_device_train_batch_size", "16",
+                "--logging_steps", "50", "--save_steps", str(10 ** 9), "--progress_bar", "false", "--seed", str(cfg.seed),
+            ])
+    lora = {"use_lora": True, "lora_r": 16, "lora_alpha": 32} if args.preset == "smollm2" else {}
     ctx = StudyContext(
         sft=str(sft), rl=str(data["rl"]), val_records=list(iter_jsonl(data["val"])),
-        test_records=list(iter_jsonl(data["eval"])), rm=str(rm), dense_rm=str(dense_rm), scalar_rm=str(scalar_rm),
-        iterations=args.iterations, eval_every=args.eval_every, batch_size=cfg.ppo_batch_size,
+        test_records=list(iter_jsonl(data["eval"])), rm=rm, dense_rm=dense_rm, scalar_rm=scalar_rm,
+        iterations=args.iterations, eval_every=args.eval_every, batch_size=args.batch_size or cfg.ppo_batch_size,
         response_length=cfg.response_length, kl_coef=cfg.kl_coef, target_kl=args.target_kl, out=str(out),
+        use_chat_template=cfg.use_chat_template, ppo_fields=lora,
     )
     torch.set_num_threads(1)
     tok, model = load_tokenizer(ctx.sft), load_causal_lm(ctx.sft).eval()
-    ctx.sft_scores = {"val": _greedy(model, tok, ctx.val_records, ctx.response_length)[0],
-                      "test": _greedy(model, tok, ctx.test_records, ctx.response_length)[0]}
+    ctx.sft_scores = {split: _greedy(model, tok, recs, ctx.response_length, ctx.use_chat_template)[0]
+                      for split, recs in (("val", ctx.val_records), ("test", ctx.test_records))}
     return ctx
+
+
+def study_identity(args: argparse.Namespace) -> dict[str, Any]:
+    """What a finished run's result depends on besides its RunSpec: runs are resumed by RunSpec alone, so a folder
+    must hold one study of one identity."""
+    ident = {k: getattr(args, k) for k in ("preset", "task_seed", "iterations", "eval_every", "batch_size", "target_kl")}
+    if args.preset == "smollm2":
+        ident.update(sft_steps=args.sft_steps, sft_learning_rate=args.sft_learning_rate)
+    return ident
+
+
+def check_same_study(stored: Mapping[str, Any] | None, current: Mapping[str, Any], folder: str) -> None:
+    """Refuse to resume a folder whose runs were made with other settings (their results would be mixed in)."""
+    if stored is None:
+        return
+    diff = {k: (stored.get(k), v) for k, v in current.items() if stored.get(k) != v}
+    if diff:
+        raise SystemExit(
+            f"{folder} holds a study made with other settings ("
+            + "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+            + "): its finished runs would be reused as if they were this study's. Pass another --output_dir, or the "
+            "folder's own settings to continue it.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -669,32 +740,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sweep_seed", type=int, default=100, help="seed of every sweep run (not one of --seeds)")
     parser.add_argument("--ablation_seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--ablations", nargs="+", default=list(ABLATIONS), choices=list(ABLATIONS))
-    parser.add_argument("--preset", default="default", choices=["ci", "default", "large"], help="quickstart preset (task, SFT, reward models)")
+    parser.add_argument("--preset", default="default", choices=["ci", "default", "large", "smollm2"],
+                        help="quickstart preset (task, SFT, reward models); smollm2: LoRA SFT of SmolLM2-135M-Instruct "
+                        "on the task, then LoRA PPO")
+    parser.add_argument("--sft_steps", type=int, default=80, help="smollm2: LoRA SFT steps (batch 16)")
+    parser.add_argument("--sft_learning_rate", type=float, default=1e-3, help="smollm2: LoRA SFT learning rate")
+    parser.add_argument("--batch_size", type=int, default=0, help="rollouts per PPO iteration (0: the preset's)")
     parser.add_argument("--task_seed", type=int, default=0)
-    parser.add_argument("--iterations", type=int, default=90, help="PPO iterations per run (x 16 rollouts)")
+    parser.add_argument("--iterations", type=int, default=90, help="PPO iterations per run (x --batch_size rollouts)")
     parser.add_argument("--eval_every", type=int, default=15)
     parser.add_argument("--sweep_knobs", nargs="+", default=["lambda", "lr", "kl"], choices=["lambda", "lr", "kl"],
                         help="which coordinates the sweep searches (the others stay at the base setting)")
     parser.add_argument("--base_lr", type=float, default=1e-4, help="the sweep's starting learning rate")
     parser.add_argument("--lrs", type=float, nargs="+", default=[3e-5, 3e-4], help="learning rates tried at the best lambda")
     parser.add_argument("--base_lambda", type=float, default=0.95, help="the sweep's starting GAE lambda")
+    parser.add_argument("--lambdas", type=float, nargs="+", default=list(LAMBDAS), help="GAE lambdas the sweep tries")
     parser.add_argument("--target_kl", type=float, default=6.0, help="target of the adaptive KL setting (the paper's: 6 nats)")
     parser.add_argument("--jobs", type=int, default=max(1, len(os.sched_getaffinity(0))), help="runs at a time (one thread each)")
     args = parser.parse_args(argv)
 
     t0 = time.perf_counter()
-    ctx = build_context(args)
     keys = method_keys(args.arms, args.methods)
+    # the ablations run learned-arm Text2Grad (and the oracle critic), whatever --arms says
+    ctx = build_context(args, keys + ([("learned", "text2grad")] if "ablation" in args.phases else []))
     base = Setting(lr=args.base_lr, kl="fixed", lam=args.base_lambda)
     study_path = Path(args.output_dir) / "study.json"
     study: dict[str, Any] = json.loads(study_path.read_text()) if study_path.is_file() else {}
+    check_same_study(study.get("identity"), study_identity(args), args.output_dir)
+    study["identity"] = study_identity(args)
     study.update({"config": {k: v for k, v in vars(args).items()}, "sft": ctx.sft_scores,
                   "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
                   "command": "python benchmarks/method_study.py " + " ".join(sys.argv[1:] if argv is None else argv)})
-    study["config"]["batch_size"] = ctx.batch_size
+    study["config"].update(batch_size=ctx.batch_size, n_test=len(ctx.test_records), n_val=len(ctx.val_records),
+                           policy="SmolLM2-135M-Instruct (LoRA SFT, LoRA PPO)" if args.preset == "smollm2" else
+                           f"tiny Llama of the quickstart's {args.preset} preset")
     if "sweep" in args.phases:
         study["sweep"] = {**study.get("sweep", {}),
-                          **sweep(ctx, keys, base, args.lrs, args.sweep_seed, args.jobs, args.sweep_knobs)}
+                          **sweep(ctx, keys, base, args.lrs, args.sweep_seed, args.jobs, args.sweep_knobs, args.lambdas)}
         _write_json(study_path, study)
     chosen = chosen_settings(study.get("sweep", {}), keys, base)
     finals = [RunSpec(a, m, chosen[(a, m)], s, "final") for a, m in keys for s in args.seeds]

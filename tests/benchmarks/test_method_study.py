@@ -141,3 +141,15 @@ def test_every_ablation_is_one_valid_change_of_the_ppo_config(ablation):
     changed = {k for k in vars(base) if getattr(cfg, k) != getattr(base, k)}
     want = {k for k in ms.ABLATIONS[ablation] if not k.startswith("_")} | ({"critic", "critic_kwargs"} if ablation == "oracle_critic" else set())
     assert changed == want and all(getattr(cfg, k) == v for k, v in ms.ABLATIONS[ablation].items() if not k.startswith("_"))
+
+
+def test_a_folder_of_another_study_is_refused_not_mixed_in():
+    args = ms.argparse.Namespace(preset="smollm2", task_seed=0, iterations=24, eval_every=6, batch_size=0, target_kl=6.0,
+                                 sft_steps=12, sft_learning_rate=1e-3)
+    ident = ms.study_identity(args)
+    ms.check_same_study(None, ident, "runs/x")  # a new folder
+    ms.check_same_study(dict(ident), ident, "runs/x")  # the same study, resumed
+    with pytest.raises(SystemExit, match=r"preset: 'ci' there, 'smollm2' now.*another --output_dir"):
+        ms.check_same_study({**ident, "preset": "ci"}, ident, "runs/x")
+    with pytest.raises(SystemExit, match="sft_steps: 80 there, 12 now"):
+        ms.check_same_study({**ident, "sft_steps": 80}, ident, "runs/x")
