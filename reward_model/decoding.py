@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-__all__ = ["QuoteConstraint", "grounded_span_processors", "open_quote", "span_list_state"]
+__all__ = ["QuoteConstraint", "grounded_span_processors", "grounded_request_constraint", "open_quote", "span_list_state"]
 
 
 def grounded_span_processors(tokenizer, sources: Sequence[str]) -> Callable[[range, int], list[Any]]:
@@ -26,6 +26,18 @@ def grounded_span_processors(tokenizer, sources: Sequence[str]) -> Callable[[ran
         return [QuoteConstraint(tokenizer, prompt_width, [sources[i] for i in rows])]
 
     return processors
+
+
+def grounded_request_constraint(tokenizer, source: str) -> Callable[[list[int], torch.Tensor], torch.Tensor]:
+    """The same constraint for one request of the vLLM engine (``text2grad.core.vllm_engine.request_constraint(
+    "reward_model.decoding:grounded_request_constraint", source=response)``): called in the engine's process with
+    the ids generated so far and the next token's logits (V,), it masks them as `QuoteConstraint` masks a row."""
+    constraint = QuoteConstraint(tokenizer, 0, [source])
+
+    def constrain(generated_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        return constraint(torch.tensor([generated_ids], dtype=torch.long), logits[None].clone())[0]
+
+    return constrain
 
 
 

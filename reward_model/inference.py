@@ -17,9 +17,8 @@
   the policy sampled with `text2grad.core.rewards.compute_score_rewards`.
 - ``grounded_spans`` constrains the quotes to exact substrings of the response (`reward_model.decoding`).
 - ``backend="vllm"`` serves the same interface from vLLM (`text2grad.core.vllm_engine`, imported only when asked
-  for; CPU or GPU): the same token ids in, the same cut at the end of the JSON. Grounded span decoding is a
-  per-step logits constraint of the "hf" backend; with vLLM a quote that is not in the response stays an
-  unmatched span (no reward, counted in ``spans/unmatched``).
+  for; CPU or GPU): the same token ids in, the same cut at the end of the JSON, and grounded span decoding as the
+  same per-step constraint run per request inside the engine (`text2grad.core.vllm_logits`).
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from text2grad.core.feedback import Feedback
 from text2grad.core.generation import generate
 from text2grad.core.modeling import load_causal_lm, load_tokenizer, resolve_dtype
 from text2grad.core.placement import resolve_device
-from text2grad.core.vllm_engine import shared_engine, vllm_missing_message
+from text2grad.core.vllm_engine import request_constraint, shared_engine, vllm_missing_message
 
 __all__ = ["GenerativeRewardModel", "RewardModelStats", "json_complete", "cut_at_json", "CONFIG_FILENAME"]
 
@@ -124,7 +123,8 @@ class GenerativeRewardModel:
             (the response is always kept whole).
         do_sample, temperature, top_p: greedy by default.
         stop_at_json: stop a row as soon as it has written a complete span-JSON object.
-        grounded_spans: grounded span decoding (`reward_model.decoding.QuoteConstraint`, "hf" backend only):
+        grounded_spans: grounded span decoding (`reward_model.decoding.QuoteConstraint`; with vLLM the same
+            constraint runs per request inside the engine, `reward_model.decoding.grounded_request_constraint`):
             every quote in the span lists is forced to be an exact substring of the response, so no span is
             lost as unmatched. The critique is generated freely. Off by default, so the model is measured as
             trained; the quickstart turns it on (see benchmarks/README.md for its effect).
@@ -152,9 +152,6 @@ class GenerativeRewardModel:
     ):
         if backend not in ("hf", "vllm"):
             raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
-        if grounded_spans and backend != "hf":
-            raise ValueError("grounded_spans needs the 'hf' backend (vLLM has no per-row logits constraint here); "
-                             "pass grounded_spans=False or backend='hf'")
         if max_new_tokens <= 0 or batch_size <= 0:
             raise ValueError("max_new_tokens and batch_size must be positive")
         self.model = model
@@ -299,7 +296,8 @@ class GenerativeRewardModel:
         if self.backend == "vllm":
             ids = [self.tokenizer(inputs[k].text, add_special_tokens=inputs[k].add_special_tokens)["input_ids"] for k in order]
             generated = self.engine.generate(
-                self.tokenizer, ids, self.max_new_tokens, do_sample=self.do_sample, temperature=self.temperature, top_p=self.top_p
+                self.tokenizer, ids, self.max_new_tokens, do_sample=self.do_sample, temperature=self.temperature,
+                top_p=self.top_p, grounded_sources=[responses[k] for k in order] if self.grounded_spans else None,
             )
             for k, (text, finished) in zip(order, generated):
                 cut = cut_at_json(text) if self.stop_at_json else None
@@ -374,10 +372,15 @@ class _VLLMEngine:
 
     def generate(
         self, tokenizer, input_ids: list[list[int]], max_new_tokens: int, *, do_sample: bool, temperature: float,
-        top_p: float,
+        top_p: float, grounded_sources: Sequence[str] | None = None,
     ) -> list[tuple[str, bool]]:
+        """``grounded_sources``: per input, the response its quotes must come from (grounded span decoding)."""
+        constraints = None if grounded_sources is None else [
+            request_constraint("reward_model.decoding:grounded_request_constraint", source=source)
+            for source in grounded_sources
+        ]
         rows = self.engine.generate(
             tokenizer, input_ids, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
-            top_p=top_p, lora=self.lora,
+            top_p=top_p, lora=self.lora, constraints=constraints,
         )
         return [(row.text, row.finished) for row in rows]

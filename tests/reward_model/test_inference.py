@@ -140,7 +140,3 @@ def test_grounded_spans_keep_grounded_outputs_and_ground_the_rest(memorized_rm, 
     assert all(s and s in resp for fb, resp in zip(constrained, edited) for s in fb.good_spans + fb.poor_spans), [(fb.raw, resp) for fb, resp in zip(constrained, edited)]
     assert any(fb.good_spans + fb.poor_spans for fb in constrained)  # it still quotes, only from the response
 
-
-def test_grounded_spans_need_the_hf_backend(rm_tokenizer):
-    with pytest.raises(ValueError, match="grounded_spans needs the 'hf' backend"):
-        GenerativeRewardModel(None, rm_tokenizer, backend="vllm", engine=object(), grounded_spans=True)

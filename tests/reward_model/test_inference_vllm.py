@@ -10,13 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from tests.vllm_testlib import engine_for_tests
+from tests.reward_model.grounding_testlib import SPAN_LIST_OPENING, RowConstraints, forced_span_list
+from tests.vllm_testlib import engine_for_tests, engine_options
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from policy_optimization.ppo_config import PPOConfig
 from reward_model.inference import GenerativeRewardModel
 from text2grad.core.assets import smollm2_path
-from text2grad.core.generation import encode_prompt_ids
+from text2grad.core.generation import apply_chat_template, encode_prompt_ids, generate
+from text2grad.core.vllm_engine import request_constraint
 
 pytestmark = pytest.mark.slow
 
@@ -66,3 +68,47 @@ def test_vllm_critiques_equal_transformers_critiques(lora_reward_model):
     ids = [encode_prompt_ids(hf.tokenizer, [i.text], add_special_tokens=i.add_special_tokens)[0] for i in inputs]
     base = engine.generate(hf.tokenizer, ids, max_new_tokens=40)
     assert any(b.text != o.text for b, o in zip(base, vl_out)), [b.text for b in base]
+
+
+def test_grounded_quotes_inside_the_engine_equal_the_transformers_constraint():
+    """Grounded span decoding runs per request inside vLLM (`text2grad.core.vllm_logits`). SmolLM2 was not trained to
+    write span JSON, so a test constraint forces the span list open and then hands over to the reward model's
+    grounded constraint (tests/reward_model/grounding_testlib.py); the same function constrains transformers rows."""
+    engine = engine_for_tests()
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2_path()))
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2_path()), dtype=torch.float32).eval()
+    sources = ["Oslo is the capital of Sweden.", "Water boils at 90 degrees.", "The shop opens at ten."]
+    prompts = [apply_chat_template(tokenizer, f"Quote the wrong words in: {s}") for s in sources]
+    ids = encode_prompt_ids(tokenizer, prompts, add_special_tokens=False)
+    constraints = [request_constraint("tests.reward_model.grounding_testlib:forced_span_list", source=s) for s in sources]
+    vl = engine.generate(tokenizer, ids, max_new_tokens=24, constraints=constraints)
+    hf = generate(model, tokenizer, prompts, max_new_tokens=24, batch_size=1, add_special_tokens=False,
+                  logits_processors=lambda rows, width: [RowConstraints([forced_span_list(tokenizer, sources[i]) for i in rows], width)])
+    assert [v.response_ids for v in vl] == [h.response_ids for h in hf], ([v.text for v in vl], [h.text for h in hf])
+    for row, source in zip(vl, sources):
+        assert row.text.startswith(SPAN_LIST_OPENING)
+        span_list = row.text[len(SPAN_LIST_OPENING) - 1 :].split("]", 1)[0]  # '"q1", "q2", "q3' (maybe cut short)
+        quotes = span_list.split('"')[1::2]
+        assert quotes[0].strip() and all(q in source for q in quotes), row.text  # grounded, even a cut-off one
+    unconstrained = engine.generate(tokenizer, ids, max_new_tokens=24)  # the same engine, a request without one
+    assert not any(u.text.startswith(SPAN_LIST_OPENING) for u in unconstrained)
+
+
+def test_the_reward_models_grounded_spans_reach_the_engine_per_request(lora_reward_model, monkeypatch):
+    engine = engine_for_tests()
+    options = dict(max_new_tokens=24, dtype="fp32", tokenizer_name_or_path=str(smollm2_path()), grounded_spans=True)
+    hf = GenerativeRewardModel.from_pretrained(str(lora_reward_model), batch_size=1, merge_adapter=False, **options)
+    vl = GenerativeRewardModel.from_pretrained(str(lora_reward_model), backend="vllm", **options,
+                                               vllm_kwargs=engine_options())
+    sent = []
+    real_generate = type(engine).generate
+    monkeypatch.setattr(type(engine), "generate", lambda self, *a, **kw: sent.append(kw.get("constraints")) or real_generate(self, *a, **kw))
+    vl_out = vl._generate(vl._inputs(PROMPTS[:2], RESPONSES[:2]), RESPONSES[:2])
+    hf_out = hf._generate(hf._inputs(PROMPTS[:2], RESPONSES[:2]), RESPONSES[:2])
+    assert [(o.text, o.finished) for o in vl_out] == [(o.text, o.finished) for o in hf_out]
+    # one constraint per request, naming the reward model's grounded constraint and that request's response
+    # (inputs go longest first, so compare as sets)
+    assert len(sent) == 1 and len(sent[0]) == 2
+    specs = [next(iter(c.values())) for c in sent[0]]
+    assert {s["factory"] for s in specs} == {"reward_model.decoding:grounded_request_constraint"}
+    assert {s["kwargs"]["source"] for s in specs} == set(RESPONSES[:2])

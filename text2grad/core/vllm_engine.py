@@ -9,6 +9,9 @@ a LoRA reward model on the same base model are two `LoRARequest`s on one engine.
 - **Outputs** become `text2grad.core.generation.Generation` rows through the same cut as transformers' generate
   (first EOS kept, stop strings), with ``sampled_logprobs``: vLLM's own log-probabilities of the sampled tokens,
   after temperature (``logprobs_mode="processed_logprobs"``), for checking that the engine holds the current policy.
+- **Per-request logits constraints** (``generate(..., constraints=[request_constraint(...), ...])``): every engine
+  installs `text2grad.core.vllm_logits.RequestLogits`, which applies a named constraint function to the requests
+  that carry one (the reward model's grounded span decoding) and leaves the others untouched.
 - **vLLM starts its engine in a spawned process**: a script that builds a `VLLMEngine` must do so under
   ``if __name__ == "__main__":`` (the spawned process re-imports the main module).
 - **Placement and memory** (`text2grad.core.placement.engine_placement`): under a launcher every process starts its
@@ -40,7 +43,7 @@ from text2grad.core.placement import EnginePlacement, engine_placement, local_ra
 
 __all__ = [
     "VLLMEngine", "EngineKey", "LORA_RANKS", "lora_rank_slot", "place_engine", "shared_engine", "close_shared_engine",
-    "vllm_available", "vllm_missing_message",
+    "vllm_available", "vllm_missing_message", "REQUEST_LOGITS_PROCESSOR", "request_constraint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -48,6 +51,18 @@ logger = logging.getLogger(__name__)
 # The LoRA ranks vLLM accepts for max_lora_rank (vllm.config.lora.MaxLoRARanks).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+# Installed in every engine: runs the per-request constraints named in requests' extra_args
+# (`text2grad.core.vllm_logits`, loaded by vLLM by name in its engine process).
+REQUEST_LOGITS_PROCESSOR = "text2grad.core.vllm_logits:RequestLogits"
+_REQUEST_LOGITS_ARG = "text2grad_logits"
+
+
+def request_constraint(factory: str, **kwargs: Any) -> dict[str, Any]:
+    """One request's logits constraint for `VLLMEngine.generate` (``constraints``): ``factory`` ("package.module:
+    function") is called in the engine's process as ``function(tokenizer, **kwargs)`` (plain JSON-like kwargs) and
+    returns ``constrain(generated_ids, logits) -> logits``, applied before each token of that request is chosen
+    (`text2grad.core.vllm_logits`)."""
+    return {_REQUEST_LOGITS_ARG: {"factory": factory, "kwargs": kwargs}}
 
 
 def vllm_available() -> bool:
@@ -145,6 +160,7 @@ class VLLMEngine:
         if self.placement.gpu_index is None:
             kwargs.setdefault("enforce_eager", True)  # no graph capture on CPU: start-up in seconds, same outputs
         kwargs.update(engine_kwargs)
+        kwargs["logits_processors"] = [REQUEST_LOGITS_PROCESSOR, *engine_kwargs.get("logits_processors", [])]
         logger.info("starting the vLLM engine for %s (dtype %s, LoRA %s) on %s", self.model_path, kwargs["dtype"],
                     kwargs.get("max_lora_rank", "off"), self.placement.describe())
         # the engine's processes are spawned inside LLM() and inherit the environment as it is then
@@ -195,6 +211,7 @@ class VLLMEngine:
         lora=None,
         logprobs: bool = False,
         seed: int | None = None,
+        constraints: Sequence[dict[str, Any] | None] | None = None,
         progress_bar: bool = False,
     ) -> list[Generation]:
         """One `Generation` per prompt (token ids), in order, cut like `text2grad.core.generation.generate` cuts
@@ -202,7 +219,9 @@ class VLLMEngine:
         log-probability of each sampled token (after temperature/top-k/top-p). ``lora`` is a request from
         `lora_request` (None: the base weights). ``seed`` makes sampling reproducible (row i uses ``seed + i``); on CPU,
         vLLM 0.32 fails a seeded request whose prompt it prefills in chunks ("CPU Generator does not use offset"),
-        which happens once a batch's prompts exceed the engine's per-step token budget, so seed only small batches."""
+        which happens once a batch's prompts exceed the engine's per-step token budget, so seed only small batches.
+        ``constraints``: per prompt, a `request_constraint` (or None) that constrains that row's logits, as a
+        transformers logits processor would (the reward model's grounded span decoding is one)."""
         from vllm import SamplingParams
 
         settings = dict(
@@ -215,9 +234,13 @@ class VLLMEngine:
             skip_special_tokens=True,
             logprobs=0 if logprobs else None,
         )
+        if constraints is not None and len(constraints) != len(prompt_ids):
+            raise ValueError(f"got {len(constraints)} constraints for {len(prompt_ids)} prompts; pass one (or None) per prompt")
         # one seed per row (seed + row): the same prompt twice in a batch still gets two different samples
-        params = (SamplingParams(**settings) if seed is None
-                  else [SamplingParams(**settings, seed=seed + row) for row in range(len(prompt_ids))])
+        seeds = [None if seed is None else seed + row for row in range(len(prompt_ids))]
+        extra_args = [dict(c) if c else None for c in constraints] if constraints is not None else [None] * len(prompt_ids)
+        params = (SamplingParams(**settings) if seed is None and constraints is None
+                  else [SamplingParams(**settings, seed=s, extra_args=e) for s, e in zip(seeds, extra_args)])
         requests = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompt_ids]
         outputs = self.llm.generate(requests, params, lora_request=lora, use_tqdm=progress_bar)
         rows = []
