@@ -153,3 +153,18 @@ def test_a_folder_of_another_study_is_refused_not_mixed_in():
         ms.check_same_study({**ident, "preset": "ci"}, ident, "runs/x")
     with pytest.raises(SystemExit, match="sft_steps: 80 there, 12 now"):
         ms.check_same_study({**ident, "sft_steps": 80}, ident, "runs/x")
+
+
+def test_paper_comparison_reads_both_sides_and_says_why_only_where_they_differ():
+    cfg = ms.PPOConfig(model_name_or_path="m", dataset_path="d.jsonl", output_dir="o", learning_rate=1e-4,
+                       num_ppo_epochs=4, lam=0.95, adaptive_kl=True, kl_coef=0.2, use_lora=False)
+    rows = {r["field"]: r for r in ms.paper_comparison(cfg)}
+    assert rows["learning_rate"]["paper"] == 1e-6 and rows["learning_rate"]["study"] == 1e-4
+    assert not rows["learning_rate"]["same"] and "swept" in rows["learning_rate"]["why"]
+    assert rows["num_ppo_epochs"]["same"] and rows["num_ppo_epochs"]["why"] == ""
+    assert rows["lam"]["same"] and rows["adaptive_kl"]["same"]
+    assert rows["lora_r"]["study"] is None and not rows["use_lora"]["same"]  # no LoRA: no rank to compare
+    lines = ms.markdown({"final": {}, "sft": {"test": {"fact_score": 0.2}}, "config": {"iterations": 2, "batch_size": 4},
+                         "paper_comparison": list(rows.values()), "paper_comparison_for": "x"})
+    agree = sum(r["same"] for r in rows.values())
+    assert f"{agree} of {len(rows)} fields agree" in lines and "| num_ppo_epochs | 4 | 4 | same |" in lines
