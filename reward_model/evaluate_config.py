@@ -48,7 +48,7 @@ class EvalConfig:
     backend: Literal["hf", "vllm"] = config_field("hf", "Generation backend.")
     grounded_spans: bool = config_field(
         False,
-        "Grounded span decoding: force every quote to be a substring of the response (hf backend).",
+        "Grounded span decoding: force every quote to be a substring of the response (either backend).",
     )
     occurrence: Occurrence = config_field("all", "Label all occurrences of a repeated quote, or the first.")
     overlap: Overlap = config_field("poor", "Which label wins where good and poor spans overlap.")
