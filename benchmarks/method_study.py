@@ -60,6 +60,7 @@ from typing import Any, Mapping, Sequence
 import matplotlib
 import torch
 import transformers
+import yaml
 from scipy.stats import t as student_t
 from tqdm import tqdm
 
@@ -634,8 +635,6 @@ PAPER_FIELDS: dict[str, str] = {
 
 def paper_comparison(cfg: PPOConfig, paper_yaml: Path = ROOT / "configs" / "slf5k" / "ppo.yaml") -> list[dict[str, Any]]:
     """The study's PPO values next to the paper's (SLF5K, Table 10) for every field of `PAPER_FIELDS`."""
-    import yaml
-
     paper = yaml.safe_load(paper_yaml.read_text())
     rows = []
     for name, why in PAPER_FIELDS.items():
