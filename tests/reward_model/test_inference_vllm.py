@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 from tests.reward_model.grounding_testlib import SPAN_LIST_OPENING, RowConstraints, forced_span_list
-from tests.vllm_testlib import engine_for_tests, engine_options
+from tests.vllm_testlib import engine_for_tests, engine_options, make_smollm2_lora_adapter
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from policy_optimization.ppo_config import PPOConfig
@@ -30,18 +29,7 @@ RESPONSES = ["A cat sat on a mat.", "Oslo is Norway's capital.", "The shop opens
 @pytest.fixture(scope="module")
 def lora_reward_model(tmp_path_factory):
     """A SmolLM2 LoRA adapter with non-zero weights (so it changes what the model writes), saved like training does."""
-    path = smollm2_path()
-    out = tmp_path_factory.mktemp("rm_adapter")
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
-    with torch.no_grad():  # B of the size a short training gives (peft's random B is 4x larger: gibberish)
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn_like(param) * 0.05)
-    model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(str(path)).save_pretrained(str(out))
-    return out
+    return make_smollm2_lora_adapter(tmp_path_factory.mktemp("rm_adapter"), seed=0)
 
 
 def test_vllm_critiques_equal_transformers_critiques(lora_reward_model):

@@ -12,10 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from peft import LoraConfig, get_peft_model
-from tests.vllm_testlib import engine_for_tests, engine_options
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from tests.vllm_testlib import engine_for_tests, engine_options, make_smollm2_lora_adapter
 
 from text2grad.apps.evaluation import code as code_eval
 from text2grad.apps.evaluation import summarization
@@ -76,18 +73,7 @@ def test_summaries_and_their_scores_are_the_same_with_vllm(tmp_path):
 @pytest.fixture(scope="module")
 def lora_policy(tmp_path_factory):
     """A SmolLM2 LoRA policy adapter with non-zero weights (so it changes the summaries), saved as training saves it."""
-    path = smollm2_path()
-    out = tmp_path_factory.mktemp("policy_adapter")
-    torch.manual_seed(1)
-    base = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
-    with torch.no_grad():  # B of the size a short training gives (peft's random B is larger: gibberish)
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn_like(param) * 0.05)
-    model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(str(path)).save_pretrained(str(out))
-    return out
+    return make_smollm2_lora_adapter(tmp_path_factory.mktemp("policy_adapter"), seed=1)
 
 
 @pytest.mark.slow
