@@ -446,6 +446,20 @@ def summarize_final(results: Mapping[RunSpec, Mapping[str, Any]], keys, seeds: S
     return out
 
 
+GOAL_SHARE = 0.8  # the study's bar: Text2Grad ahead at the end on >= 4 of 5 seeds
+
+
+def final_spread(summary: Mapping[str, Any], arm: str) -> tuple[float, float, float] | None:
+    """(lowest, highest) mean final test score among ``arm``'s methods (the critic-free scalar_bt included), and
+    the widest 95 % half-width among them; None with fewer than two methods."""
+    rows = [r for k, r in summary.items() if k.startswith(arm + "/") or k.endswith("/scalar_bt")]
+    if len(rows) < 2:
+        return None
+    means = [r["final_mean_ci"][0] for r in rows]
+    widths = [r["final_mean_ci"][1] for r in rows if r["final_mean_ci"][1] == r["final_mean_ci"][1]]
+    return min(means), max(means), max(widths, default=0.0)
+
+
 def compare_to_best_scalar(summary: Mapping[str, Any], arm: str) -> dict[str, Any] | None:
     """Text2Grad vs the best scalar baseline of ``arm`` (by mean final test score), seed by seed."""
     t2g = summary.get(f"{arm}/text2grad")
@@ -483,6 +497,20 @@ def interpret(summary: Mapping[str, Any], sft_test: float, sft_recall_false: tup
             f"With {arm} feedback, Text2Grad ends training at {_pm(t2g['final_mean_ci'])} (SFT start {sft_test:.3f}), "
             + ("" if where == "level with" else f"{abs(d):.3f} ") + f"{where} the best scalar baseline ({base_label}, {_pm(summary[cmp['baseline']]['final_mean_ci'])}); "
             f"it is ahead on {cmp['ahead_final']} of {cmp['seeds']} seeds, and {sure}.")
+        need = math.ceil(GOAL_SHARE * cmp["seeds"])
+        lines.append(
+            f"The study's goal, Text2Grad ahead of that baseline at the end of training on at least {need} of "
+            f"{cmp['seeds']} seeds, is {'met' if cmp['ahead_final'] >= need else 'not met'} in the {arm} arm.")
+        spread = final_spread(summary, arm)
+        if spread is not None:
+            lo, hi, widest = spread
+            lines.append(
+                f"The {arm} arm's methods end between {lo:.3f} and {hi:.3f} (a range of {hi - lo:.3f}), "
+                + ("less than the widest 95 % interval half-width among them (" if hi - lo < widest else
+                   "more than the widest 95 % interval half-width among them (")
+                + f"{widest:.3f}): "
+                + ("at the end of training they cannot be told apart." if hi - lo < widest else
+                   "at the end of training at least two of them differ by more than their seed noise."))
         de, he = cmp["diff_early"]
         lines.append(
             f"Early-stopped on validation, Text2Grad scores {_pm(t2g['early_mean_ci'])} against "
@@ -845,7 +873,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     study["paper_comparison"] = paper_comparison(_ppo_config(ctx, RunSpec(*t2g, chosen[t2g], 0, "final"),
                                                              Path(args.output_dir) / "unused"))
     study["final"] = summarize_final(results, keys, args.seeds, ctx.batch_size)
-    study["ablations"] = summarize_ablations(results)
+    # a phase whose runs are not in this folder keeps the summary stored in study.json (e.g. from an earlier machine)
+    study["ablations"] = summarize_ablations(results) or study.get("ablations", {})
     study["seconds"] = time.perf_counter() - t0
     _write_json(study_path, study)
     if study["final"]:

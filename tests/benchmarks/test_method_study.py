@@ -72,10 +72,18 @@ def test_summary_and_sentences_follow_the_numbers():
     assert lines[0].startswith("With oracle feedback, Text2Grad ends training at 0.500 ± ")
     assert "0.133 ahead of the best scalar baseline (scalar PPO, critic's quotes collapsed" in lines[0]
     assert "ahead on 2 of 3 seeds" in lines[0] and "includes zero" in lines[0]
-    assert "wrong facts lost probability relative to the correct ones" in lines[3]
+    assert lines[1] == ("The study's goal, Text2Grad ahead of that baseline at the end of training on at least 3 of 3 "
+                        "seeds, is not met in the oracle arm.")
+    # finals 0.5 / 0.367 / 0.2 (scalar_bt counts in every arm): range 0.3 against the widest half-width
+    lo, hi, widest = ms.final_spread(summ, "oracle")
+    assert (lo, hi) == (pytest.approx(0.2), pytest.approx(0.5)) and widest == pytest.approx(t2g["final_mean_ci"][1])
+    assert lines[2] == ("The oracle arm's methods end between 0.200 and 0.500 (a range of 0.300), more than the widest "
+                        "95 % interval half-width among them (0.248): at the end of training at least two of them differ "
+                        "by more than their seed noise.")
+    assert "wrong facts lost probability relative to the correct ones" in lines[5]
     for key, (recall, false) in {"oracle/text2grad": (0.4, 0.02), "oracle/scalar_collapsed": (0.38, 0.1)}.items():
         summ[key]["recall_false"] = [recall, false]
-    told = ms.interpret(summ, 0.2, (0.42, 1.23))[3]
+    told = ms.interpret(summ, 0.2, (0.42, 1.23))[5]
     assert told == ("At the end, Text2Grad's test summaries state 0.400 of the five facts correctly with 0.02 false facts "
                     "each, the baseline's 0.380 with 0.10 (the start policy: 0.420 and 1.23).")
 
@@ -84,7 +92,14 @@ def test_summary_and_sentences_follow_the_numbers():
     lines = ms.interpret(ms.summarize_final(worse, keys, [0, 1, 2], 16), 0.2)
     assert "behind the best scalar baseline" in lines[0] and "ahead on 0 of 3 seeds" in lines[0]
     assert "excludes zero" in lines[0]
-    assert "on 0 of 3 seeds." in lines[2]
+    assert "on 0 of 3 seeds." in lines[4]
+    # the same means with noisy seeds: the spread sentence turns; ahead on every seed: the goal is met
+    tied = {**_final("oracle", "text2grad", [0.3, 0.5, 0.4], [0.3, 0.5, 0.4]),
+            **_final("oracle", "scalar_collapsed", [0.29, 0.49, 0.39], [0.3, 0.3, 0.3])}
+    tied_lines = ms.interpret(ms.summarize_final(tied, keys[:2], [0, 1, 2], 16), 0.2)
+    assert tied_lines[1].endswith("is met in the oracle arm.")
+    assert tied_lines[2].startswith("The oracle arm's methods end between 0.390 and 0.400 (a range of 0.010), less than")
+    assert tied_lines[2].endswith("at the end of training they cannot be told apart.")
     md = ms.markdown({"final": ms.summarize_final(worse, keys, [0, 1, 2], 16), "sft": {"test": {"fact_score": 0.2}},
                       "config": {"iterations": 20, "batch_size": 16}, "ablations": {}})
     assert "| oracle | Text2Grad (span rewards) | lr 0.0001, KL fixed, lambda 0 | 0.100 ± 0.000 |" in md
