@@ -450,14 +450,25 @@ GOAL_SHARE = 0.8  # the study's bar: Text2Grad ahead at the end on >= 4 of 5 see
 
 
 def final_spread(summary: Mapping[str, Any], arm: str) -> tuple[float, float, float] | None:
-    """(lowest, highest) mean final test score among ``arm``'s methods (the critic-free scalar_bt included), and
-    the widest 95 % half-width among them; None with fewer than two methods."""
-    rows = [r for k, r in summary.items() if k.startswith(arm + "/") or k.endswith("/scalar_bt")]
+    """(lowest, highest) mean final test score among the methods that read ``arm``'s critic (scalar_bt reads none),
+    and the widest 95 % half-width among them; None with fewer than two such methods."""
+    rows = [r for k, r in summary.items() if k.startswith(arm + "/") and not k.endswith("/scalar_bt")]
     if len(rows) < 2:
         return None
     means = [r["final_mean_ci"][0] for r in rows]
     widths = [r["final_mean_ci"][1] for r in rows if r["final_mean_ci"][1] == r["final_mean_ci"][1]]
     return min(means), max(means), max(widths, default=0.0)
+
+
+FLAT = 0.02  # a mean test curve that moves more than this over its last evaluation interval has not flattened
+
+
+def last_step(row: Mapping[str, Any]) -> tuple[tuple[int, int], float]:
+    """((first, last) iteration of the last evaluation interval, change of the seeds' mean test score over it)."""
+    curves = list(row["curves"].values())
+    its = [p["iteration"] for p in curves[0]]
+    mean = lambda i: statistics.fmean(c[i]["test"] for c in curves)  # noqa: E731
+    return (its[-2], its[-1]), mean(-1) - mean(-2)
 
 
 def compare_to_best_scalar(summary: Mapping[str, Any], arm: str) -> dict[str, Any] | None:
@@ -505,12 +516,17 @@ def interpret(summary: Mapping[str, Any], sft_test: float, sft_recall_false: tup
         if spread is not None:
             lo, hi, widest = spread
             lines.append(
-                f"The {arm} arm's methods end between {lo:.3f} and {hi:.3f} (a range of {hi - lo:.3f}), "
+                f"The methods that read the {arm} arm's critic end between {lo:.3f} and {hi:.3f} (a range of {hi - lo:.3f}), "
                 + ("less than the widest 95 % interval half-width among them (" if hi - lo < widest else
                    "more than the widest 95 % interval half-width among them (")
                 + f"{widest:.3f}): "
                 + ("at the end of training they cannot be told apart." if hi - lo < widest else
                    "at the end of training at least two of them differ by more than their seed noise."))
+        (t_last, t_step), (b_last, b_step) = last_step(t2g), last_step(summary[cmp["baseline"]])
+        lines.append(
+            f"Over the last evaluation interval (iterations {t_last[0]}-{t_last[1]}) Text2Grad's mean test score moved by "
+            f"{t_step:+.3f}, the baseline's by {b_step:+.3f}"
+            + (": Text2Grad's curve had not flattened when training ended." if abs(t_step) > FLAT else "."))
         de, he = cmp["diff_early"]
         lines.append(
             f"Early-stopped on validation, Text2Grad scores {_pm(t2g['early_mean_ci'])} against "
@@ -602,6 +618,17 @@ def sweep_markdown(study: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def start_policy_lines(study: Mapping[str, Any]) -> list[str]:
+    """A sentence when the sweep's runs started from another SFT policy than the final runs (a study resumed on
+    another machine: the SFT run is retrained there), with both policies' scores; nothing when they are the same."""
+    then, now = study.get("sweep_sft"), study["sft"]
+    if not then or all(math.isclose(then[s]["fact_score"], now[s]["fact_score"], abs_tol=1e-9) for s in ("val", "test")):
+        return []
+    return ["", f"The sweep's runs started from an SFT policy scoring {then['val']['fact_score']:.3f} on validation and "
+                f"{then['test']['fact_score']:.3f} on test; the final runs from one scoring {now['val']['fact_score']:.3f} "
+                f"and {now['test']['fact_score']:.3f}."]
+
+
 def markdown(study: Mapping[str, Any]) -> str:
     summ, sft = study["final"], study["sft"]["test"]["fact_score"]
     knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
@@ -623,6 +650,7 @@ def markdown(study: Mapping[str, Any]) -> str:
             f"lambda {s['lam']:g} | {_pm(r['final_mean_ci'])} | {_pm(r['early_mean_ci'])} ({its}) | {_pm(r['kl_end'])} | "
             f"{shift.get('poor_first', float('nan')):+.3f} / {shift.get('good', float('nan')):+.3f} | "
             + (", ".join("-" if v is None else str(v) for v in reach.values()) or "") + " |")
+    lines += start_policy_lines(study)
     sft_all = study["sft"]["test"]
     lines += ["", *interpret(summ, sft, (sft_all.get("fact_recall", float("nan")), sft_all.get("n_false", float("nan"))))]
     if study.get("sweep"):
@@ -858,6 +886,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "sweep" in args.phases:
         study["sweep"] = {**study.get("sweep", {}),
                           **sweep(ctx, keys, base, args.lrs, args.sweep_seed, args.jobs, args.sweep_knobs, args.lambdas)}
+        study["sweep_sft"] = ctx.sft_scores  # the start policy the choices were made from
         _write_json(study_path, study)
     chosen = chosen_settings(study.get("sweep", {}), keys, base)
     finals = [RunSpec(a, m, chosen[(a, m)], s, "final") for a, m in keys for s in args.seeds]

@@ -74,16 +74,19 @@ def test_summary_and_sentences_follow_the_numbers():
     assert "ahead on 2 of 3 seeds" in lines[0] and "includes zero" in lines[0]
     assert lines[1] == ("The study's goal, Text2Grad ahead of that baseline at the end of training on at least 3 of 3 "
                         "seeds, is not met in the oracle arm.")
-    # finals 0.5 / 0.367 / 0.2 (scalar_bt counts in every arm): range 0.3 against the widest half-width
+    # finals 0.5 / 0.367 (scalar_bt, 0.2, reads no critic and is left out): range 0.133 against half-width 0.248
     lo, hi, widest = ms.final_spread(summ, "oracle")
-    assert (lo, hi) == (pytest.approx(0.2), pytest.approx(0.5)) and widest == pytest.approx(t2g["final_mean_ci"][1])
-    assert lines[2] == ("The oracle arm's methods end between 0.200 and 0.500 (a range of 0.300), more than the widest "
-                        "95 % interval half-width among them (0.248): at the end of training at least two of them differ "
-                        "by more than their seed noise.")
-    assert "wrong facts lost probability relative to the correct ones" in lines[5]
+    assert (lo, hi) == (pytest.approx(0.3667, abs=1e-4), pytest.approx(0.5)) and widest == pytest.approx(0.248, abs=1e-3)
+    assert lines[2] == ("The methods that read the oracle arm's critic end between 0.367 and 0.500 (a range of 0.133), "
+                        "less than the widest 95 % interval half-width among them (0.248): at the end of training they "
+                        "cannot be told apart.")
+    # curves 0.2 -> early -> final: Text2Grad's last step is mean(final) - mean(early) = 0.5 - 0.433
+    assert lines[3] == ("Over the last evaluation interval (iterations 10-20) Text2Grad's mean test score moved by +0.067, "
+                        "the baseline's by +0.067: Text2Grad's curve had not flattened when training ended.")
+    assert "wrong facts lost probability relative to the correct ones" in lines[6]
     for key, (recall, false) in {"oracle/text2grad": (0.4, 0.02), "oracle/scalar_collapsed": (0.38, 0.1)}.items():
         summ[key]["recall_false"] = [recall, false]
-    told = ms.interpret(summ, 0.2, (0.42, 1.23))[5]
+    told = ms.interpret(summ, 0.2, (0.42, 1.23))[6]
     assert told == ("At the end, Text2Grad's test summaries state 0.400 of the five facts correctly with 0.02 false facts "
                     "each, the baseline's 0.380 with 0.10 (the start policy: 0.420 and 1.23).")
 
@@ -92,14 +95,21 @@ def test_summary_and_sentences_follow_the_numbers():
     lines = ms.interpret(ms.summarize_final(worse, keys, [0, 1, 2], 16), 0.2)
     assert "behind the best scalar baseline" in lines[0] and "ahead on 0 of 3 seeds" in lines[0]
     assert "excludes zero" in lines[0]
-    assert "on 0 of 3 seeds." in lines[4]
+    assert "on 0 of 3 seeds." in lines[5]
+    assert lines[3].endswith("moved by +0.000, the baseline's by +0.067.")  # flat: no claim about flattening
     # the same means with noisy seeds: the spread sentence turns; ahead on every seed: the goal is met
     tied = {**_final("oracle", "text2grad", [0.3, 0.5, 0.4], [0.3, 0.5, 0.4]),
             **_final("oracle", "scalar_collapsed", [0.29, 0.49, 0.39], [0.3, 0.3, 0.3])}
     tied_lines = ms.interpret(ms.summarize_final(tied, keys[:2], [0, 1, 2], 16), 0.2)
     assert tied_lines[1].endswith("is met in the oracle arm.")
-    assert tied_lines[2].startswith("The oracle arm's methods end between 0.390 and 0.400 (a range of 0.010), less than")
+    assert tied_lines[2].startswith("The methods that read the oracle arm's critic end between 0.390 and 0.400 (a "
+                                    "range of 0.010), less than")
     assert tied_lines[2].endswith("at the end of training they cannot be told apart.")
+    # tight seeds far apart: they differ
+    apart = {**_final("oracle", "text2grad", [0.6, 0.6, 0.6], [0.6, 0.6, 0.6]),
+             **_final("oracle", "scalar_collapsed", [0.3, 0.3, 0.3], [0.3, 0.3, 0.3])}
+    assert ms.interpret(ms.summarize_final(apart, keys[:2], [0, 1, 2], 16), 0.2)[2].endswith(
+        "(0.000): at the end of training at least two of them differ by more than their seed noise.")
     md = ms.markdown({"final": ms.summarize_final(worse, keys, [0, 1, 2], 16), "sft": {"test": {"fact_score": 0.2}},
                       "config": {"iterations": 20, "batch_size": 16}, "ablations": {}})
     assert "| oracle | Text2Grad (span rewards) | lr 0.0001, KL fixed, lambda 0 | 0.100 ± 0.000 |" in md
@@ -183,3 +193,13 @@ def test_paper_comparison_reads_both_sides_and_says_why_only_where_they_differ()
                          "paper_comparison": list(rows.values()), "paper_comparison_for": "x"})
     agree = sum(r["same"] for r in rows.values())
     assert f"{agree} of {len(rows)} fields agree" in lines and "| num_ppo_epochs | 4 | 4 | same |" in lines
+
+
+def test_a_sweep_from_another_start_policy_is_reported_with_both_scores():
+    same = {"val": {"fact_score": 0.225}, "test": {"fact_score": 0.236}}
+    other = {"val": {"fact_score": 0.225}, "test": {"fact_score": 0.170}}
+    assert ms.start_policy_lines({"sft": same, "sweep_sft": same}) == []
+    assert ms.start_policy_lines({"sft": same}) == []  # a study without a sweep of its own
+    assert ms.start_policy_lines({"sft": same, "sweep_sft": other})[1] == (
+        "The sweep's runs started from an SFT policy scoring 0.225 on validation and 0.170 on test; the final runs "
+        "from one scoring 0.225 and 0.236.")
