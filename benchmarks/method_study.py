@@ -321,6 +321,19 @@ def _load_result(ctx: StudyContext, spec: RunSpec) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def exit_with_parent(parent_pid: int) -> None:
+    """Run in each worker: on Linux, the kernel sends it SIGTERM when the study's process dies, so a killed study
+    leaves no run going on that would later write its result into the folder (a resumed or renamed study would read
+    it as its own)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def run_all(ctx: StudyContext, specs: Sequence[RunSpec], jobs: int) -> dict[RunSpec, dict[str, Any]]:
     """Every spec's result: loaded when already on disk, else trained, ``jobs`` runs at a time (a failed run is
     reported and left out, never allowed to stop the others)."""
@@ -330,7 +343,8 @@ def run_all(ctx: StudyContext, specs: Sequence[RunSpec], jobs: int) -> dict[RunS
     if not todo:
         return done
     bar = tqdm(total=len(todo), desc=f"runs ({len(done)} already done)", unit="run")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=exit_with_parent,
+                             initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(run_one, ctx, s): s for s in todo}
         for fut in as_completed(futures):
             spec = futures[fut]

@@ -203,3 +203,48 @@ def test_a_sweep_from_another_start_policy_is_reported_with_both_scores():
     assert ms.start_policy_lines({"sft": same, "sweep_sft": other})[1] == (
         "The sweep's runs started from an SFT policy scoring 0.225 on validation and 0.170 on test; the final runs "
         "from one scoring 0.225 and 0.236.")
+
+
+_ORPHAN_SCRIPT = """
+import os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+sys.path.insert(0, {root!r})
+from benchmarks.method_study import exit_with_parent
+
+if __name__ == "__main__":
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=exit_with_parent,
+                             initargs=(os.getpid(),)) as pool:
+        print(pool.submit(os.getpid).result(), flush=True)
+        pool.submit(time.sleep, 600)
+        time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_study_leaves_no_worker_running(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = tmp_path / "study.py"
+    script.write_text(_ORPHAN_SCRIPT.format(root=str(ROOT)))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        # a reaped zombie counts as gone: its state is Z until init collects it
+        stat = Path(f"/proc/{worker}/stat")
+        if stat.exists() and stat.read_text().split(") ")[-1].startswith("Z"):
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail("the pool's worker outlived the killed study process")
