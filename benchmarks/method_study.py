@@ -45,10 +45,12 @@ The test split is never read by the sweep or by early stopping: it is scored onl
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -326,9 +328,6 @@ def exit_with_parent(parent_pid: int) -> None:
     leaves no run going on that would later write its result into the folder (a resumed or renamed study would read
     it as its own)."""
     if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent died before the request took effect
         os._exit(1)

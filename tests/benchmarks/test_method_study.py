@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -223,11 +227,6 @@ if __name__ == "__main__":
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_killed_study_leaves_no_worker_running(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import time
-
     script = tmp_path / "study.py"
     script.write_text(_ORPHAN_SCRIPT.format(root=str(ROOT)))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
