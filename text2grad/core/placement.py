@@ -40,16 +40,20 @@ def local_rank(env: Mapping[str, str] | None = None) -> int | None:
         raise ValueError(f"LOCAL_RANK must be an integer, got {value!r} (set by the launcher; unset it to run alone)") from None
 
 
-def world_size(env: Mapping[str, str] | None = None) -> int:
-    """The number of processes of this run, from ``WORLD_SIZE`` (1 outside a launcher)."""
-    value = (os.environ if env is None else env).get("WORLD_SIZE") or "1"
+def _process_count(name: str, value: str) -> int:
+    """``value`` of the launcher's variable ``name`` as a process count (an integer >= 1), or a ValueError naming it."""
     try:
         size = int(value)
     except ValueError:
-        raise ValueError(f"WORLD_SIZE must be an integer, got {value!r}") from None
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
     if size < 1:
-        raise ValueError(f"WORLD_SIZE must be >= 1, got {size}")
+        raise ValueError(f"{name} must be >= 1, got {size}")
     return size
+
+
+def world_size(env: Mapping[str, str] | None = None) -> int:
+    """The number of processes of this run, from ``WORLD_SIZE`` (1 outside a launcher)."""
+    return _process_count("WORLD_SIZE", (os.environ if env is None else env).get("WORLD_SIZE") or "1")
 
 
 def local_world_size(env: Mapping[str, str] | None = None) -> int:
@@ -59,13 +63,7 @@ def local_world_size(env: Mapping[str, str] | None = None) -> int:
     for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
         value = env.get(name)
         if value:
-            try:
-                size = int(value)
-            except ValueError:
-                raise ValueError(f"{name} must be an integer, got {value!r}") from None
-            if size < 1:
-                raise ValueError(f"{name} must be >= 1, got {size}")
-            return size
+            return _process_count(name, value)
     return world_size(env)
 
 
