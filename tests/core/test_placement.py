@@ -71,6 +71,10 @@ def test_the_launcher_environment_gives_the_processes_per_machine_and_the_visibl
     assert local_world_size({"WORLD_SIZE": "2"}) == 2 and local_world_size({}) == 1
     with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE must be >= 1"):
         local_world_size({"LOCAL_WORLD_SIZE": "0"})
+    with pytest.raises(ValueError, match="LOCAL_SIZE must be an integer, got 'two'"):
+        local_world_size({"LOCAL_SIZE": "two"})
+    with pytest.raises(ValueError, match="WORLD_SIZE must be an integer, got '2.5'"):
+        world_size({"WORLD_SIZE": "2.5"})
     assert visible_gpus({}, cuda_available=False, cuda_device_count=0) == []
     assert visible_gpus({}, cuda_available=True, cuda_device_count=3) == ["0", "1", "2"]
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "4, 5,6,7"}, cuda_available=True, cuda_device_count=4) == ["4", "5", "6", "7"]
