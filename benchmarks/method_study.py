@@ -534,7 +534,8 @@ def interpret(summary: Mapping[str, Any], sft_test: float, sft_recall_false: tup
                 + ("less than the widest 95 % interval half-width among them (" if hi - lo < widest else
                    "more than the widest 95 % interval half-width among them (")
                 + f"{widest:.3f}): "
-                + ("at the end of training they cannot be told apart." if hi - lo < widest else
+                + ("by these unpaired intervals they cannot be told apart at the end of training (the paired "
+                   "comparison above is the sharper test)." if hi - lo < widest else
                    "at the end of training at least two of them differ by more than their seed noise."))
         (t_last, t_step), (b_last, b_step) = last_step(t2g), last_step(summary[cmp["baseline"]])
         lines.append(

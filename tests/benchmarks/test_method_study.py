@@ -82,8 +82,9 @@ def test_summary_and_sentences_follow_the_numbers():
     lo, hi, widest = ms.final_spread(summ, "oracle")
     assert (lo, hi) == (pytest.approx(0.3667, abs=1e-4), pytest.approx(0.5)) and widest == pytest.approx(0.248, abs=1e-3)
     assert lines[2] == ("The methods that read the oracle arm's critic end between 0.367 and 0.500 (a range of 0.133), "
-                        "less than the widest 95 % interval half-width among them (0.248): at the end of training they "
-                        "cannot be told apart.")
+                        "less than the widest 95 % interval half-width among them (0.248): by these unpaired intervals "
+                        "they cannot be told apart at the end of training (the paired comparison above is the sharper "
+                        "test).")
     # curves 0.2 -> early -> final: Text2Grad's last step is mean(final) - mean(early) = 0.5 - 0.433
     assert lines[3] == ("Over the last evaluation interval (iterations 10-20) Text2Grad's mean test score moved by +0.067, "
                         "the baseline's by +0.067: Text2Grad's curve had not flattened when training ended.")
@@ -108,7 +109,8 @@ def test_summary_and_sentences_follow_the_numbers():
     assert tied_lines[1].endswith("is met in the oracle arm.")
     assert tied_lines[2].startswith("The methods that read the oracle arm's critic end between 0.390 and 0.400 (a "
                                     "range of 0.010), less than")
-    assert tied_lines[2].endswith("at the end of training they cannot be told apart.")
+    assert tied_lines[2].endswith("they cannot be told apart at the end of training (the paired comparison above is "
+                                  "the sharper test).")
     # tight seeds far apart: they differ
     apart = {**_final("oracle", "text2grad", [0.6, 0.6, 0.6], [0.6, 0.6, 0.6]),
              **_final("oracle", "scalar_collapsed", [0.3, 0.3, 0.3], [0.3, 0.3, 0.3])}
