@@ -2,19 +2,21 @@
 
     python benchmarks/vllm_generation.py [--iterations 2] [--out benchmarks/results/vllm_generation.json]
 
-Measured, each with the same prompts and settings on both backends (fp32, one after the other):
+Measured, each with the same prompts and settings on every backend (fp32, one after the other):
 
-1. engine start-up (once; not counted in anything below);
+1. engine start-up (once per engine; not counted in anything below);
 2. rollouts per second at batch 16 and 64: quickstart task prompts through SmolLM2's chat template, sampled at
    temperature 0.7, 40 new tokens (the ``--preset smollm2`` PPO settings);
 3. critiques per second: a LoRA reward model (rank 16 on SmolLM2, as the preset trains one) asked for 128 new tokens
-   on 32 (post, summary) pairs, greedy. Its adapter is random, not trained, so both backends write to the token
-   limit: the worst case, and the same work on both;
+   on 32 (post, summary) pairs, greedy. Its adapter is random, not trained, so every backend writes to the token
+   limit: the worst case, and the same work on all;
 4. one whole PPO iteration of the preset's shape (LoRA rank 16, batch 8, 2 minibatches x 2 epochs, 40 tokens),
    with that reward model as the critic: ``generation_backend hf`` + the "hf" reward model vs
-   ``generation_backend vllm`` + the "vllm" reward model (one engine serves both as LoRA requests). Grounded span
-   decoding is off in both (vLLM has none; see reward_model/README.md). The first iteration of each backend is
-   a warm-up and not counted.
+   ``generation_backend vllm`` + the "vllm" reward model, one engine serving both. The first iteration of each
+   backend is a warm-up and not counted. Grounded span decoding is off (its default) on every backend.
+
+vLLM runs twice: with ``lora_mode`` "merged" (the adapters folded into whole weights that the engine swaps in: the
+default on a CPU) and "adapter" (vLLM LoRA requests: the default on a GPU), each on its own engine.
 
 Needs the vllm extra (env.sh installs it by default on CPU-only Linux). The engine runs in a spawned process,
 hence the ``__main__`` guard.
@@ -25,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -38,12 +39,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.trainer import NLGradientPPOTrainer
 from reward_model.inference import GenerativeRewardModel
+from text2grad.apps.quickstart.results import cpu_name
 from text2grad.apps.quickstart.task import TaskConfig, generate_task
 from text2grad.core.assets import smollm2_path
 from text2grad.core.generation import apply_chat_template, encode_prompt_ids, generate
-from text2grad.core.vllm_engine import shared_engine, vllm_available
+from text2grad.core.vllm_engine import close_shared_engine, shared_engine, vllm_available
 
 RESPONSE_LENGTH = 40  # the quickstart's response_length
+GOAL = 1.5  # the PPO iteration speed-up vLLM is expected to bring
 CRITIQUE_TOKENS = 128  # the quickstart's reward-model critic max_new_tokens
 
 
@@ -80,47 +83,104 @@ def rollouts(model, tokenizer, engine, prompts: list[str], batch: int) -> dict:
             "speedup": t_hf / t_vl}
 
 
-def critiques(adapter: Path, path: Path, posts: list[str], summaries: list[str], vllm_options: dict) -> dict:
+def critiques(adapter: Path, path: Path, posts: list[str], summaries: list[str], backend: str,
+              vllm_options: dict) -> float:
+    """Seconds for one batch of critiques of ``posts``/``summaries`` by the reward model on ``backend``."""
     options = dict(max_new_tokens=CRITIQUE_TOKENS, dtype="fp32", tokenizer_name_or_path=str(path))
-    hf_rm = GenerativeRewardModel.from_pretrained(str(adapter), batch_size=len(posts), **options)
-    vl_rm = GenerativeRewardModel.from_pretrained(str(adapter), backend="vllm", vllm_kwargs=vllm_options, **options)
-    _, t_hf = timed(lambda: hf_rm.feedback(posts, summaries))
-    _, t_vl = timed(lambda: vl_rm.feedback(posts, summaries))
-    n = len(posts)
-    return {"pairs": n, "hf_seconds": t_hf, "vllm_seconds": t_vl, "hf_critiques_per_s": n / t_hf,
-            "vllm_critiques_per_s": n / t_vl, "speedup": t_hf / t_vl}
+    if backend == "hf":
+        model = GenerativeRewardModel.from_pretrained(str(adapter), batch_size=len(posts), **options)
+    else:
+        model = GenerativeRewardModel.from_pretrained(str(adapter), backend="vllm", vllm_kwargs=vllm_options, **options)
+    _, seconds = timed(lambda: model.feedback(posts, summaries))
+    return seconds
 
 
 def ppo_iterations(backend: str, path: Path, adapter: Path, items: list[dict], iterations: int, vllm_options: dict,
                    work: Path) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     policy = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    engine_backend = "vllm" if backend.startswith("vllm") else "hf"
     cfg = PPOConfig(
-        model_name_or_path=str(path), generation_backend=backend, dtype="fp32", use_lora=True, lora_r=16, lora_alpha=32,
-        num_iterations=iterations + 1, batch_size=8, num_mini_batches=2, num_ppo_epochs=2,
+        model_name_or_path=str(path), generation_backend=engine_backend, dtype="fp32", use_lora=True, lora_r=16,
+        lora_alpha=32, num_iterations=iterations + 1, batch_size=8, num_mini_batches=2, num_ppo_epochs=2,
         response_length=RESPONSE_LENGTH, temperature=0.7, learning_rate=1e-4, kl_coef=0.05, adaptive_kl=False,
         lam=0.0, seed=0, save_steps=0, progress_bar=False, log_samples=0, max_feedback_error_rate=1.0,
-        output_dir=str(work / f"ppo-{backend}"),
+        vllm_lora_mode=vllm_options.get("lora_mode", "auto"), vllm_gpu_memory_utilization=vllm_options["gpu_memory_utilization"],
+        vllm_cpu_kv_cache_gb=vllm_options["cpu_kv_cache_gb"], output_dir=str(work / f"ppo-{backend}"),
     )
     critic = GenerativeRewardModel.from_pretrained(
         str(adapter), max_new_tokens=CRITIQUE_TOKENS, batch_size=64, dtype="fp32", tokenizer_name_or_path=str(path),
-        backend=backend, **({"vllm_kwargs": vllm_options} if backend == "vllm" else {}),
+        backend=engine_backend, **({"vllm_kwargs": vllm_options} if engine_backend == "vllm" else {}),
     )
     trainer = NLGradientPPOTrainer(cfg, tokenizer, policy, None, None, critic, items, base_model_path=str(path))
     runs = [trainer.step() for _ in range(iterations + 1)][1:]  # the first is a warm-up
     keys = ("time/total", "time/generation", "time/feedback", "time/forward", "time/update")
     out = {k.removeprefix("time/"): statistics.mean(m[k] for m in runs) for k in keys}
-    if backend == "vllm":
+    if engine_backend == "vllm":
         out["refresh"] = statistics.mean(m["time/vllm_refresh"] for m in runs)
         out["logprob_abs_diff"] = [m["vllm/logprob_abs_diff"] for m in runs]
+    if trainer.vllm_rollouts is not None:
+        trainer.vllm_rollouts.close()
     return out
+
+
+def report(results: dict) -> str:
+    """The benchmark notes' markdown for ``results`` (what `main` measured): the table and every sentence that reads
+    a number, generated from the numbers."""
+    ppo, crit, roll = results["ppo_iteration"], results["critiques"], results["rollouts"]
+    hf, merged, adapter = ppo["hf"], ppo["vllm-merged"], ppo["vllm-adapter"]
+    pairs = crit["pairs"]
+    rate = {b: pairs / crit["seconds"][b] for b in ("hf", "vllm-merged", "vllm-adapter")}
+    start = results["engine_startup_seconds"]
+    lines = [
+        f"Measured on {results['machine']}; {results['model']}.",
+        "",
+        "| what | transformers (`hf`) | vLLM, merged weights | vLLM, LoRA requests |",
+        "|---|---:|---:|---:|",
+        f"| engine start-up | - | {start['merged']:.1f} s | {start['adapter']:.1f} s |",
+    ]
+    for row in roll:
+        lines.append(f"| rollouts, batch {row['batch']}, {RESPONSE_LENGTH} tokens (base weights) | "
+                     f"{row['hf_rollouts_per_s']:.2f} /s | {row['vllm_rollouts_per_s']:.2f} /s ({row['speedup']:.2f}x) | - |")
+    lines.append(f"| critiques, {pairs} pairs x {CRITIQUE_TOKENS} tokens, LoRA rank 16 | {rate['hf']:.2f} /s | "
+                 f"{rate['vllm-merged']:.2f} /s ({rate['vllm-merged'] / rate['hf']:.2f}x) | "
+                 f"{rate['vllm-adapter']:.2f} /s ({rate['vllm-adapter'] / rate['hf']:.2f}x) |")
+    for key, label in (("total", "one PPO iteration (LoRA r16, batch 8, reward model as critic)"),
+                       ("generation", "... rollouts (with the engine refresh)"), ("feedback", "... critiques"),
+                       ("forward", "... forward passes"), ("update", "... PPO update")):
+        lines.append(f"| {label} | {hf[key]:.1f} s | {merged[key]:.1f} s | {adapter[key]:.1f} s |")
+    ratio_merged, ratio_adapter = hf["total"] / merged["total"], hf["total"] / adapter["total"]
+    training = merged["forward"] + merged["update"]
+    bound = hf["total"] / training
+    verdict = "meets" if ratio_merged >= GOAL else "does not meet"
+    lines += [
+        "",
+        f"A whole LoRA PPO iteration took {hf['total']:.1f} s with transformers, {merged['total']:.1f} s with vLLM "
+        f"serving merged weights ({ratio_merged:.2f}x) and {adapter['total']:.1f} s with vLLM's LoRA requests "
+        f"({ratio_adapter:.2f}x); the merged engine {verdict} the {GOAL}x goal on this machine.",
+        f"Its forward passes and PPO update ({training:.1f} s), which vLLM does not touch, bound the speed-up: with "
+        f"rollouts and critiques taking no time at all the iteration would be {bound:.2f}x faster than with "
+        "transformers.",
+        f"The refresh (the policy's adapter folded into whole weights, written and loaded into the engine) took "
+        f"{merged['refresh']:.2f} s per iteration, and vLLM's log-probs of the sampled tokens differed from the "
+        f"training model's by at most {max(merged['logprob_abs_diff'] + adapter['logprob_abs_diff']):.1e} nats on "
+        "average: the engine held the current policy.",
+        f"With LoRA requests the engine's critiques ran at {rate['vllm-adapter'] / rate['hf']:.2f}x the transformers "
+        f"rate, with merged weights at {rate['vllm-merged'] / rate['hf']:.2f}x.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2, help="Timed PPO iterations per backend (after one warm-up).")
-    parser.add_argument("--out", default=None, help="Also write the figures to this JSON file.")
+    parser.add_argument("--out", default=None, help="Also write the figures to this JSON file (and the notes' "
+                        "markdown next to it, .md).")
+    parser.add_argument("--report_from", default=None, help="Only print the markdown of a JSON file an earlier run wrote.")
     args = parser.parse_args()
+    if args.report_from:
+        print(report(json.loads(Path(args.report_from).read_text())), end="")
+        return
     if not vllm_available():
         raise SystemExit("vllm is not importable: install the vllm extra (see env.sh)")
 
@@ -132,47 +192,61 @@ def main() -> None:
     prompts = [apply_chat_template(tokenizer, r["prompt"]) for r in rl]
     vllm_options = dict(gpu_memory_utilization=0.3, cpu_kv_cache_gb=1.0)
     results: dict = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        "machine": f"{cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                    f"{torch.get_num_threads()} torch threads",
         "model": "SmolLM2-135M-Instruct, fp32",
+        "engine_startup_seconds": {}, "critiques": {"pairs": 32, "seconds": {}}, "ppo_iteration": {},
     }
 
-    engine, t_start = timed(lambda: shared_engine(path, dtype="fp32", max_lora_rank=16, **vllm_options))
-    results["engine_startup_seconds"] = t_start
-    print(f"engine start-up: {t_start:.1f} s", flush=True)
-    engine.generate(tokenizer, encode_prompt_ids(tokenizer, prompts[:2], add_special_tokens=False), max_new_tokens=4)
-    generate(model, tokenizer, prompts[:2], max_new_tokens=4, add_special_tokens=False)  # warm both up
+    def start(mode: str):
+        close_shared_engine()
+        options = dict(vllm_options, lora_mode=mode)
+        engine, seconds = timed(lambda: shared_engine(path, dtype="fp32", max_lora_rank=16, **options))
+        results["engine_startup_seconds"][mode] = seconds
+        print(f"engine start-up ({mode}): {seconds:.1f} s", flush=True)
+        engine.generate(tokenizer, encode_prompt_ids(tokenizer, prompts[:2], add_special_tokens=False), max_new_tokens=4)
+        return engine, options
 
+    engine, merged_options = start("merged")
+    generate(model, tokenizer, prompts[:2], max_new_tokens=4, add_special_tokens=False)  # warm both up
     results["rollouts"] = []
     for batch in (16, 64):
         row = rollouts(model, tokenizer, engine, prompts, batch)
         results["rollouts"].append(row)
         print(f"rollouts batch {batch}: hf {row['hf_rollouts_per_s']:.2f}/s, vllm {row['vllm_rollouts_per_s']:.2f}/s "
               f"({row['speedup']:.2f}x)", flush=True)
+    del model
 
     with tempfile.TemporaryDirectory() as tmp:
         adapter = make_adapter(path, Path(tmp) / "rm")
         posts = [r["prompt"] for r in rl[:32]]
         summaries = [r["completion"] for r in rl[:32]]
-        results["critiques"] = critiques(adapter, path, posts, summaries, vllm_options)
-        c = results["critiques"]
-        print(f"critiques ({c['pairs']} pairs, {CRITIQUE_TOKENS} tokens): hf {c['hf_critiques_per_s']:.2f}/s, "
-              f"vllm {c['vllm_critiques_per_s']:.2f}/s ({c['speedup']:.2f}x)", flush=True)
-
         items = [{"prompt": p, "feedback_prompt": r["prompt"]} for p, r in zip(prompts, rl)]
-        del model
-        results["ppo_iteration"] = {}
-        for backend in ("hf", "vllm"):
-            results["ppo_iteration"][backend] = ppo_iterations(backend, path, adapter, items, args.iterations,
-                                                               vllm_options, Path(tmp))
-            print(f"PPO iteration ({backend}): {results['ppo_iteration'][backend]}", flush=True)
-        hf, vl = results["ppo_iteration"]["hf"], results["ppo_iteration"]["vllm"]
-        results["ppo_iteration"]["speedup"] = hf["total"] / vl["total"]
-        print(f"PPO iteration: hf {hf['total']:.1f} s, vllm {vl['total']:.1f} s ({hf['total'] / vl['total']:.2f}x)")
+        seconds = results["critiques"]["seconds"]
 
+        def measure(backend: str, options: dict) -> None:
+            seconds[backend] = critiques(adapter, path, posts, summaries, backend.split("-")[0], options)
+            print(f"critiques ({backend}): {len(posts) / seconds[backend]:.2f}/s", flush=True)
+            results["ppo_iteration"][backend] = ppo_iterations(backend, path, adapter, items, args.iterations,
+                                                               options, Path(tmp))
+            print(f"PPO iteration ({backend}): {results['ppo_iteration'][backend]}", flush=True)
+
+        measure("hf", vllm_options)
+        measure("vllm-merged", merged_options)
+        _, adapter_options = start("adapter")
+        measure("vllm-adapter", adapter_options)
+        close_shared_engine()
+
+    hf = results["ppo_iteration"]["hf"]["total"]
+    results["ppo_iteration"]["speedup"] = {b: hf / results["ppo_iteration"][b]["total"] for b in ("vllm-merged", "vllm-adapter")}
+    results["critiques"]["speedup"] = {b: seconds["hf"] / seconds[b] for b in ("vllm-merged", "vllm-adapter")}
+    print(f"PPO iteration speed-up over hf: {results['ppo_iteration']['speedup']}; critiques: {results['critiques']['speedup']}")
+
+    print(report(results), end="")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+        Path(args.out).with_suffix(".md").write_text(report(results))
 
 
 if __name__ == "__main__":

@@ -150,10 +150,16 @@ class PPOConfig(ModelConfig):
         "hf",
         "What samples the rollouts. hf: transformers' generate on the training model. vllm: a vLLM engine (extra "
         "'vllm'; under a launcher one per process, on the process's own GPU) that gets the current policy before "
-        "every iteration (LoRA: the adapter saved and "
-        "served as a new LoRA request; full fine-tuning: the weights saved and reloaded in place), so rollouts "
-        "stay on-policy. Old log-probs still come from the training model; vllm/logprob_abs_diff logs the mean "
+        "every iteration (see vllm_lora_mode; full fine-tuning: the weights saved and reloaded in place), so "
+        "rollouts stay on-policy. Old log-probs still come from the training model; vllm/logprob_abs_diff logs the mean "
         "|difference| to the engine's own log-probs of the sampled tokens as a check.",
+    )
+    vllm_lora_mode: Literal["auto", "merged", "adapter"] = config_field(
+        "auto",
+        "How the vLLM engine serves a LoRA policy (and a LoRA reward model on the same engine). adapter: as vLLM "
+        "LoRA requests on the base weights. merged: the adapter folded into whole weights on the host and loaded "
+        "into the engine in place each iteration, so the engine runs without LoRA kernels. auto: adapter on a GPU, "
+        "merged on a CPU, where vLLM's LoRA kernels are slow (benchmarks/README.md, 'vLLM vs transformers generation').",
     )
     vllm_gpu_memory_utilization: float = config_field(
         0.3,

@@ -394,7 +394,8 @@ class NLGradientPPOTrainer:
         cfg = self.config
         self.model.eval()
         if self.vllm_rollouts is not None:  # this process's engine gets the policy as it is now: on-policy rollouts
-            with policy_for_saving(self.model, self.accelerator, self.zero_stage, adapter_only=self.is_peft) as policy:
+            adapter_only = self.vllm_rollouts.refreshes_adapter_only
+            with policy_for_saving(self.model, self.accelerator, self.zero_stage, adapter_only=adapter_only) as policy:
                 self.vllm_rollouts.refresh(policy)
             return self.vllm_rollouts.sample(prompts, self._prompt_special_tokens)
         gather = cfg.ds3_gather_for_generation

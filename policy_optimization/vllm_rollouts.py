@@ -2,10 +2,15 @@
 
 Before every iteration's sampling the engine gets the policy as it is now, so the rollouts are on-policy:
 
-- **LoRA policy**: the adapter is saved (a few MB) and served as a new `LoRARequest` (a new id each time, so vLLM
-  loads the new weights instead of its cached adapter); the engine holds the base model the adapter sits on.
-- **Full fine-tuning**: the policy's weights are saved (safetensors) and reloaded into the engine in place
-  (`text2grad.core.vllm_engine.VLLMEngine.load_weights`).
+- **LoRA policy, engine serving LoRA requests** (``vllm_lora_mode`` "adapter", the default on a GPU): the adapter
+  is saved (a few MB) and served as a new `LoRARequest` (a new id each time, so vLLM loads the new weights instead
+  of its cached adapter); the engine holds the base model the adapter sits on.
+- **LoRA policy, merged** ("merged", the default on a CPU): the adapter is folded into whole weights on the host
+  (`text2grad.core.modeling.merged_weights`, the training model untouched), which the engine loads in place.
+- **Full fine-tuning**: the policy's whole weights, loaded in place the same way.
+
+Whole weights are written once per iteration (`text2grad.core.vllm_engine.VLLMEngine.weights`) and loaded when
+the engine holds other weights (e.g. after a reward model on the same engine wrote its critiques).
 
 The PPO step itself does not change: old log-probs, values and reference log-probs still come from the training
 model's forward pass on the sampled ids. vLLM's own log-probs of the sampled tokens come back with every row
@@ -26,6 +31,7 @@ import torch
 
 from policy_optimization.ppo_config import PPOConfig
 from text2grad.core.generation import Generation, encode_prompt_ids
+from text2grad.core.modeling import merged_weights
 from text2grad.core.vllm_engine import VLLMEngine, shared_engine
 
 __all__ = ["VLLMRollouts", "sampled_logprob_gap"]
@@ -50,7 +56,7 @@ class VLLMRollouts:
         self.base_model_path = base_model_path
         self.lora_rank = lora_rank
         self._engine: VLLMEngine | None = None
-        self._lora = None
+        self._weights = None  # what the engine serves the policy from: a LoRA request or whole weights
         self._work = Path(tempfile.mkdtemp(prefix="text2grad-vllm-policy-"))
         self._refreshes = 0
         self.last_refresh_seconds = 0.0
@@ -62,26 +68,31 @@ class VLLMRollouts:
             cfg = self.config
             self._engine = shared_engine(
                 self.base_model_path, tokenizer=cfg.tokenizer_name_or_path or None, dtype=cfg.dtype,
-                max_lora_rank=self.lora_rank, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                cpu_kv_cache_gb=cfg.vllm_cpu_kv_cache_gb, **cfg.vllm_kwargs,
+                max_lora_rank=self.lora_rank, lora_mode=cfg.vllm_lora_mode,
+                gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, cpu_kv_cache_gb=cfg.vllm_cpu_kv_cache_gb,
+                **cfg.vllm_kwargs,
             )
         return self._engine
+
+    @property
+    def refreshes_adapter_only(self) -> bool:
+        """True when `refresh` reads only the policy's LoRA adapter (served as a LoRA request), False when it reads
+        all its weights (merged, or full fine-tuning): under ZeRO-3 that is what must be gathered."""
+        return self.lora_rank is not None and self.engine.serves_lora_requests
 
     def refresh(self, policy) -> None:
         """Put ``policy``'s current weights into the engine (see the module docstring)."""
         start = time.perf_counter()
         engine = self.engine
         self._refreshes += 1
-        folder = self._work / f"policy-{self._refreshes}"
-        if self.lora_rank is not None:
+        if self.refreshes_adapter_only:
+            folder = self._work / f"policy-{self._refreshes}"
             policy.save_pretrained(str(folder))  # the adapter only (a PeftModel)
-            self._lora = engine.lora_request(folder, name=f"policy-{self._refreshes}")
+            self._weights = engine.adapter(folder, name=f"policy-{self._refreshes}")
             previous = self._work / f"policy-{self._refreshes - 1}"
             shutil.rmtree(previous, ignore_errors=True)  # served from the engine's memory since the last sampling
         else:
-            policy.save_pretrained(str(folder), safe_serialization=True)
-            engine.load_weights(folder)
-            shutil.rmtree(folder, ignore_errors=True)  # the engine holds the weights now
+            self._weights = engine.weights(merged_weights(policy), name="policy")
         self.last_refresh_seconds = time.perf_counter() - start
 
     def sample(self, prompts: list[str], add_special_tokens: bool | None) -> list[Generation]:
@@ -92,7 +103,7 @@ class VLLMRollouts:
         ids = encode_prompt_ids(self.tokenizer, prompts, add_special_tokens, cfg.max_prompt_length)
         return self.engine.generate(
             self.tokenizer, ids, max_new_tokens=cfg.response_length, do_sample=True, temperature=cfg.temperature,
-            top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop_strings, lora=self._lora, logprobs=True,
+            top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop_strings, weights=self._weights, logprobs=True,
         )
 
     def close(self) -> None:

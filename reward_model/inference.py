@@ -368,7 +368,8 @@ class _VLLMEngine:
             self.engine = shared_engine(model, tokenizer=tokenizer, dtype=dtype, max_lora_rank=rank, **engine_kwargs)
         except ImportError as exc:
             raise ImportError(vllm_missing_message("backend='vllm'")) from exc
-        self.lora = self.engine.lora_request(adapter, name="text2grad-reward-model") if adapter else None
+        # a LoRA request, or (lora_mode merged) the adapter folded into whole weights the engine swaps in
+        self.weights = self.engine.adapter(adapter, name="text2grad-reward-model") if adapter else None
 
     def generate(
         self, tokenizer, input_ids: list[list[int]], max_new_tokens: int, *, do_sample: bool, temperature: float,
@@ -381,6 +382,6 @@ class _VLLMEngine:
         ]
         rows = self.engine.generate(
             tokenizer, input_ids, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
-            top_p=top_p, lora=self.lora, constraints=constraints,
+            top_p=top_p, weights=self.weights, constraints=constraints,
         )
         return [(row.text, row.finished) for row in rows]

@@ -1,5 +1,6 @@
-"""The one vLLM engine the real-engine tests share (SmolLM2-135M-Instruct, fp32, LoRA slots), started once per
-test session through `text2grad.core.vllm_engine.shared_engine`."""
+"""The one vLLM engine the real-engine tests share (SmolLM2-135M-Instruct, fp32), started once per test session
+through `text2grad.core.vllm_engine.shared_engine`: on a CPU it merges adapters into whole weights (lora_mode
+"auto"); the tests of LoRA requests switch it to lora_mode "adapter" (one file, so the engine restarts rarely)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from policy_optimization.ppo_config import PPOConfig
 from text2grad.core.assets import smollm2_path
-from text2grad.core.vllm_engine import VLLMEngine, shared_engine, vllm_available
+from text2grad.core.vllm_engine import VLLMEngine, close_shared_engine, shared_engine, vllm_available
 
 
 def engine_options() -> dict:
@@ -22,12 +23,20 @@ def engine_options() -> dict:
     return dict(gpu_memory_utilization=defaults.vllm_gpu_memory_utilization, cpu_kv_cache_gb=defaults.vllm_cpu_kv_cache_gb)
 
 
-def engine_for_tests() -> VLLMEngine:
+def engine_for_tests(lora_mode: str = "auto") -> VLLMEngine:
     """The shared engine, with the settings a default PPOConfig asks for (so PPO runs in the tests reuse it); skips
-    the calling test when vllm is not importable."""
+    the calling test when vllm is not importable. A running engine that serves adapters the other way (``lora_mode``)
+    is closed and replaced."""
     if not vllm_available():
         pytest.skip("vllm is not importable in this environment (install the 'vllm' extra: see env.sh)")
-    return shared_engine(smollm2_path(), dtype="fp32", max_lora_rank=16, **engine_options())
+    settings = dict(dtype="fp32", max_lora_rank=16, lora_mode=lora_mode, **engine_options())
+    try:
+        return shared_engine(smollm2_path(), **settings)
+    except ValueError as exc:
+        if "lora_mode" not in str(exc).split(". Give")[0]:
+            raise
+    close_shared_engine()
+    return shared_engine(smollm2_path(), **settings)
 
 
 def make_smollm2_lora_adapter(out: Path, seed: int, rank: int = 8) -> Path:

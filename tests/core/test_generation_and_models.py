@@ -6,7 +6,9 @@ from peft import LoraConfig, PeftModel, get_peft_model
 import torch.distributed as dist
 
 from text2grad.core.generation import generate
-from text2grad.core.modeling import build_tiny_llama, end_distributed, load_causal_lm, load_tokenizer, resolve_dtype
+from text2grad.core.modeling import (
+    build_tiny_llama, end_distributed, load_causal_lm, load_tokenizer, merged_weights, resolve_dtype,
+)
 
 
 def test_batched_generation_matches_one_at_a_time(bpe_tokenizer, tiny_llama):
@@ -105,3 +107,55 @@ def test_end_distributed_leaves_the_process_group(tmp_path):
     assert dist.is_initialized()
     end_distributed()
     assert not dist.is_initialized()
+
+
+def _trained_lora(model, **config):
+    """``model`` with a LoRA adapter whose B is non-zero (as after some training), so merging changes weights."""
+    torch.manual_seed(0)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, **config))
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn_like(param) * 0.1)
+    return peft_model
+
+
+def test_merged_weights_equal_peft_merge_and_leave_the_model_as_it_was(bpe_tokenizer):
+    base = build_tiny_llama(bpe_tokenizer, hidden_size=32, num_layers=2, num_heads=2, seed=0)
+    original = {k: v.clone() for k, v in base.state_dict().items()}
+    expected_names = set(original) - {"lm_head.weight"}  # tied to the input embeddings: stored once
+    lora = _trained_lora(base, target_modules=["q_proj", "v_proj", "down_proj"])
+    before = {k: v.clone() for k, v in lora.state_dict().items()}
+    merged = merged_weights(lora)
+    assert set(merged) == expected_names
+    assert all(t.device.type == "cpu" for t in merged.values())
+    assert all(torch.equal(before[k], v) for k, v in lora.state_dict().items())  # nothing merged into the model
+    reference = lora.merge_and_unload().state_dict()  # peft's own merge (changes the model: last)
+    for name, tensor in merged.items():
+        assert torch.allclose(tensor, reference[name], atol=1e-6), name
+    changed = {n for n in merged if not torch.equal(merged[n], original[n])}
+    assert changed == {n for n in merged if any(m in n for m in ("q_proj", "v_proj", "down_proj"))}
+
+
+def test_merged_weights_take_modules_to_save_and_refuse_dora(bpe_tokenizer):
+    base = build_tiny_llama(bpe_tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0)
+    base.config.tie_word_embeddings = False
+    base.lm_head.weight = torch.nn.Parameter(base.lm_head.weight.detach().clone())
+    lora = _trained_lora(base, target_modules=["q_proj"], modules_to_save=["lm_head"])
+    with torch.no_grad():
+        lora.base_model.model.lm_head.modules_to_save["default"].weight.add_(1.0)  # the trained copy differs
+    merged = merged_weights(lora)
+    assert torch.equal(merged["lm_head.weight"], lora.base_model.model.lm_head.modules_to_save["default"].weight)
+    assert not any("original_module" in n or "modules_to_save" in n for n in merged)
+
+    dora = _trained_lora(build_tiny_llama(bpe_tokenizer, hidden_size=32, num_layers=1, num_heads=2, seed=0),
+                         target_modules=["q_proj"], use_dora=True)
+    with pytest.raises(ValueError, match="LoRA variant.*lora_mode 'adapter'"):
+        merged_weights(dora)
+
+
+def test_merged_weights_of_a_plain_model_are_its_state_dict_once_per_tensor(bpe_tokenizer, tiny_llama):
+    weights = merged_weights(tiny_llama)
+    state = tiny_llama.state_dict()
+    assert set(weights) == set(state) - {"lm_head.weight"}
+    assert all(torch.equal(weights[k], state[k]) and weights[k].data_ptr() != state[k].data_ptr() for k in weights)

@@ -10,10 +10,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.vllm_testlib import engine_for_tests
+from tests.vllm_testlib import engine_for_tests, engine_options, make_smollm2_lora_adapter
 from text2grad.core.assets import real_tokenizer, smollm2_path
 from text2grad.core.generation import apply_chat_template, encode_prompt_ids, generate
-from text2grad.core.vllm_engine import lora_rank_slot, shared_engine
+from text2grad.core.modeling import load_causal_lm
+from text2grad.core.vllm_engine import EngineWeights, lora_rank_slot, resolve_lora_mode, shared_engine
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -47,6 +48,14 @@ def test_lora_rank_slots():
     assert [lora_rank_slot(r) for r in (1, 8, 16, 17, 64)] == [16, 16, 16, 32, 64]
     with pytest.raises(ValueError, match="largest supported rank"):
         lora_rank_slot(1000)
+
+
+def test_lora_mode_auto_merges_on_a_cpu_and_serves_lora_requests_on_a_gpu():
+    assert resolve_lora_mode("auto", on_gpu=False) == "merged"
+    assert resolve_lora_mode("auto", on_gpu=True) == "adapter"
+    assert resolve_lora_mode("merged", on_gpu=True) == "merged" and resolve_lora_mode("adapter", on_gpu=False) == "adapter"
+    with pytest.raises(ValueError, match="lora_mode must be one of auto, merged, adapter, got 'lora'"):
+        resolve_lora_mode("lora")
 
 
 @pytest.fixture(scope="module")
@@ -93,5 +102,51 @@ def test_sampled_logprobs_match_the_model_at_the_sampling_temperature(smollm2):
 def test_a_second_engine_with_other_settings_is_refused_with_the_difference():
     engine = engine_for_tests()
     assert engine_for_tests() is engine  # same settings: the running engine
-    with pytest.raises(ValueError, match=r"dtype 'bfloat16' \(running: 'float32'\).*LoRA rank 64"):
+    with pytest.raises(ValueError, match=r"dtype 'bfloat16' \(running: 'float32'\)"):
         shared_engine(smollm2_path(), dtype="bf16", max_lora_rank=64)
+    # on a CPU the shared engine merges adapters; one serving LoRA requests is another engine
+    with pytest.raises(ValueError, match=r"lora_mode 'adapter' \(running: 'merged'\)"):
+        shared_engine(smollm2_path(), dtype="fp32", max_lora_rank=16, lora_mode="adapter", **engine_options())
+
+
+@pytest.mark.slow
+def test_a_merged_adapter_writes_what_transformers_writes_with_the_merged_model(smollm2, tmp_path):
+    engine = engine_for_tests()
+    assert not engine.serves_lora_requests  # a CPU: adapters are merged (lora_mode auto)
+    tokenizer, model = smollm2
+    prompts = [apply_chat_template(tokenizer, q) for q in QUESTIONS]
+    ids = encode_prompt_ids(tokenizer, prompts, add_special_tokens=False)
+    adapter = make_smollm2_lora_adapter(tmp_path / "adapter", seed=2)
+    weights = engine.adapter(adapter, name="test-adapter")
+    assert isinstance(weights, EngineWeights)
+    merged = load_causal_lm(str(smollm2_path()), adapter=str(adapter), dtype="fp32", merge_adapter=True).eval()
+
+    swaps = engine.weight_swaps
+    with_adapter = engine.generate(tokenizer, ids, max_new_tokens=16, weights=weights)
+    assert engine.weight_swaps == swaps + 1
+    assert [r.response_ids for r in with_adapter] == [
+        r.response_ids for r in generate(merged, tokenizer, prompts, max_new_tokens=16, add_special_tokens=False)
+    ]
+    engine.generate(tokenizer, ids[:1], max_new_tokens=2, weights=weights)
+    assert engine.weight_swaps == swaps + 1  # already held: no second load
+    # no weights: the engine loads its own back and writes what the base model writes
+    base = engine.generate(tokenizer, ids, max_new_tokens=16)
+    assert engine.weight_swaps == swaps + 2
+    assert [r.response_ids for r in base] == [
+        r.response_ids for r in generate(model, tokenizer, prompts, max_new_tokens=16, add_special_tokens=False)
+    ]
+    assert [r.response_ids for r in base] != [r.response_ids for r in with_adapter]
+
+
+@pytest.mark.slow
+def test_weights_replaced_under_the_same_name_are_refused(smollm2):
+    engine = engine_for_tests()
+    tokenizer, model = smollm2
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    first = engine.weights(state, name="policy-test")
+    second = engine.weights(state, name="policy-test")
+    assert first.folder != second.folder and not first.folder.exists()
+    ids = encode_prompt_ids(tokenizer, [apply_chat_template(tokenizer, QUESTIONS[0])], add_special_tokens=False)
+    with pytest.raises(ValueError, match="replaced by a later call"):
+        engine.generate(tokenizer, ids, max_new_tokens=2, weights=first)
+    assert engine.generate(tokenizer, ids, max_new_tokens=2, weights=second)[0].response_ids

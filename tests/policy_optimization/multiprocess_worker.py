@@ -89,11 +89,11 @@ def stale_engine_gap(trainer: NLGradientPPOTrainer, measure) -> float:
     weights (the policy before any update: LoRA B starts at zero) and the trained policy scores the samples."""
     rollouts = trainer.vllm_rollouts
     prompts = [r["prompt"] for r in trainer._next_items()]
-    current, rollouts._lora = rollouts._lora, None
+    current, rollouts._weights = rollouts._weights, None
     try:
         generations = rollouts.sample(prompts, trainer._prompt_special_tokens)
     finally:
-        rollouts._lora = current
+        rollouts._weights = current
     logprobs = trainer._rollout_forward(pack_rollout(generations, trainer.tokenizer.pad_token_id, trainer.accelerator.device))[0]
     return measure(generations, logprobs)
 

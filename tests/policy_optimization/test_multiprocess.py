@@ -229,7 +229,8 @@ def test_zero3_ppo_samples_with_one_vllm_engine_per_process(world, tmp_path, mon
     """generation_backend vllm under a launcher (ZeRO-3, 2 CPU processes, LoRA): each process starts its own engine,
     placed by `text2grad.core.placement.engine_placement` (half the machine's KV-cache budget and its own core each),
     samples its own half of the global batch, and refreshes it from its own policy copy every iteration (the
-    adapter gathered from the ZeRO-3 shards), so each process's refresh check stays small."""
+    whole policy gathered from the ZeRO-3 shards, its adapter folded in: lora_mode auto merges on a CPU), so each
+    process's refresh check stays small."""
     pytest.importorskip("vllm", reason="vllm is not importable (install the 'vllm' extra: see env.sh)")
     model = tmp_path / "model"  # vLLM's CPU attention needs a head size of at least 32 (the tiny world's is 16)
     tokenizer = load_tokenizer(str(world / "model"))

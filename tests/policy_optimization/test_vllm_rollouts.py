@@ -1,5 +1,5 @@
 """PPO with ``generation_backend: vllm`` on the real SmolLM2-135M-Instruct and the real vLLM engine: LoRA policy
-iterations whose rollouts vLLM samples from the refreshed adapter, the log-prob check that shows the engine holds
+iterations whose rollouts vLLM samples from the refreshed policy (on a CPU its adapter merged into whole weights), the log-prob check that shows the engine holds
 the current policy (and that it would not without the refresh), and a full fine-tuning iteration whose weights are
 reloaded into the engine.
 
@@ -70,4 +70,3 @@ def test_full_finetuning_reloads_the_updated_weights_into_the_engine(tmp_path):
     trainer = _trainer(tmp_path, use_lora=False, num_iterations=2, learning_rate=1e-4, value_model="shared_backbone")
     gaps = [trainer.step()["vllm/logprob_abs_diff"] for _ in range(2)]
     assert max(gaps) < 1e-3, gaps
-    engine_for_tests().load_weights(smollm2_path())  # leave the engine with SmolLM2's own weights for other tests

@@ -1,6 +1,7 @@
 """The reward model's ``backend="vllm"`` on the real engine: a LoRA reward model on SmolLM2-135M-Instruct asked for
 critiques of a batch of pairs through vLLM writes exactly what the transformers backend writes (same token ids in,
-greedy, the same cut at the end of the JSON), and the adapter is really applied.
+greedy, the same cut at the end of the JSON), and the adapter is really applied. On a CPU the engine serves the
+adapter merged into whole weights (lora_mode auto); tests/core/test_vllm_lora_requests.py covers LoRA requests.
 
 Slow: it uses the engine shared by the whole pytest run (`tests/vllm_testlib.py`; alone, this file starts it).
 """
@@ -36,15 +37,15 @@ def test_vllm_critiques_equal_transformers_critiques(lora_reward_model):
     engine = engine_for_tests()
     defaults = PPOConfig()
     options = dict(max_new_tokens=40, dtype="fp32", tokenizer_name_or_path=str(smollm2_path()))
-    # one row per batch and the adapter kept separate: the transformers reference computes exactly what vLLM
-    # computes (no padding, no merged weights), so greedy decoding cannot tip over a near-tie differently
-    hf = GenerativeRewardModel.from_pretrained(str(lora_reward_model), batch_size=1, merge_adapter=False, **options)
+    # one row per batch and the adapter merged: the transformers reference computes what the engine computes (no
+    # padding; on a CPU the engine serves the adapter merged), so greedy decoding cannot tip over a near-tie differently
+    hf = GenerativeRewardModel.from_pretrained(str(lora_reward_model), batch_size=1, merge_adapter=True, **options)
     vl = GenerativeRewardModel.from_pretrained(
         str(lora_reward_model), backend="vllm", **options,
         vllm_kwargs=dict(gpu_memory_utilization=defaults.vllm_gpu_memory_utilization,
                          cpu_kv_cache_gb=defaults.vllm_cpu_kv_cache_gb),
     )
-    assert vl.engine.engine is engine  # the pytest run's shared engine, with the reward model as a LoRA request
+    assert vl.engine.engine is engine  # the pytest run's shared engine, with the reward model's merged weights
     inputs = hf._inputs(PROMPTS, RESPONSES)
     hf_out = hf._generate(inputs, RESPONSES)
     vl_out = vl._generate(vl._inputs(PROMPTS, RESPONSES), RESPONSES)
@@ -85,7 +86,7 @@ def test_grounded_quotes_inside_the_engine_equal_the_transformers_constraint():
 def test_the_reward_models_grounded_spans_reach_the_engine_per_request(lora_reward_model, monkeypatch):
     engine = engine_for_tests()
     options = dict(max_new_tokens=24, dtype="fp32", tokenizer_name_or_path=str(smollm2_path()), grounded_spans=True)
-    hf = GenerativeRewardModel.from_pretrained(str(lora_reward_model), batch_size=1, merge_adapter=False, **options)
+    hf = GenerativeRewardModel.from_pretrained(str(lora_reward_model), batch_size=1, merge_adapter=True, **options)
     vl = GenerativeRewardModel.from_pretrained(str(lora_reward_model), backend="vllm", **options,
                                                vllm_kwargs=engine_options())
     sent = []

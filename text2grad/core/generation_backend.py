@@ -69,12 +69,13 @@ def resolve_model_source(model: str, adapter: str | None = None) -> ModelSource:
 
 class TextGenerator:
     """Generates continuations of text prompts with transformers (``model``) or a vLLM engine (``engine`` plus
-    an optional LoRA request ``lora``). Build one with `load_text_generator` (or directly from a loaded model)."""
+    the ``weights`` it serves an adapter from: `text2grad.core.vllm_engine.VLLMEngine.adapter`). Build one with
+    `load_text_generator` (or directly from a loaded model)."""
 
-    def __init__(self, tokenizer, *, model=None, engine=None, lora=None):
+    def __init__(self, tokenizer, *, model=None, engine=None, weights=None):
         if (model is None) == (engine is None):
             raise ValueError("a TextGenerator needs exactly one of model (transformers) or engine (vLLM)")
-        self.tokenizer, self.model, self.engine, self.lora = tokenizer, model, engine, lora
+        self.tokenizer, self.model, self.engine, self.weights = tokenizer, model, engine, weights
 
     @property
     def backend(self) -> GenerationBackend:
@@ -110,7 +111,7 @@ class TextGenerator:
         ids = encode_prompt_ids(self.tokenizer, prompts, add_special_tokens, max_prompt_length)
         return self.engine.generate(
             self.tokenizer, ids, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
-            top_p=top_p, stop_strings=stop_strings, lora=self.lora, progress_bar=progress_bar,
+            top_p=top_p, stop_strings=stop_strings, weights=self.weights, progress_bar=progress_bar,
         )
 
 
@@ -128,7 +129,7 @@ def load_text_generator(
 
     hf: the model loaded with transformers, the adapter merged, in eval mode on ``device`` (default: a GPU if
     visible). vllm: this process's shared engine (`text2grad.core.vllm_engine.shared_engine`) on the base weights
-    with ``vllm_kwargs``, the adapter as a LoRA request; ``device`` is not used (vLLM places its engine itself).
+    with ``vllm_kwargs``, the adapter as a LoRA request or merged into whole weights (``lora_mode`` in ``vllm_kwargs``); ``device`` is not used (vLLM places its engine itself).
     ``tokenizer`` overrides the tokenizer `resolve_model_source` picks. Raises ImportError (saying how to install
     it) when vllm is asked for and not importable, before any model is loaded.
     """
@@ -155,8 +156,8 @@ def load_text_generator(
             "(tokens were added in training): vLLM serves LoRA adapters without new token embeddings; use "
             "generation_backend hf, or merge the adapter into a full model (reward_model.merge) and pass that"
         )
-    lora = engine.lora_request(source.adapter, name=f"adapter-{Path(source.adapter).name}") if source.adapter else None
-    return TextGenerator(text_tokenizer, engine=engine, lora=lora)
+    weights = engine.adapter(source.adapter, name=f"adapter-{Path(source.adapter).name}") if source.adapter else None
+    return TextGenerator(text_tokenizer, engine=engine, weights=weights)
 
 
 def _adapter_rank(adapter_dir: str) -> int:

@@ -8,11 +8,13 @@ tokenizer on the fly with the ``tokenizers`` library, so nothing is downloaded.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Iterable, Literal
 
 import torch
 from peft import PeftConfig, PeftModel
+from peft.tuners.lora import LoraLayer
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 import torch.distributed as dist
@@ -22,6 +24,7 @@ __all__ = [
     "load_tokenizer",
     "check_model_path",
     "load_causal_lm",
+    "merged_weights",
     "train_tokenizer",
     "build_tiny_llama",
     "end_distributed",
@@ -95,6 +98,67 @@ def load_causal_lm(
         if merge_adapter:
             model = model.merge_and_unload()
     return model
+
+
+@torch.no_grad()
+def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A model's whole weights as CPU tensors under the base checkpoint's names (``model.layers.0.self_attn.
+    q_proj.weight``), each tied alias (the output layer of tied embeddings) only once. For a peft LoRA model the
+    active adapter is folded in, W + scale * B @ A (peft's own ``get_delta_weight``), and ``modules_to_save``
+    copies replace the modules they wrap; the model itself is not changed: nothing is merged into it and unmerged
+    again, so no rounding accumulates over the many refreshes of a training run.
+
+    Plain LoRA only: a layer with a LoRA variant (DoRA, ...) or a LoRA bias is refused, because its merged weight
+    is not W + scale * B @ A.
+    """
+    if not isinstance(model, PeftModel):
+        return _unaliased_cpu_copy(model.state_dict().items(), {})
+    base = model.get_base_model()
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        for adapter in module.active_adapters:
+            if adapter in module.merged_adapters or adapter not in module.scaling:
+                continue  # already in the base weight, or not on this layer
+            if adapter in getattr(module, "lora_variant", {}) or getattr(module, "lora_bias", {}).get(adapter):
+                raise ValueError(
+                    f"{name}: adapter {adapter!r} is a LoRA variant (e.g. DoRA) or has a LoRA bias, which merged "
+                    "serving does not fold in; serve it as a LoRA adapter instead (vLLM lora_mode 'adapter')"
+                )
+            key = f"{name}.weight"
+            deltas[key] = deltas.get(key, 0) + module.get_delta_weight(adapter).detach()
+    active = set(getattr(model, "active_adapters", None) or [model.active_adapter])
+    named: list[tuple[str, torch.Tensor]] = []
+    for key, tensor in base.state_dict().items():
+        parts = key.split(".")
+        if any(part.startswith("lora_") for part in parts) or "original_module" in parts:
+            continue
+        saved = re.search(r"\.modules_to_save\.([^.]+)\.", key)
+        if saved:
+            if saved.group(1) not in active:
+                continue
+            key = key.replace(saved.group(0), ".")
+        named.append((key.replace(".base_layer.", "."), tensor))
+    weights = _unaliased_cpu_copy(named, deltas)
+    missing = set(deltas) - set(weights)
+    if missing:
+        raise RuntimeError(f"LoRA deltas with no base weight to fold into: {sorted(missing)[:3]}")
+    return weights
+
+
+def _unaliased_cpu_copy(named: Iterable[tuple[str, torch.Tensor]], deltas: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU copies of ``named`` tensors plus their ``deltas``, skipping a tensor that aliases an earlier one (loaders
+    tie those again)."""
+    weights: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for key, tensor in named:
+        if tensor.numel() and tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        merged = tensor.detach() + deltas[key].to(tensor.dtype) if key in deltas else tensor.detach()
+        weights[key] = merged.to("cpu", copy=True).contiguous()
+    return weights
 
 
 def _check_local_or_hub(name_or_path: str, what: str) -> None:

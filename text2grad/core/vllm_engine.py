@@ -2,7 +2,15 @@
 
 PPO rollouts (``--generation_backend vllm``), the reward model's critiques (``backend="vllm"``) and the
 benchmarks share this one wrapper, so one engine per process serves them all (`shared_engine`): a LoRA policy and
-a LoRA reward model on the same base model are two `LoRARequest`s on one engine.
+a LoRA reward model on the same base model share one engine.
+
+- **How an adapter is served** (``lora_mode``): "adapter" serves each LoRA adapter as a vLLM `LoRARequest` on the
+  engine's base weights; "merged" folds the adapter into whole weights on the host
+  (`text2grad.core.modeling.merged_weights`) and loads them into the engine in place whenever a request asks
+  for other weights than the engine holds (the engine then runs without LoRA kernels). "auto" (the default) is
+  "adapter" on a GPU and "merged" on a CPU, where vLLM's LoRA kernels are slow and swapping a small model's weights
+  is cheap (both measured in benchmarks/README.md, "vLLM vs transformers generation"). Full fine-tuning's updated weights take the merged
+  road too (`VLLMEngine.weights`).
 
 - **Prompts are token ids**, encoded by `text2grad.core.generation.encode_prompt_ids` with the project's special
   tokens rule (one BOS), so vLLM sees exactly the ids the transformers backend would; vLLM never re-tokenizes text.
@@ -29,25 +37,30 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 import torch
+from safetensors.torch import save_file
 from transformers import GenerationConfig
 
 from text2grad.core.generation import Generation, finish_generation
-from text2grad.core.modeling import resolve_dtype
+from text2grad.core.modeling import load_causal_lm, merged_weights, resolve_dtype
 from text2grad.core.placement import EnginePlacement, engine_placement, local_rank, local_world_size, visible_gpus
 
 __all__ = [
-    "VLLMEngine", "EngineKey", "LORA_RANKS", "lora_rank_slot", "place_engine", "shared_engine", "close_shared_engine",
+    "VLLMEngine", "EngineKey", "EngineWeights", "LoraMode", "LORA_MODES", "resolve_lora_mode", "LORA_RANKS", "lora_rank_slot", "place_engine", "shared_engine", "close_shared_engine",
     "vllm_available", "vllm_missing_message", "REQUEST_LOGITS_PROCESSOR", "request_constraint",
 ]
 
 logger = logging.getLogger(__name__)
 
+LoraMode = Literal["auto", "merged", "adapter"]
+LORA_MODES = ("auto", "merged", "adapter")
 # The LoRA ranks vLLM accepts for max_lora_rank (vllm.config.lora.MaxLoRARanks).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
@@ -84,6 +97,27 @@ def vllm_missing_message(what: str) -> str:
     )
 
 
+def resolve_lora_mode(mode: str, on_gpu: bool | None = None) -> Literal["merged", "adapter"]:
+    """How this process's engine serves LoRA adapters: ``mode`` itself, or for "auto" "adapter" where a GPU is
+    visible (``on_gpu``; default: `text2grad.core.placement.visible_gpus`) and "merged" on a CPU."""
+    if mode not in LORA_MODES:
+        raise ValueError(f"lora_mode must be one of {', '.join(LORA_MODES)}, got {mode!r}")
+    if mode != "auto":
+        return mode  # type: ignore[return-value]
+    on_gpu = bool(visible_gpus()) if on_gpu is None else on_gpu
+    return "adapter" if on_gpu else "merged"
+
+
+@dataclass(frozen=True)
+class EngineWeights:
+    """Whole weights an engine loads in place of the ones it holds before it serves a request that names them
+    (`VLLMEngine.generate`'s ``weights``): a LoRA adapter merged on the host, or a full fine-tune's current weights.
+    ``folder`` holds them as safetensors, under the base checkpoint's names."""
+
+    name: str
+    folder: Path
+
+
 def lora_rank_slot(rank: int) -> int:
     """The smallest rank vLLM accepts as ``max_lora_rank`` that holds a LoRA of rank ``rank`` (at least 16, so a
     policy adapter and a reward-model adapter of the usual ranks share one engine)."""
@@ -102,6 +136,7 @@ class EngineKey:
     dtype: str
     max_lora_rank: int | None
     options: tuple[tuple[str, Any], ...] = field(default=())
+    lora_mode: str = "merged"
 
 
 class VLLMEngine:
@@ -111,7 +146,8 @@ class VLLMEngine:
         model: a local model folder (or hub id) with safetensors weights.
         tokenizer: the tokenizer folder (default: ``model``); the engine only decodes with it.
         dtype: "auto", "fp32"/"float32", "bf16"/"bfloat16", "fp16" (the project's names or torch's).
-        max_lora_rank: serve LoRA adapters up to this rank (None: no LoRA).
+        max_lora_rank: serve LoRA adapters up to this rank as vLLM LoRA requests (None: no LoRA kernels;
+            `adapter` then merges adapters into whole weights that the engine loads in place).
         gpu_memory_utilization: the engine's share of its GPU (GPU only; None: vLLM's default 0.9, which leaves
             no room for a training model on the same GPU).
         cpu_kv_cache_gb: the KV cache on CPU, in GiB, for all the engines on this machine together (split evenly
@@ -168,28 +204,76 @@ class VLLMEngine:
             self.llm = LLM(**kwargs)
         self._next_lora_id = 1
         self._eos_ids = _eos_token_ids(self.model_path, self.llm.get_tokenizer())
+        self.dtype = dtype
+        # Whole weights written for `weights` / `adapter` (merged), and the ones the engine holds now (None: the
+        # weights it was started from).
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="text2grad-vllm-weights-"))
+        self._weights_written = 0
+        self._held: Path | None = None
+        self.weight_swaps = 0  # how many times the engine's weights were replaced in place
 
     # ---------------------------------------------------------------------------------------------
 
-    def lora_request(self, adapter_dir: str | Path, name: str | None = None):
-        """A new `vllm.lora.request.LoRARequest` for the peft adapter saved in ``adapter_dir``.
+    @property
+    def serves_lora_requests(self) -> bool:
+        """True when adapters are served as vLLM LoRA requests, False when they are merged into whole weights."""
+        return self.max_lora_rank is not None
 
-        Every call gets a new id, so an adapter saved again into a new folder (PPO's policy after an update) is
-        loaded afresh instead of served from vLLM's adapter cache.
+    def adapter(self, adapter_dir: str | Path, name: str | None = None):
+        """What `generate` needs (``weights``) to serve the peft adapter saved in ``adapter_dir``: a new
+        `vllm.lora.request.LoRARequest` on an engine with LoRA slots, else the adapter merged into the engine's
+        base weights on the host (`EngineWeights`).
+
+        Every call gets a new LoRA id, so an adapter saved again into a new folder (PPO's policy after an update)
+        is loaded afresh instead of served from vLLM's adapter cache.
         """
-        if self.max_lora_rank is None:
-            raise ValueError("this engine was started without LoRA (max_lora_rank=None); start it with the "
-                             "adapter's rank to serve adapters")
+        if not self.serves_lora_requests:
+            base = load_causal_lm(self.model_path, adapter=str(adapter_dir), dtype=self.dtype)
+            weights = merged_weights(base)
+            del base
+            return self.weights(weights, name or f"adapter-{Path(adapter_dir).name}")
         from vllm.lora.request import LoRARequest
 
         lora_id, self._next_lora_id = self._next_lora_id, self._next_lora_id + 1
         return LoRARequest(name or f"adapter-{lora_id}", lora_id, str(adapter_dir))
 
+    def weights(self, state_dict: dict[str, torch.Tensor], name: str) -> EngineWeights:
+        """Register whole weights (under the base checkpoint's names, same architecture and shapes) for `generate`
+        to serve: written to disk now and loaded into the engine in place when a request names them. A later call
+        with the same ``name`` replaces these (the earlier handle must not be used again)."""
+        self._weights_written += 1
+        folder = self._weights_dir / f"{name}-{self._weights_written}"
+        folder.mkdir(parents=True)
+        save_file({key: tensor.contiguous() for key, tensor in state_dict.items()}, str(folder / "model.safetensors"))
+        for earlier in self._weights_dir.glob(f"{name}-*"):
+            if earlier != folder and earlier != self._held:
+                shutil.rmtree(earlier, ignore_errors=True)
+        return EngineWeights(name, folder)
+
+    def hold(self, weights: EngineWeights | None) -> None:
+        """Make the engine hold ``weights`` (None: the weights it was started from), loading them in place if it
+        holds others."""
+        folder = None if weights is None else weights.folder
+        if folder == self._held:
+            return
+        if folder is not None and not folder.is_dir():
+            raise ValueError(f"the engine weights {weights.name!r} were replaced by a later call to weights() with "
+                             "the same name; use the newer handle")
+        self._load_in_place(folder or self.model_path)
+        self._held = folder
+
     def load_weights(self, model_dir: str | Path) -> None:
-        """Replace the engine's weights in place with the safetensors weights saved in ``model_dir`` (a full
-        fine-tune saved by ``save_pretrained``; same architecture and shapes). The engine's KV cache of earlier
-        prompts is dropped, so no output is computed from the old weights."""
+        """Replace the engine's weights in place with the safetensors weights saved in ``model_dir`` (same
+        architecture and shapes), as if the engine had been started from them: requests without ``weights`` are
+        served from these from now on."""
+        self._load_in_place(model_dir)
+        self.model_path, self._held = str(model_dir), None
+
+    def _load_in_place(self, model_dir: str | Path) -> None:
+        """Load the safetensors weights in ``model_dir`` into the running engine and drop its KV cache of earlier
+        prompts, so no output is computed from the old weights."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
+        self.weight_swaps += 1
         # vLLM's in-place reload refills the input embeddings but leaves a tied output layer (lm_head) on its old
         # tensor (measured on SmolLM2: sampled-token log-probs off by 0.2-0.4 nats); tie it again.
         self.llm.apply_model(_retie_output_embeddings)
@@ -208,7 +292,7 @@ class VLLMEngine:
         top_p: float = 1.0,
         top_k: int = 0,
         stop_strings: Sequence[str] | None = None,
-        lora=None,
+        weights=None,
         logprobs: bool = False,
         seed: int | None = None,
         constraints: Sequence[dict[str, Any] | None] | None = None,
@@ -216,8 +300,9 @@ class VLLMEngine:
     ) -> list[Generation]:
         """One `Generation` per prompt (token ids), in order, cut like `text2grad.core.generation.generate` cuts
         (first EOS kept, stop strings). With ``logprobs`` each row's ``sampled_logprobs`` holds vLLM's
-        log-probability of each sampled token (after temperature/top-k/top-p). ``lora`` is a request from
-        `lora_request` (None: the base weights). ``seed`` makes sampling reproducible (row i uses ``seed + i``); on CPU,
+        log-probability of each sampled token (after temperature/top-k/top-p). ``weights``: what serves the prompts:
+        None (the weights the engine was started from), or what `adapter` or `weights` returned (a LoRA request,
+        or whole weights the engine loads in place first when it holds others). ``seed`` makes sampling reproducible (row i uses ``seed + i``); on CPU,
         vLLM 0.32 fails a seeded request whose prompt it prefills in chunks ("CPU Generator does not use offset"),
         which happens once a batch's prompts exceed the engine's per-step token budget, so seed only small batches.
         ``constraints``: per prompt, a `request_constraint` (or None) that constrains that row's logits, as a
@@ -242,6 +327,8 @@ class VLLMEngine:
         params = (SamplingParams(**settings) if seed is None and constraints is None
                   else [SamplingParams(**settings, seed=s, extra_args=e) for s, e in zip(seeds, extra_args)])
         requests = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompt_ids]
+        lora = weights if weights is not None and not isinstance(weights, EngineWeights) else None
+        self.hold(weights if isinstance(weights, EngineWeights) else None)  # LoRA requests sit on the base weights
         outputs = self.llm.generate(requests, params, lora_request=lora, use_tqdm=progress_bar)
         rows = []
         for out in outputs:
@@ -256,7 +343,9 @@ class VLLMEngine:
         return rows
 
     def close(self) -> None:
-        """Stop the engine's processes and free its memory."""
+        """Stop the engine's processes and free its memory (and the whole weights written for it)."""
+        if getattr(self, "_weights_dir", None) is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             engine = getattr(llm, "llm_engine", None)
@@ -350,10 +439,13 @@ def shared_engine(
     tokenizer: str | Path | None = None,
     dtype: str | None = "auto",
     max_lora_rank: int | None = None,
+    lora_mode: LoraMode = "auto",
     **options: Any,
 ) -> VLLMEngine:
-    """This process's engine for ``model``: the running one when it was started with the same arguments (and a
-    LoRA slot at least as large), or a new one when none runs. One engine at a time (its memory is reserved up
+    """This process's engine for ``model``: the running one when it was started with the same arguments (and, when
+    it serves LoRA requests, a LoRA slot at least as large), or a new one when none runs. ``lora_mode`` (see the
+    module docstring; "auto": "adapter" on a GPU, "merged" on a CPU) decides whether adapters up to
+    ``max_lora_rank`` are served as LoRA requests or merged. One engine at a time (its memory is reserved up
     front): asking for a different one while one runs is an error that names the difference; call
     `close_shared_engine` first to switch on purpose."""
     global _shared
@@ -361,25 +453,27 @@ def shared_engine(
         import vllm  # noqa: F401  (first: without vllm, no other answer matters)
     except ImportError as exc:
         raise ImportError(vllm_missing_message("the vLLM generation engine")) from exc
-    key = EngineKey(str(model), str(tokenizer or model), _vllm_dtype(dtype), None, tuple(sorted(options.items())))
+    mode = resolve_lora_mode(lora_mode)
+    key = EngineKey(str(model), str(tokenizer or model), _vllm_dtype(dtype), None, tuple(sorted(options.items())), mode)
     if _shared is not None:
         old_key, engine = _shared
         differences = [
             f"{name} {getattr(key, name)!r} (running: {getattr(old_key, name)!r})"
-            for name in ("model", "tokenizer", "dtype", "options") if getattr(key, name) != getattr(old_key, name)
+            for name in ("model", "tokenizer", "dtype", "options", "lora_mode") if getattr(key, name) != getattr(old_key, name)
         ]
-        if max_lora_rank is not None and (old_key.max_lora_rank is None or lora_rank_slot(max_lora_rank) > old_key.max_lora_rank):
+        if mode == old_key.lora_mode == "adapter" and max_lora_rank is not None and (
+                old_key.max_lora_rank is None or lora_rank_slot(max_lora_rank) > old_key.max_lora_rank):
             differences.append(f"LoRA rank {max_lora_rank} (running engine's LoRA slot: {old_key.max_lora_rank})")
         if not differences:
             return engine
         raise ValueError(
             "a vLLM engine with other settings already runs in this process (one engine at a time): asked for "
-            + "; ".join(differences) + ". Give the policy and the reward model the same base model, tokenizer, dtype "
-            "and vLLM options (LoRA ranks up to 16 share a slot), or use backend 'hf' for one of them."
+            + "; ".join(differences) + ". Give the policy and the reward model the same base model, tokenizer, dtype, "
+            "lora_mode and vLLM options (LoRA ranks up to 16 share a slot), or use backend 'hf' for one of them."
         )
-    slot = None if max_lora_rank is None else lora_rank_slot(max_lora_rank)
+    slot = lora_rank_slot(max_lora_rank) if max_lora_rank is not None and mode == "adapter" else None
     engine = VLLMEngine(model, tokenizer=tokenizer, dtype=dtype, max_lora_rank=slot, **options)
-    _shared = (EngineKey(key.model, key.tokenizer, key.dtype, slot, key.options), engine)
+    _shared = (EngineKey(key.model, key.tokenizer, key.dtype, slot, key.options, mode), engine)
     return engine
 
 

@@ -77,7 +77,7 @@ def lora_policy(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_lora_policy_is_served_as_a_lora_request_with_the_same_summaries(tmp_path, lora_policy):
+def test_a_lora_policy_writes_the_same_summaries_through_vllm(tmp_path, lora_policy):
     engine_for_tests()
     base_rows, _ = _summarize(tmp_path / "base", "vllm")
     hf_rows, hf_results = _summarize(tmp_path, "hf", "--adapter", str(lora_policy))

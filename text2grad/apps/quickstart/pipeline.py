@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from policy_optimization.ppo_config import PPOConfig
 from reward_model.serialization import PLAIN_TEMPLATE
 from text2grad.apps.quickstart.quickstart_config import PRESETS, QuickstartConfig, resolve
 from text2grad.apps.quickstart.report import write_report
@@ -390,7 +391,7 @@ def stage_ppo(cfg: QuickstartConfig, data: dict[str, Path], sft: Path, rm: Path,
         "--batch_size", str(cfg.ppo_batch_size), "--num_mini_batches", "2", "--num_ppo_epochs", "2",
         "--learning_rate", str(cfg.ppo_learning_rate), "--lr_scheduler_type", "constant",
         "--kl_coef", str(cfg.kl_coef), "--lam", str(cfg.gae_lambda), "--adaptive_kl", "false",
-        "--response_length", str(cfg.response_length),
+        "--response_length", str(cfg.response_length), "--generation_backend", cfg.generation_backend,
         "--temperature", "0.7", "--vf_coef", "0.1", "--save_steps", "0", "--save_total_limit", "1",
         # a quote labels only its first occurrence: repeating a praised phrase must not pay
         "--occurrence", "first",
@@ -416,7 +417,7 @@ def stage_ppo(cfg: QuickstartConfig, data: dict[str, Path], sft: Path, rm: Path,
         if start > 0 and cfg.rm_refresh:  # the feedback source's path changes (logged in config_changes.jsonl)
             resume += ["--accept_config_changes", "true"]
         result.reward_models.append(str(rm))
-        _call("policy_optimization.train", base + [*_ppo_feedback_args(cfg, data, rm), "--num_iterations", str(done),
+        _call("policy_optimization.train", base + [*_ppo_feedback_args(cfg, data, rm, sft), "--num_iterations", str(done),
                                                    *resume, *cfg.mode_ppo_args.get(mode, []), *cfg.ppo_args])
         reached = max((r["iteration"] for r in _read_jsonl(run_dir / "metrics.jsonl")), default=0)
         if reached < done:  # the trainer stops gracefully on Ctrl-C/SIGTERM; so does the quickstart
@@ -509,13 +510,19 @@ def _log_commands_to(path: Path) -> None:
     _COMMAND_LOG[:] = [path]
 
 
-def _ppo_feedback_args(cfg: QuickstartConfig, data: dict[str, Path], rm: Path) -> list[str]:
+def _ppo_feedback_args(cfg: QuickstartConfig, data: dict[str, Path], rm: Path, policy: Path) -> list[str]:
     if cfg.ppo_feedback == "critic":
         kwargs = cfg.critic_kwargs if cfg.critic_kwargs is not None else {"data_path": str(data["rl"])}
         return ["--critic", cfg.critic, "--critic_kwargs", json.dumps(kwargs)]
-    return ["--critic", "reward_model",
-            "--critic_kwargs",
-            json.dumps({"path": str(rm), "max_new_tokens": 128, "batch_size": 64, "grounded_spans": cfg.grounded_spans})]
+    kwargs = {"path": str(rm), "max_new_tokens": 128, "batch_size": 64, "grounded_spans": cfg.grounded_spans}
+    if cfg.generation_backend == "vllm":
+        # the policy's engine: the same tokenizer (the policy's own; the reward model's adapter folder holds a copy)
+        # and the engine settings PPO asks for, so one engine serves the rollouts and the critiques
+        defaults = PPOConfig()
+        kwargs.update(backend="vllm", tokenizer_name_or_path=str(policy),
+                      vllm_kwargs={"gpu_memory_utilization": defaults.vllm_gpu_memory_utilization,
+                                   "cpu_kv_cache_gb": defaults.vllm_cpu_kv_cache_gb})
+    return ["--critic", "reward_model", "--critic_kwargs", json.dumps(kwargs)]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from text2grad.core.assets import smollm2_path
 from text2grad.core.config import config_field
 from text2grad.core.reward_options import REWARD_MODES
+from text2grad.core.vllm_engine import vllm_available, vllm_missing_message
 
 __all__ = ["QuickstartConfig", "PRESETS", "Preset", "resolve"]
 
@@ -91,6 +92,13 @@ class QuickstartConfig:
     )
 
     # ---- policy optimization
+    generation_backend: Literal["hf", "vllm"] = config_field(
+        "hf", "What samples PPO's rollouts and writes the reward model's critiques during PPO: hf (transformers' "
+        "generate) or vllm (one vLLM engine per PPO process serving both; policy_optimization --generation_backend; "
+        "not for the tiny Llama presets: vLLM's CPU attention needs a head size of at least 32). hf by default: PPO "
+        "runs in chunks of eval_every iterations, each a new process, and on 2 CPU cores a chunk of the smollm2 "
+        "preset saves about what its engine takes to start (benchmarks/README.md, 'vLLM vs transformers generation')."
+    )
     ppo_feedback: Literal["reward_model", "critic"] = config_field(
         "reward_model", "Feedback source of policy optimization: the trained reward model (the method), or the "
         "annotation critic itself (an oracle ablation that separates reward-model quality from the RL algorithm)."
@@ -224,6 +232,8 @@ def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
         raise ValueError(f"mode_ppo_args has settings for unknown modes {unknown}; the modes are {', '.join(REWARD_MODES)}")
     if out.ppo_seed is None:
         out = replace(out, ppo_seed=out.seed)
+    if out.generation_backend == "vllm" and not vllm_available():
+        raise ValueError(vllm_missing_message("--generation_backend vllm"))
     if out.policy_sft_steps is None:
         out = replace(out, policy_sft_steps=max(1, out.sft_steps // 2))
     bad = [m for m in out.modes if m not in REWARD_MODES]
