@@ -16,7 +16,8 @@ Measured, each with the same prompts and settings on every backend (fp32, one af
    backend is a warm-up and not counted. Grounded span decoding is off (its default) on every backend.
 
 vLLM runs twice: with ``lora_mode`` "merged" (the adapters folded into whole weights that the engine swaps in: the
-default on a CPU) and "adapter" (vLLM LoRA requests: the default on a GPU), each on its own engine.
+default on a CPU) and "adapter" (vLLM LoRA requests: the default on a GPU), each on its own engine. On a CPU a third
+engine, bound to the cores vLLM's own way (one kept for its scheduler), samples the batch-64 rollouts again.
 
 Needs the vllm extra (env.sh installs it by default on CPU-only Linux). The engine runs in a spawned process,
 hence the ``__main__`` guard.
@@ -32,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -43,7 +45,7 @@ from text2grad.apps.quickstart.results import cpu_name
 from text2grad.apps.quickstart.task import TaskConfig, generate_task
 from text2grad.core.assets import smollm2_path
 from text2grad.core.generation import apply_chat_template, encode_prompt_ids, generate
-from text2grad.core.vllm_engine import close_shared_engine, shared_engine, vllm_available
+from text2grad.core.vllm_engine import CPU_WORKER_SPIN_SECONDS, close_shared_engine, shared_engine, vllm_available
 
 RESPONSE_LENGTH = 40  # the quickstart's response_length
 GOAL = 1.5  # the PPO iteration speed-up vLLM is expected to bring
@@ -95,6 +97,27 @@ def critiques(adapter: Path, path: Path, posts: list[str], summaries: list[str],
     return seconds
 
 
+def idle_spin(engine, tokenizer, prompts: list[str]) -> dict:
+    """CPU seconds the engine's processes use in the 2 s after a request, with vLLM's 1 s spin of its worker's
+    queue readers and with the engine's short one (`text2grad.core.vllm_engine`); 0 on a GPU engine (not changed)."""
+    if engine.placement.gpu_index is not None:
+        return {}
+    processes = psutil.Process().children(recursive=True)
+    ids = encode_prompt_ids(tokenizer, prompts[:8], add_special_tokens=False)
+
+    def after_a_request() -> float:
+        engine.generate(tokenizer, ids, max_new_tokens=8)
+        before = sum(sum(p.cpu_times()[:2]) for p in processes)
+        time.sleep(2.0)
+        return sum(sum(p.cpu_times()[:2]) for p in processes) - before
+
+    out = {}
+    for label, seconds in (("vllm_spin", 1.0), ("short_spin", CPU_WORKER_SPIN_SECONDS)):
+        engine.set_worker_spin(seconds)
+        out[label] = {"spin_seconds": seconds, "cpu_seconds_in_2s": after_a_request()}
+    return out
+
+
 def ppo_iterations(backend: str, path: Path, adapter: Path, items: list[dict], iterations: int, vllm_options: dict,
                    work: Path) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(path))
@@ -116,6 +139,7 @@ def ppo_iterations(backend: str, path: Path, adapter: Path, items: list[dict], i
     runs = [trainer.step() for _ in range(iterations + 1)][1:]  # the first is a warm-up
     keys = ("time/total", "time/generation", "time/feedback", "time/forward", "time/update")
     out = {k.removeprefix("time/"): statistics.mean(m[k] for m in runs) for k in keys}
+    out["totals"] = [m["time/total"] for m in runs]  # each timed iteration, for the spread
     if engine_backend == "vllm":
         out["refresh"] = statistics.mean(m["time/vllm_refresh"] for m in runs)
         out["logprob_abs_diff"] = [m["vllm/logprob_abs_diff"] for m in runs]
@@ -158,6 +182,9 @@ def report(results: dict) -> str:
         f"A whole LoRA PPO iteration took {hf['total']:.1f} s with transformers, {merged['total']:.1f} s with vLLM "
         f"serving merged weights ({ratio_merged:.2f}x) and {adapter['total']:.1f} s with vLLM's LoRA requests "
         f"({ratio_adapter:.2f}x); the merged engine {verdict} the {GOAL}x goal on this machine.",
+        *([f"Over its {len(merged['totals'])} timed iterations per backend the ratio of one iteration's times ranged "
+           f"from {min(hf['totals']) / max(merged['totals']):.2f}x (the fastest transformers iteration against the "
+           f"slowest vLLM one) to {max(hf['totals']) / min(merged['totals']):.2f}x."] if "totals" in merged else []),
         f"Its forward passes and PPO update ({training:.1f} s), which vLLM does not touch, bound the speed-up: with "
         f"rollouts and critiques taking no time at all the iteration would be {bound:.2f}x faster than with "
         "transformers.",
@@ -168,6 +195,24 @@ def report(results: dict) -> str:
         f"With LoRA requests the engine's critiques ran at {rate['vllm-adapter'] / rate['hf']:.2f}x the transformers "
         f"rate, with merged weights at {rate['vllm-merged'] / rate['hf']:.2f}x.",
     ]
+    spin = results.get("idle_spin")
+    if spin:
+        lines.append(
+            f"In the 2 s after a request the engine's processes used {spin['vllm_spin']['cpu_seconds_in_2s']:.2f} CPU "
+            f"seconds while its worker's queue readers spun for vLLM's {spin['vllm_spin']['spin_seconds']:g} s, and "
+            f"{spin['short_spin']['cpu_seconds_in_2s']:.2f} with the engine's {spin['short_spin']['spin_seconds']:g} "
+            "s: CPU time the PPO steps between requests get back."
+        )
+    binding = results.get("thread_binding")
+    if binding:
+        slower = binding["vllm_binding_seconds"] / binding["all_cores_seconds"]
+        lines.append(
+            f"Bound vLLM's own way (one of the {binding['cores']} cores kept for its scheduler), the engine took "
+            f"{binding['vllm_binding_seconds']:.1f} s instead of {binding['all_cores_seconds']:.1f} s for the batch-"
+            f"{binding['batch']} rollouts ("
+            + (f"{slower:.2f}x slower), which is why a process's engine is bound to all of its cores." if slower > 1 else
+               f"{1 / slower:.2f}x faster): binding all of a process's cores did not pay on this machine.")
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -198,17 +243,18 @@ def main() -> None:
         "engine_startup_seconds": {}, "critiques": {"pairs": 32, "seconds": {}}, "ppo_iteration": {},
     }
 
-    def start(mode: str):
+    def start(mode: str, label: str | None = None):
         close_shared_engine()
         options = dict(vllm_options, lora_mode=mode)
         engine, seconds = timed(lambda: shared_engine(path, dtype="fp32", max_lora_rank=16, **options))
-        results["engine_startup_seconds"][mode] = seconds
-        print(f"engine start-up ({mode}): {seconds:.1f} s", flush=True)
+        results["engine_startup_seconds"][label or mode] = seconds
+        print(f"engine start-up ({label or mode}): {seconds:.1f} s", flush=True)
         engine.generate(tokenizer, encode_prompt_ids(tokenizer, prompts[:2], add_special_tokens=False), max_new_tokens=4)
         return engine, options
 
     engine, merged_options = start("merged")
     generate(model, tokenizer, prompts[:2], max_new_tokens=4, add_special_tokens=False)  # warm both up
+    results["idle_spin"] = idle_spin(engine, tokenizer, prompts)
     results["rollouts"] = []
     for batch in (16, 64):
         row = rollouts(model, tokenizer, engine, prompts, batch)
@@ -235,7 +281,21 @@ def main() -> None:
         measure("vllm-merged", merged_options)
         _, adapter_options = start("adapter")
         measure("vllm-adapter", adapter_options)
-        close_shared_engine()
+
+    if engine.placement.gpu_index is None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        # The engine binds its threads to all of this process's cores (text2grad.core.placement); vLLM's own
+        # binding keeps one core for its scheduler. The batch-64 rollouts again, on an engine bound vLLM's way.
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
+        auto_engine, _ = start("merged", label="vllm-binding")
+        batch = (prompts * 2)[:64]
+        ids = encode_prompt_ids(tokenizer, batch, add_special_tokens=False)
+        _, seconds_auto = timed(lambda: auto_engine.generate(tokenizer, ids, max_new_tokens=RESPONSE_LENGTH,
+                                                             do_sample=True, temperature=0.7))
+        del os.environ["VLLM_CPU_OMP_THREADS_BIND"]
+        results["thread_binding"] = {"cores": len(engine.placement.cpu_cores or ()), "batch": 64,
+                                     "all_cores_seconds": results["rollouts"][-1]["vllm_seconds"],
+                                     "vllm_binding_seconds": seconds_auto}
+    close_shared_engine()
 
     hf = results["ppo_iteration"]["hf"]["total"]
     results["ppo_iteration"]["speedup"] = {b: hf / results["ppo_iteration"][b]["total"] for b in ("vllm-merged", "vllm-adapter")}

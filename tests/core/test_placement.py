@@ -110,7 +110,8 @@ def test_a_lone_process_engine_keeps_vllms_own_gpu_choice():
 @pytest.mark.parametrize(
     "rank, processes, cores, budget, kv_bytes, bound",
     [
-        (0, 1, [0, 1], 1.0, GIB, None),  # one process: the whole budget, vLLM binds its threads itself
+        (0, 1, [0, 1], 1.0, GIB, (0, 1)),  # one process: the whole budget and every core (no core kept back)
+        (0, 1, [], 1.0, GIB, None),  # cores unknown: vLLM binds its threads itself
         (1, 2, [0, 1], 1.0, GIB // 2, (1,)),  # two engines share 1 GiB and the two cores
         (0, 2, [0, 1], 1.0, GIB // 2, (0,)),
         (2, 3, list(range(8)), 3.0, GIB, (5, 6, 7)),  # 8 cores over 3 processes: 2, 3 and 3

@@ -14,7 +14,9 @@ from tests.vllm_testlib import engine_for_tests, engine_options, make_smollm2_lo
 from text2grad.core.assets import real_tokenizer, smollm2_path
 from text2grad.core.generation import apply_chat_template, encode_prompt_ids, generate
 from text2grad.core.modeling import load_causal_lm
-from text2grad.core.vllm_engine import EngineWeights, lora_rank_slot, resolve_lora_mode, shared_engine
+from text2grad.core.vllm_engine import (
+    CPU_WORKER_SPIN_SECONDS, EngineWeights, lora_rank_slot, resolve_lora_mode, shared_engine,
+)
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -96,6 +98,14 @@ def test_sampled_logprobs_match_the_model_at_the_sampling_temperature(smollm2):
         ours = torch.log_softmax(logits, -1).gather(-1, torch.tensor(row.response_ids)[:, None])[:, 0]
         assert len(row.sampled_logprobs) == len(row.response_ids)
         assert torch.allclose(torch.tensor(row.sampled_logprobs), ours, atol=2e-3), (row.sampled_logprobs, ours)
+
+
+@pytest.mark.slow
+def test_the_cpu_engines_worker_spins_briefly_after_a_request():
+    # vLLM's worker busy-waits 1 s for its next message; on a CPU the engine shortens that (its core is the training
+    # steps' between requests). The queue readers must still be where the engine looks for them.
+    engine = engine_for_tests()
+    assert engine.set_worker_spin(CPU_WORKER_SPIN_SECONDS) >= 1
 
 
 @pytest.mark.slow

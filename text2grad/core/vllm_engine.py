@@ -27,7 +27,7 @@ a LoRA reward model on the same base model share one engine.
   ``device_ids``) and takes ``gpu_memory_utilization`` of it (weights + KV cache), which must leave room for the
   training models beside it. On a CPU the machine's KV-cache budget (``cpu_kv_cache_gb``, or
   ``VLLM_CPU_KVCACHE_SPACE`` GiB when the environment sets it) is split evenly between the processes' engines,
-  and each engine binds its threads to its own slice of the cores.
+  and each engine binds its threads to its own slice of the cores (a lone process's engine to all of its cores).
 
 Install: ``TEXT2GRAD_EXTRAS=...,vllm bash env.sh`` (vLLM's CPU build on a CPU-only machine, the CUDA build next to
 a CUDA torch); ``pip install 'text2grad[vllm]'`` for the CUDA build.
@@ -35,6 +35,7 @@ a CUDA torch); ``pip install 'text2grad[vllm]'`` for the CUDA build.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -53,8 +54,9 @@ from text2grad.core.modeling import load_causal_lm, merged_weights, resolve_dtyp
 from text2grad.core.placement import EnginePlacement, engine_placement, local_rank, local_world_size, visible_gpus
 
 __all__ = [
-    "VLLMEngine", "EngineKey", "EngineWeights", "LoraMode", "LORA_MODES", "resolve_lora_mode", "LORA_RANKS", "lora_rank_slot", "place_engine", "shared_engine", "close_shared_engine",
-    "vllm_available", "vllm_missing_message", "REQUEST_LOGITS_PROCESSOR", "request_constraint",
+    "VLLMEngine", "EngineKey", "EngineWeights", "LoraMode", "LORA_MODES", "resolve_lora_mode", "LORA_RANKS",
+    "lora_rank_slot", "place_engine", "shared_engine", "close_shared_engine", "vllm_available",
+    "vllm_missing_message", "REQUEST_LOGITS_PROCESSOR", "request_constraint", "CPU_WORKER_SPIN_SECONDS",
 ]
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,9 @@ LORA_MODES = ("auto", "merged", "adapter")
 # The LoRA ranks vLLM accepts for max_lora_rank (vllm.config.lora.MaxLoRARanks).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+# On a CPU the engine's worker would otherwise spin one core for a second after every request (vLLM's shared-memory
+# queue), a core the training steps between requests need (measured in benchmarks/README.md).
+CPU_WORKER_SPIN_SECONDS = 0.05
 # Installed in every engine: runs the per-request constraints named in requests' extra_args
 # (`text2grad.core.vllm_logits`, loaded by vLLM by name in its engine process).
 REQUEST_LOGITS_PROCESSOR = "text2grad.core.vllm_logits:RequestLogits"
@@ -177,7 +182,7 @@ class VLLMEngine:
             raise ImportError(vllm_missing_message("the vLLM generation engine")) from exc
 
         self.placement = place_engine(gpu_memory_utilization, cpu_kv_cache_gb)
-        # `load_weights` sends a function to the engine's own worker process (apply_model), which vLLM only
+        # an in-place weight load sends a function to the engine's own worker process (apply_model), which vLLM only
         # unpickles with this switch; the channel is a local one between this process and the engine it started.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         self.model_path, self.tokenizer_path = str(model), str(tokenizer or model)
@@ -204,15 +209,27 @@ class VLLMEngine:
             self.llm = LLM(**kwargs)
         self._next_lora_id = 1
         self._eos_ids = _eos_token_ids(self.model_path, self.llm.get_tokenizer())
+        if self.placement.gpu_index is None:
+            self.set_worker_spin(CPU_WORKER_SPIN_SECONDS)
         self.dtype = dtype
         # Whole weights written for `weights` / `adapter` (merged), and the ones the engine holds now (None: the
         # weights it was started from).
         self._weights_dir = Path(tempfile.mkdtemp(prefix="text2grad-vllm-weights-"))
         self._weights_written = 0
+        self._latest_weights: dict[str, Path] = {}
         self._held: Path | None = None
         self.weight_swaps = 0  # how many times the engine's weights were replaced in place
 
     # ---------------------------------------------------------------------------------------------
+
+    def set_worker_spin(self, seconds: float) -> int:
+        """How long the engine's worker busy-waits for its next message after one (vLLM: 1 s) before it sleeps
+        until pinged; returns how many queue readers it set (0 where vLLM's internals differ: nothing changes)."""
+        try:
+            return int(self.llm.collective_rpc(_set_idle_spin, args=(seconds,))[0])
+        except Exception as exc:  # a speed setting: never a reason for the engine to fail
+            logger.warning("could not set the vLLM worker's idle spin (%s); it keeps vLLM's own", exc)
+            return 0
 
     @property
     def serves_lora_requests(self) -> bool:
@@ -245,9 +262,10 @@ class VLLMEngine:
         folder = self._weights_dir / f"{name}-{self._weights_written}"
         folder.mkdir(parents=True)
         save_file({key: tensor.contiguous() for key, tensor in state_dict.items()}, str(folder / "model.safetensors"))
-        for earlier in self._weights_dir.glob(f"{name}-*"):
-            if earlier != folder and earlier != self._held:
-                shutil.rmtree(earlier, ignore_errors=True)
+        earlier = self._latest_weights.get(name)
+        if earlier is not None and earlier != self._held:
+            shutil.rmtree(earlier, ignore_errors=True)  # (the held one goes when the engine loads others)
+        self._latest_weights[name] = folder
         return EngineWeights(name, folder)
 
     def hold(self, weights: EngineWeights | None) -> None:
@@ -260,14 +278,9 @@ class VLLMEngine:
             raise ValueError(f"the engine weights {weights.name!r} were replaced by a later call to weights() with "
                              "the same name; use the newer handle")
         self._load_in_place(folder or self.model_path)
-        self._held = folder
-
-    def load_weights(self, model_dir: str | Path) -> None:
-        """Replace the engine's weights in place with the safetensors weights saved in ``model_dir`` (same
-        architecture and shapes), as if the engine had been started from them: requests without ``weights`` are
-        served from these from now on."""
-        self._load_in_place(model_dir)
-        self.model_path, self._held = str(model_dir), None
+        replaced, self._held = self._held, folder
+        if replaced is not None and replaced not in self._latest_weights.values():
+            shutil.rmtree(replaced, ignore_errors=True)  # superseded while held: nothing can ask for it again
 
     def _load_in_place(self, model_dir: str | Path) -> None:
         """Load the safetensors weights in ``model_dir`` into the running engine and drop its KV cache of earlier
@@ -389,6 +402,23 @@ def _environment(changes: dict[str, str | None]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _set_idle_spin(worker, seconds: float) -> int:
+    """Runs inside the engine's worker process (`VLLMEngine.set_worker_spin`): its shared-memory queue readers
+    busy-wait ``seconds`` for the next message before they sleep on the socket that the writer pings with every
+    message, so a short spin loses nothing but a wake-up between messages further apart. Returns how many readers
+    it set."""
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    condition = getattr(shm_broadcast, "SpinCondition", None)
+    if condition is None:
+        return 0
+    # type(), not isinstance(): isinstance reads __class__, which fails on a dead weak proxy among the live objects
+    readers = [o for o in gc.get_objects() if issubclass(type(o), condition) and getattr(o, "is_reader", False)]
+    for reader in readers:
+        reader.busy_loop_s = seconds
+    return len(readers)
 
 
 def _retie_output_embeddings(model: torch.nn.Module) -> bool:

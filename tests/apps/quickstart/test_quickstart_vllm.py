@@ -1,6 +1,6 @@
-"""The quickstart's generation backend: with ``--generation_backend vllm`` PPO samples its rollouts and the reward
-model writes its critiques with vLLM, and the reward model gets the settings under which the policy's engine serves
-it too (one engine per PPO process)."""
+"""The quickstart's generation backend: the smollm2 preset samples PPO's rollouts and writes the reward model's
+critiques with vLLM where it is installed, and hands the reward model the settings under which the policy's engine
+serves it too (one engine per PPO process)."""
 
 from __future__ import annotations
 
@@ -22,14 +22,16 @@ from text2grad.core.assets import smollm2_path
 from text2grad.core.config import parse_config
 
 
-def test_transformers_by_default_and_vllm_refused_where_it_is_not_installed(monkeypatch):
-    for preset in ("ci", "default", "large", "smollm2"):
+@pytest.mark.parametrize("installed", [True, False], ids=["vllm", "no-vllm"])
+def test_smollm2_samples_with_vllm_where_installed_and_the_tiny_presets_with_transformers(monkeypatch, installed):
+    monkeypatch.setattr(quickstart_config, "vllm_available", lambda: installed)
+    assert resolve(QuickstartConfig(preset="smollm2")).generation_backend == ("vllm" if installed else "hf")
+    assert resolve(QuickstartConfig(preset="smollm2", generation_backend="hf")).generation_backend == "hf"
+    for preset in ("ci", "default", "large"):
         assert resolve(QuickstartConfig(preset=preset)).generation_backend == "hf"
-    monkeypatch.setattr(quickstart_config, "vllm_available", lambda: True)
-    assert resolve(QuickstartConfig(preset="smollm2", generation_backend="vllm")).generation_backend == "vllm"
-    monkeypatch.setattr(quickstart_config, "vllm_available", lambda: False)
-    with pytest.raises(ValueError, match="needs the vllm package.*TEXT2GRAD_EXTRAS"):
-        resolve(QuickstartConfig(preset="smollm2", generation_backend="vllm"))
+    if not installed:
+        with pytest.raises(ValueError, match="needs the vllm package.*TEXT2GRAD_EXTRAS"):
+            resolve(QuickstartConfig(preset="smollm2", generation_backend="vllm"))
 
 
 class _EngineStarts:

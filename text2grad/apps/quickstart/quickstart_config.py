@@ -92,12 +92,12 @@ class QuickstartConfig:
     )
 
     # ---- policy optimization
-    generation_backend: Literal["hf", "vllm"] = config_field(
-        "hf", "What samples PPO's rollouts and writes the reward model's critiques during PPO: hf (transformers' "
-        "generate) or vllm (one vLLM engine per PPO process serving both; policy_optimization --generation_backend; "
-        "not for the tiny Llama presets: vLLM's CPU attention needs a head size of at least 32). hf by default: PPO "
-        "runs in chunks of eval_every iterations, each a new process, and on 2 CPU cores a chunk of the smollm2 "
-        "preset saves about what its engine takes to start (benchmarks/README.md, 'vLLM vs transformers generation')."
+    generation_backend: Literal["hf", "vllm"] | None = config_field(
+        None, "What samples PPO's rollouts and writes the reward model's critiques during PPO: hf (transformers' "
+        "generate) or vllm (one vLLM engine per PPO process serving both, the reward model's adapter and the policy's "
+        "merged into its weights on a CPU; policy_optimization --generation_backend). The presets: vllm for smollm2 "
+        "where vllm is importable (benchmarks/README.md, 'vLLM vs transformers generation'), else hf; hf for the tiny "
+        "Llama presets (vLLM's CPU attention needs a head size of at least 32)."
     )
     ppo_feedback: Literal["reward_model", "critic"] = config_field(
         "reward_model", "Feedback source of policy optimization: the trained reward model (the method), or the "
@@ -232,7 +232,9 @@ def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
         raise ValueError(f"mode_ppo_args has settings for unknown modes {unknown}; the modes are {', '.join(REWARD_MODES)}")
     if out.ppo_seed is None:
         out = replace(out, ppo_seed=out.seed)
-    if out.generation_backend == "vllm" and not vllm_available():
+    if out.generation_backend is None:
+        out = replace(out, generation_backend="vllm" if cfg.preset == "smollm2" and vllm_available() else "hf")
+    elif out.generation_backend == "vllm" and not vllm_available():
         raise ValueError(vllm_missing_message("--generation_backend vllm"))
     if out.policy_sft_steps is None:
         out = replace(out, policy_sft_steps=max(1, out.sft_steps // 2))
