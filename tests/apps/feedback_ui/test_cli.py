@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import urllib.error
 import urllib.request
 
 import pytest
@@ -18,9 +19,9 @@ from text2grad.apps.feedback_ui import main
 from text2grad.core.config import parse_config
 
 
-def _call(server: Server, path: str, body: dict | None = None) -> dict:
-    request = urllib.request.Request(server.base + path, data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Content-Type": "application/json"})
+def _call(server: Server, path: str, body: dict, token: str | None = None) -> dict:
+    headers = {"Content-Type": "application/json", **({"X-Access-Token": token} if token else {})}
+    request = urllib.request.Request(server.base + path, data=json.dumps(body).encode(), headers=headers)
     with urllib.request.urlopen(request, timeout=10) as answer:
         return json.loads(answer.read())
 
@@ -69,7 +70,7 @@ def test_a_second_server_on_the_same_file_is_refused_and_kill_9_loses_no_submiss
     try:
         assert main([*args, "--port", "0"]) == 2
         assert "is in use by feedback-ui" in capsys.readouterr().err
-        assert _call(server, "/api/next?annotator=alice")["item"]["id"] == "a"
+        assert _call(server, "/api/next", {"annotator": "alice"})["item"]["id"] == "a"
         start = len(ITEMS[0]["response"][: ITEMS[0]["response"].index("Oslo")].encode("utf-16-le")) // 2
         saved = _call(server, "/api/submit", {"annotator": "alice", "id": "a", "critique": "Wrong city.",
                                                "spans": [{"start": start, "end": start + 4, "label": "poor", "text": "Oslo"}]})
@@ -79,9 +80,61 @@ def test_a_second_server_on_the_same_file_is_refused_and_kill_9_loses_no_submiss
     assert [r["id"] for r in read_records(output)] == ["a"]
     again = Server(*args)
     try:
-        assert _call(again, "/api/next?annotator=alice")["item"]["id"] == "b"
+        assert _call(again, "/api/next", {"annotator": "alice"})["item"]["id"] == "b"
     finally:
         assert again.stop() in (0, 130)
+
+
+def test_text_that_cannot_be_written_is_repaired_at_load_and_the_record_named(tmp_path, capsys):
+    """Half an emoji (valid JSON "\\ud83d") once made every /api/next answer 500 and --label_studio_dir crash."""
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"id": "cut", "prompt": "p", "response": "an emoji cut in half: \\ud83d"}\n'
+                    '{"id": "empty", "prompt": "p", "response": ""}\n', encoding="utf-8")
+    assert main(["--dataset_path", str(data), "--label_studio_dir", str(tmp_path / "ls")]) == 0
+    err = capsys.readouterr().err
+    assert "record 0 (id 'cut'): unpaired surrogate(s) (1 in response) replaced by U+FFFD" in err
+    assert "record 1 (id 'empty') has an empty response" in err
+    tasks = json.loads((tmp_path / "ls" / "label_studio_tasks.json").read_text(encoding="utf-8"))
+    assert tasks[0]["data"]["response"] == "an emoji cut in half: \ufffd"
+    output = tmp_path / "out.jsonl"
+    server = Server("--dataset_path", str(data), "--output", str(output))
+    try:
+        assert "record 0 (id 'cut')" in server.output
+        item = _call(server, "/api/next", {"annotator": "alice"})["item"]
+        assert item["response"] == "an emoji cut in half: \ufffd"
+        _call(server, "/api/submit", {"annotator": "alice", "id": "cut", "critique": "cut", "spans": []})
+    finally:
+        assert server.stop() in (0, 130)
+    assert read_records(output)[0]["response"] == "an emoji cut in half: \ufffd"
+
+
+def test_annotators_get_a_token_each_kept_private_and_reused_on_restart(tmp_path):
+    data = write_items(tmp_path / "items.jsonl")
+    people = tmp_path / "people.txt"
+    people.write_text("alice\n# a comment\nbob\n")
+    output = tmp_path / "out.jsonl"
+    tokens_file = tmp_path / "out.jsonl.tokens.json"
+    server = Server("--dataset_path", str(data), "--output", str(output), "--annotators", "alice,bob")
+    try:
+        assert "each annotator's own address is in" in server.output and "?token=" not in server.output
+        tokens = json.loads(tokens_file.read_text())["annotators"]
+        assert (tokens_file.stat().st_mode & 0o777) == 0o600 and sorted(tokens) == ["alice", "bob"]
+        assert tokens["alice"]["address"] == f"{server.base}/?token={tokens['alice']['token']}"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _call(server, "/api/next", {"annotator": "alice"})  # on loopback too: the id needs its token
+        assert refused.value.code == 401
+        with pytest.raises(urllib.error.HTTPError) as impersonating:
+            _call(server, "/api/next", {"annotator": "alice"}, tokens["bob"]["token"])
+        assert impersonating.value.code == 403
+        assert _call(server, "/api/next", {}, tokens["bob"]["token"])["item"]["id"] == "a"
+    finally:
+        server.stop()
+    again = Server("--dataset_path", str(data), "--output", str(output), "--annotators", str(people))
+    try:
+        kept = json.loads(tokens_file.read_text())["annotators"]
+        assert {who: t["token"] for who, t in kept.items()} == {who: t["token"] for who, t in tokens.items()}
+    finally:
+        again.stop()
 
 
 def test_agreement_reports_token_f1_of_double_annotated_items(tmp_path, capsys):

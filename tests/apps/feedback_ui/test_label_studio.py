@@ -116,3 +116,61 @@ def test_a_file_that_is_not_an_export_is_refused_with_the_reason(tmp_path, capsy
     bad.write_text(json.dumps([{"id": 1, "data": {"text": "hello"}, "annotations": []}]))
     assert main(["--import_label_studio", str(bad), "--output", str(tmp_path / "o.jsonl")]) == 2
     assert "task data has no 'prompt' and 'response'" in capsys.readouterr().err
+
+
+def _task(task_id, item, annotations):
+    return {"id": task_id, "data": {"id": item["id"], "prompt": item["prompt"], "response": item["response"]},
+            "annotations": annotations}
+
+
+def _critique(text):
+    return {"from_name": "critique", "to_name": "response", "type": "textarea", "value": {"text": [text]}}
+
+
+def test_awkward_exports_import_what_is_sound_and_name_the_rest(tmp_path, capsys):
+    """Malformed annotations, missing annotators, repeats, empty results, string labels and negative offsets."""
+    oslo = RESPONSE_A.index("Oslo")
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps([
+        _task(1, ITEMS[0], [
+            "not an annotation",  # a string where an annotation belongs
+            {"id": 201, "completed_by": 8, "result": 7},  # an int result
+            {"id": 202, "completed_by": 3, "updated_at": "2026-11-20T10:00:00Z", "result": [_critique("older")]},
+            {"id": 203, "completed_by": 3, "updated_at": "2026-11-20T11:00:00Z", "result": [  # the same person, later
+                _critique("newer"),
+                {"type": "labels", "value": {"start": oslo, "end": oslo + 4, "text": "Oslo", "labels": "poor"}}]},
+            {"id": 204, "result": [_critique("nobody signed this"),  # no completed_by
+                                   {"type": "labels", "value": {"start": -5, "end": -1, "text": "cold", "labels": ["poor"]}}]},
+            {"id": 205, "completed_by": 9, "result": []},  # an empty result: no critique
+        ]),
+        _task(2, ITEMS[3], [{"id": 206, "completed_by": 3, "result": [_critique("fine \ud83d")]}]),
+    ]), encoding="utf-8")
+    output = tmp_path / "out.jsonl"
+    assert main(["--import_label_studio", str(export), "--output", str(output), "--progress_bar", "false"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert (report["records"], report["malformed"], report["superseded"], report["without_critique"],
+            report["without_annotator"], report["already_there"], report["repaired_text"]) == (3, 2, 1, 1, 1, 0, 1)
+    assert any("annotation 0" in p and "str" in p for p in report["problems"])
+    assert any("id 205" in p and "no critique" in p for p in report["problems"])
+    assert "not imported" in captured.err
+    records = {(r["id"], r["annotator"]): r for r in read_records(output)}
+    latest = records[("a", "label-studio:3")]
+    assert latest["critique"] == "newer" and latest["span_offsets"] == [
+        {"start": oslo, "end": oslo + 4, "label": "poor", "text": "Oslo"}]  # labels: "poor" as a plain string
+    unsigned = records[("a", "label-studio:annotation-204")]
+    cold = RESPONSE_A.index("cold")
+    assert unsigned["span_offsets"] == [{"start": cold, "end": cold + 4, "label": "poor", "text": "cold"}]
+    assert records[("d", "label-studio:3")]["critique"] == "fine \ufffd"
+    # importing again adds nothing, and says so
+    assert main(["--import_label_studio", str(export), "--output", str(output), "--progress_bar", "false"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert (again["records"], again["already_there"]) == (0, 3)
+
+
+def test_a_json_min_export_is_named_as_such(tmp_path, capsys):
+    flat = tmp_path / "min.json"
+    flat.write_text(json.dumps([{"id": 11, "prompt": "p", "response": "r", "critique": "c", "annotator": 3,
+                                 "annotation_id": 101, "span": [{"start": 0, "end": 1, "text": "r", "labels": ["poor"]}]}]))
+    assert main(["--import_label_studio", str(flat), "--output", str(tmp_path / "o.jsonl")]) == 2
+    assert "JSON-MIN" in capsys.readouterr().err

@@ -73,3 +73,30 @@ def test_a_human_record_has_the_llm_records_keys_plus_who_and_when():
     assert record["span_offsets"] == [{"start": 11, "end": 15, "label": "poor", "text": "Oslo"}]
     assert record["meta"]["post_id"] == 7 and record["meta"]["_annotation"]["critic"] == "feedback-ui"
     assert record["meta"]["_annotation"]["annotator"] == "alice"
+
+
+def test_trimming_uses_the_pages_whitespace_so_a_shown_mark_is_the_stored_mark():
+    # JavaScript's \s does not match U+0085 (NEL) or U+001C..U+001F, so the page shows them inside the mark
+    response = "x \x85NEL\x1c y"
+    (span,) = spans_from_offsets(response, [{"start": 2, "end": 7, "label": "poor"}], unit="codepoint")
+    assert span.text == "\x85NEL\x1c"
+    (span,) = spans_from_offsets("a\u3000word\u00a0b", [{"start": 1, "end": 7, "label": "good"}], unit="codepoint")
+    assert span.text == "word"  # ideographic and no-break spaces are \s in JavaScript too
+
+
+@pytest.mark.parametrize("response, start, end", [
+    ("cafe\u0301 bar", 0, 4),  # "cafe" without the combining acute accent on its e
+    ("hi \U0001F44D\U0001F3FD ok", 3, 4),  # a thumbs-up without its skin tone
+    ("\U0001F469\u200d\U0001F4BB dev", 0, 1),  # a woman without the rest of "woman technologist"
+])
+def test_a_span_that_cuts_a_character_cluster_is_refused(response, start, end):
+    with pytest.raises(SpanError, match="cut a character in two"):
+        spans_from_offsets(response, [{"start": start, "end": end, "label": "poor"}], unit="codepoint")
+
+
+def test_unpaired_surrogates_are_counted_and_repaired_everywhere():
+    from text2grad.apps.feedback_ui.records import lone_surrogates, repair_text
+
+    assert lone_surrogates("ok \U0001F600") == 0 and lone_surrogates("cut \ud83d") == 1
+    fixed, count = repair_text({"response": "cut \ud83d", "meta": {"k\udc00": ["\ud83d\ud83d"]}, "n": 3})
+    assert count == 4 and fixed == {"response": "cut \ufffd", "meta": {"k\ufffd": ["\ufffd\ufffd"]}, "n": 3}

@@ -150,3 +150,41 @@ def test_the_input_is_never_an_output(tmp_path):
         check_output_paths(str(data), str(data), tmp_path / "other")
     with pytest.raises(FeedbackUIError, match="is a directory"):
         check_output_paths(str(data), str(tmp_path), tmp_path / "other")
+
+
+def test_a_refusal_says_held_when_the_item_is_only_held_and_completed_when_it_is(make):
+    clock = Clock()
+    store = make(lease_s=60, clock=clock)
+    assert store.next_item("alice")["id"] == "a"
+    clock.now += 61
+    assert store.next_item("bob")["id"] == "a"  # alice's lease lapsed; bob holds a now, nobody completed it
+    with pytest.raises(FeedbackUIError, match="is held by another annotator") as held:
+        store.submit("alice", "a", "late", [])
+    assert held.value.status == 409 and "completed" not in str(held.value)
+    store.submit("bob", "a", "done", [])
+    with pytest.raises(FeedbackUIError, match="was completed by other annotators"):
+        store.submit("alice", "a", "later", [])
+
+
+def test_started_at_is_the_first_display_not_the_last_lease(make, monkeypatch):
+    import text2grad.apps.feedback_ui.store as store_module
+
+    times = iter(["2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z", "2026-01-01T00:09:00Z", "2026-01-01T00:10:00Z"])
+    monkeypatch.setattr(store_module, "utc_now", lambda: next(times))
+    store = make()
+    store.next_item("alice")
+    store.next_item("alice")  # a reload re-leases the same item
+    store.previous("alice", None)  # nothing before: no display
+    store.next_item("alice")
+    record = store.submit("alice", "a", "ok", [])
+    assert (record["started_at"], record["submitted_at"]) == ("2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z")
+
+
+def test_critiques_and_marks_have_limits(make):
+    store = make()
+    store.next_item("alice")
+    with pytest.raises(FeedbackUIError, match="at most 20000") as long:
+        store.submit("alice", "a", "x" * 20001, [])
+    assert long.value.status == 413
+    with pytest.raises(FeedbackUIError, match="at most 500"):
+        store.submit("alice", "a", "ok", [{"start": 0, "end": 1, "label": "good"}] * 501)

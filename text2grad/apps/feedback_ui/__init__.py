@@ -26,7 +26,8 @@ from tqdm.auto import tqdm
 from annotation.annotation_config import AnnotationConfig
 from annotation.runner import _Appender, load_inputs, repair_torn_tail
 from text2grad.apps.feedback_ui.agreement import agreement_summary, format_agreement
-from text2grad.apps.feedback_ui.feedback_ui_config import TOKEN_ENV, FeedbackUIConfig, is_loopback
+from text2grad.apps.feedback_ui.feedback_ui_config import ANNOTATOR_PATTERN, TOKEN_ENV, FeedbackUIConfig, is_loopback
+from text2grad.apps.feedback_ui.records import lone_surrogates, repair_text
 from text2grad.apps.feedback_ui.label_studio import ImportReport, records_from_export, write_label_studio_files
 from text2grad.apps.feedback_ui.server import bind_socket, create_app, serve
 from text2grad.apps.feedback_ui.store import (
@@ -53,7 +54,24 @@ def load_items(cfg: FeedbackUIConfig) -> list[dict[str, Any]]:
     ))
     if not items:
         raise DataError(f"{cfg.dataset_path} holds no records: nothing to annotate")
-    return items
+    return repair_items(items, cfg.dataset_path)
+
+
+def repair_items(items: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """The items with unpaired surrogates (text that cannot be written as UTF-8, e.g. an emoji cut in half) replaced
+    by U+FFFD, each repaired record named on stderr; an empty response is named too (the page says it is empty)."""
+    out = []
+    for n, item in enumerate(items):
+        fixed, count = repair_text(item)
+        if count:
+            counts = {k: lone_surrogates(str(item.get(k, ""))) for k in ("prompt", "response")}
+            where = ", ".join(f"{c} in {k}" for k, c in counts.items() if c) or f"{count} in its other fields"
+            print(f"feedback-ui: {source}: record {n} (id {fixed['id']!r}): unpaired surrogate(s) ({where}) replaced "
+                  "by U+FFFD; the text was cut inside a character", file=sys.stderr)
+        if not str(fixed.get("response", "")).strip():
+            print(f"feedback-ui: {source}: record {n} (id {fixed['id']!r}) has an empty response", file=sys.stderr)
+        out.append(fixed)
+    return out
 
 
 def resolve_token(cfg: FeedbackUIConfig) -> str | None:
@@ -66,6 +84,49 @@ def resolve_token(cfg: FeedbackUIConfig) -> str | None:
     return token
 
 
+def annotator_ids(spec: str) -> list[str]:
+    """The ids of ``--annotators``: a comma-separated list, or a file with one id per line (``#`` comments)."""
+    path = Path(spec)
+    if "," not in spec and path.is_file():
+        lines = [line.split("#")[0].strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        ids = [line for line in lines if line]
+        where = f"{spec}"
+    else:
+        ids = [part.strip() for part in spec.split(",") if part.strip()]
+        where = "--annotators"
+    bad = [i for i in ids if not ANNOTATOR_PATTERN.match(i)]
+    if bad or not ids:
+        raise ConfigError(f"{where}: {bad or 'no ids'}: each annotator id is 1-64 letters, digits, '.', '_', '@' or '-'")
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{where}: an id is listed twice ({sorted(i for i in ids if ids.count(i) > 1)[0]!r})")
+    return ids
+
+
+def annotator_tokens(cfg: FeedbackUIConfig) -> dict[str, str]:
+    """One token per ``--annotators`` id, kept in ``<output>.tokens.json`` (mode 0600): earlier tokens are reused, so a
+    restart does not invalidate the addresses people have; new ids get new tokens."""
+    if not cfg.annotators:
+        return {}
+    ids = annotator_ids(cfg.annotators)
+    kept: dict[str, Any] = {}
+    if cfg.tokens_path.is_file():
+        try:
+            kept = json.loads(cfg.tokens_path.read_text(encoding="utf-8")).get("annotators", {})
+        except (ValueError, AttributeError):
+            raise ConfigError(f"{cfg.tokens_path} is not a tokens file; move it away to make new tokens") from None
+    return {who: str(kept.get(who, {}).get("token") or secrets.token_urlsafe(24)) for who in ids}
+
+
+def write_tokens(cfg: FeedbackUIConfig, tokens: dict[str, str], address: str) -> None:
+    """Write each annotator's token and address to ``<output>.tokens.json``, readable by this user only."""
+    entries = {who: {"token": token, "address": f"{address}?token={token}"} for who, token in tokens.items()}
+    fd = os.open(cfg.tokens_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump({"annotators": entries}, handle, indent=1)
+        handle.write("\n")
+
+
 def build_server(cfg: FeedbackUIConfig) -> tuple[Any, FeedbackStore, socket.socket, str | None]:
     """Everything `run` serves: the app, its store, a bound socket and the token (checked before listening)."""
     try:
@@ -73,18 +134,22 @@ def build_server(cfg: FeedbackUIConfig) -> tuple[Any, FeedbackStore, socket.sock
     except FeedbackUIError as exc:
         raise ConfigError(str(exc)) from None
     items = load_items(cfg)
-    token = resolve_token(cfg)
+    tokens = annotator_tokens(cfg)
+    token = None if tokens else resolve_token(cfg)
     try:
         sock = bind_socket(cfg.host, cfg.port)
         try:
             store = FeedbackStore(items, Path(cfg.output), cfg.skipped_path, cfg.annotations_per_item,
-                                  cfg.lease_minutes * 60, cfg.require_critique)
+                                  cfg.lease_minutes * 60, cfg.require_critique,
+                                  max_critique_chars=cfg.max_critique_chars)
         except BaseException:
             sock.close()
             raise
     except FeedbackUIError as exc:
         raise ConfigError(str(exc)) from None
-    app = create_app(store, token, cfg.annotator, loopback_only=is_loopback(cfg.host))
+    app = create_app(store, token, cfg.annotator, loopback_only=is_loopback(cfg.host), annotator_tokens=tokens)
+    if tokens:
+        write_tokens(cfg, tokens, _address(cfg, sock, None))
     return app, store, sock, token
 
 
@@ -103,6 +168,9 @@ def _serve(cfg: FeedbackUIConfig) -> int:
         done = f"; {progress['yours']} done by {cfg.annotator}" if progress else ""
         print(f"feedback-ui: {len(store.items)} items from {cfg.dataset_path}{done}; records go to {cfg.output}",
               file=sys.stderr)
+        if cfg.annotators:
+            print(f"feedback-ui: each annotator's own address is in {cfg.tokens_path} (readable by you only): send "
+                  "each person theirs", file=sys.stderr)
         print(f"feedback-ui: open {_address(cfg, sock, token)} in a browser (Ctrl-C stops; nothing submitted is lost)",
               file=sys.stderr, flush=True)
         serve(app, sock)
@@ -147,7 +215,10 @@ def _import_label_studio(cfg: FeedbackUIConfig) -> int:
             writer.close()
     finally:
         lock.close()
-    print(json.dumps({"output": str(output), **report.to_dict()}, indent=1))
+    print(json.dumps({"output": str(output), **report.to_dict()}, indent=1, ensure_ascii=False))
+    if report.problems:
+        print(f"warning: {len(report.problems)} annotation(s) not imported (listed under 'problems' above)",
+              file=sys.stderr)
     if report.spans_unmatched:
         print(f"warning: {report.spans_unmatched} span(s) quote text that is not in their response; they are listed "
               "under unmatched_spans and give no reward", file=sys.stderr)

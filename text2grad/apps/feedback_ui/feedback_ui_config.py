@@ -76,6 +76,13 @@ class FeedbackUIConfig:
         "never handed the same item at once.",
     )
     require_critique: bool = config_field(True, "Refuse a submission without a written critique.")
+    max_critique_chars: int = config_field(20000, "Refuse a critique longer than this many characters (413).")
+    annotators: str = config_field(
+        "",
+        "Give each annotator their own access token: a comma-separated list of ids (alice,bob) or a file with one id "
+        "per line. Tokens are kept in <output>.tokens.json (readable by you only; reused on restart) with each "
+        "person's address; a token acts for its id only. Replaces --access_token.",
+    )
 
     # ---- server
     host: str = config_field(
@@ -121,6 +128,10 @@ class FeedbackUIConfig:
             )
         if self.dataset not in DATASETS:
             problems.append(f"dataset must be one of {list(DATASETS)}, got {self.dataset!r}")
+        if self.annotators and self.access_token:
+            problems.append("--annotators gives each person their own token; drop --access_token")
+        if self.max_critique_chars < 1:
+            problems.append(f"max_critique_chars must be > 0, got {self.max_critique_chars}")
         if self.access_token is not None and len(self.access_token) < 16:
             problems.append("access_token must be at least 16 characters (or leave it unset to get a random one)")
         modes = [flag for flag, on in (("--agreement", self.agreement), ("--label_studio_dir", self.label_studio_dir),
@@ -143,6 +154,10 @@ class FeedbackUIConfig:
     @property
     def skipped_path(self) -> Path:
         return Path(self.output + ".skipped.jsonl")
+
+    @property
+    def tokens_path(self) -> Path:
+        return Path(self.output + ".tokens.json")
 
     @property
     def agreement_path(self) -> Path:

@@ -11,7 +11,9 @@ exact intervals under ``span_offsets`` (a quote alone cannot say which of two id
 
 from __future__ import annotations
 
+import re
 import time
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
@@ -21,6 +23,11 @@ from text2grad.core.feedback import Feedback
 
 __all__ = [
     "HUMAN_SOURCE",
+    "JS_SPACE",
+    "REVEALED_CHARACTERS",
+    "lone_surrogates",
+    "repair_text",
+    "splits_cluster",
     "MarkedSpan",
     "OffsetUnit",
     "SpanError",
@@ -33,6 +40,67 @@ __all__ = [
 HUMAN_SOURCE = "human"
 Label = Literal["good", "poor"]
 OffsetUnit = Literal["utf16", "codepoint"]
+
+
+# What JavaScript's ``\\s`` matches: the page trims a selection by it, so the server must trim by exactly the same set
+# (``str.isspace`` also takes U+001C-U+001F and U+0085, which the page shows inside a mark).
+JS_SPACE = frozenset(
+    "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+# Characters that change how text reads without showing themselves: bidi embeddings, overrides and isolates,
+# zero-width spaces, the soft hyphen (not the joiners, which hold emoji and scripts together). The page shows each one as a visible tag.
+REVEALED_CHARACTERS = frozenset(
+    "\u00ad\u061c\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062"
+    "\u2063\u2064\u2066\u2067\u2068\u2069\ufeff"
+)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_ZWJ = "\u200d"
+
+
+def lone_surrogates(text: str) -> int:
+    """How many unpaired UTF-16 surrogates ``text`` holds (valid JSON such as ``"\\ud83d"``: an emoji cut in half).
+
+    Python keeps them in a ``str``, but they cannot be written as UTF-8, so such text must be repaired or refused
+    before it reaches a record or a response.
+    """
+    return len(_SURROGATE.findall(text))
+
+
+def repair_text(value: Any) -> tuple[Any, int]:
+    """``value`` (text, or lists/objects of it) with every unpaired surrogate replaced by U+FFFD, and how many were
+    replaced."""
+    if isinstance(value, str):
+        count = lone_surrogates(value)
+        return (_SURROGATE.sub("\ufffd", value) if count else value), count
+    if isinstance(value, list):
+        pairs = [repair_text(v) for v in value]
+        return [v for v, _ in pairs], sum(n for _, n in pairs)
+    if isinstance(value, dict):
+        out, total = {}, 0
+        for key, inner in value.items():
+            fixed_key, n_key = repair_text(key) if isinstance(key, str) else (key, 0)
+            fixed, n = repair_text(inner)
+            out[fixed_key] = fixed
+            total += n_key + n
+        return out, total
+    return value, 0
+
+
+def splits_cluster(text: str, offset: int) -> bool:
+    """True when ``offset`` (code points) falls inside a user-perceived character: before a combining mark, a
+    variation selector, an emoji skin-tone modifier or a zero-width joiner, or right after a joiner."""
+    if not 0 < offset < len(text):
+        return False
+    after, before = text[offset], text[offset - 1]
+    return (
+        unicodedata.combining(after) != 0
+        or unicodedata.category(after) == "Me"
+        or "\ufe00" <= after <= "\ufe0f"
+        or "\U0001f3fb" <= after <= "\U0001f3ff"
+        or after == _ZWJ
+        or before == _ZWJ
+    )
 
 
 class SpanError(ValueError):
@@ -70,7 +138,11 @@ def codepoint_offsets(text: str) -> dict[int, int]:
 
 
 def spans_from_offsets(
-    response: str, spans: Sequence[Mapping[str, Any]], unit: OffsetUnit = "utf16", allow_overlap: bool = False
+    response: str,
+    spans: Sequence[Mapping[str, Any]],
+    unit: OffsetUnit = "utf16",
+    allow_overlap: bool = False,
+    check_clusters: bool = True,
 ) -> list[MarkedSpan]:
     """Turn ``[{"start", "end", "label", "text"?}, ...]`` into checked `MarkedSpan` s, sorted by position.
 
@@ -82,11 +154,13 @@ def spans_from_offsets(
         unit: the unit of ``start`` and ``end``.
         allow_overlap: keep overlapping spans (the span-to-token mapping then lets poor win, as for any critic)
             instead of refusing them.
+        check_clusters: refuse an offset inside a user-perceived character (`splits_cluster`). Whitespace is
+            trimmed by JavaScript's ``\\s`` (`JS_SPACE`), as the page trims.
 
     Raises:
         SpanError: an offset out of range or inside a character, a label other than good/poor, a ``text`` that
-            differs from the slice, or (unless ``allow_overlap``) two spans that overlap: each character gets one
-            judgement.
+            differs from the slice, an offset that cuts a character cluster, or (unless ``allow_overlap``) two
+            spans that overlap: each character gets one judgement.
     """
     table = codepoint_offsets(response) if unit == "utf16" else None
     out: list[MarkedSpan] = []
@@ -107,9 +181,12 @@ def spans_from_offsets(
         if "text" in span and span["text"] is not None and span["text"] != response[start:end]:
             raise SpanError(f"span {n}: the text {span['text']!r} is not the response's text at {start}-{end} "
                             f"({response[start:end]!r}); reload the page")
-        while start < end and response[start].isspace():
+        if check_clusters and (splits_cluster(response, start) or splits_cluster(response, end)):
+            raise SpanError(f"span {n}: offsets {start}-{end} cut a character in two (a letter and its accent, or "
+                            "the parts of one emoji); select whole characters")
+        while start < end and response[start] in JS_SPACE:
             start += 1
-        while end > start and response[end - 1].isspace():
+        while end > start and response[end - 1] in JS_SPACE:
             end -= 1
         if start < end:
             out.append(MarkedSpan(start, end, label, response[start:end]))

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from annotation.runner import _Appender, repair_torn_tail
-from text2grad.apps.feedback_ui.records import MarkedSpan, human_record, spans_from_offsets, utc_now
+from text2grad.apps.feedback_ui.records import MarkedSpan, human_record, lone_surrogates, spans_from_offsets, utc_now
 from text2grad.core.data import iter_jsonl
 
 __all__ = ["FeedbackStore", "FeedbackUIError", "acquire_output_lock", "check_output_paths", "record_annotator"]
@@ -96,6 +96,8 @@ class FeedbackStore:
         lease_s: float = 1800.0,
         require_critique: bool = True,
         clock: Callable[[], float] = time.time,
+        max_critique_chars: int = 20000,
+        max_spans: int = 500,
     ) -> None:
         self.items = list(items)
         self.by_id = {str(item["id"]): item for item in self.items}
@@ -104,6 +106,8 @@ class FeedbackStore:
         self.per_item = annotations_per_item
         self.lease_s = lease_s
         self.require_critique = require_critique
+        self.max_critique_chars = max_critique_chars
+        self.max_spans = max_spans
         self.clock = clock
         self._lock = threading.RLock()
         self.output.parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +122,8 @@ class FeedbackStore:
         self._sequence = 0
         self._load()
         self.leases: dict[str, dict[str, float]] = {}  # item id -> {annotator: expiry}
+        # When each person first saw each item (since this start): the record's started_at. Re-leasing, reloading
+        # and "back" do not reset it.
         self.shown_at: dict[tuple[str, str], str] = {}
         self._out = _Appender(self.output, sync_each=True)
         self._skips = _Appender(self.skipped_path, sync_each=True)
@@ -185,6 +191,18 @@ class FeedbackStore:
             self._release(annotator)
             return None
 
+    def held_by_others(self, annotator: str) -> int:
+        """Items this person has not done or skipped that are not offered to them only because others hold them now
+        (so "nothing left" is not yet true: they come back when a lease lapses or its holder skips)."""
+        with self._lock:
+            now = self.clock()
+            return sum(
+                1 for item_id in self.by_id
+                if annotator not in self.done_by.get(item_id, ()) and item_id not in self.skipped.get(annotator, ())
+                and self._free_places(item_id, annotator, now) <= 0
+                and self.per_item - len(self.done_by.get(item_id, set()) - {annotator}) > 0
+            )
+
     def previous(self, annotator: str, before: str | None) -> dict[str, Any] | None:
         """The item this person submitted or skipped just before ``before`` (the latest one when ``before`` is new)."""
         with self._lock:
@@ -212,10 +230,18 @@ class FeedbackStore:
             item = self._known(item_id)
             if not isinstance(critique, str):
                 raise FeedbackUIError(400, "critique must be text")
+            if len(critique) > self.max_critique_chars:
+                raise FeedbackUIError(413, f"the critique is {len(critique)} characters; at most "
+                                           f"{self.max_critique_chars} are accepted: shorten it")
+            if lone_surrogates(critique):
+                raise FeedbackUIError(400, "the critique holds half of a character (an unpaired UTF-16 surrogate, "
+                                           "e.g. an emoji cut by a copy); delete and retype that character")
             if self.require_critique and not critique.strip():
                 raise FeedbackUIError(400, "write a critique before submitting (what is good or poor, and why)")
             if not isinstance(spans, list) or not all(isinstance(s, dict) for s in spans):
                 raise FeedbackUIError(400, "spans must be a list of {start, end, label} objects")
+            if len(spans) > self.max_spans:
+                raise FeedbackUIError(413, f"{len(spans)} marks; at most {self.max_spans} are accepted per item")
             try:
                 marked: list[MarkedSpan] = spans_from_offsets(str(item["response"]), spans, unit="utf16")
             except ValueError as exc:
@@ -224,9 +250,11 @@ class FeedbackStore:
             key = (item_id, annotator)
             revising = key in self.records
             if not revising and self._free_places(item_id, annotator, now) <= 0:
+                completed = len(self.done_by.get(item_id, set()) - {annotator}) >= self.per_item
+                what = "was completed by other annotators" if completed else "is held by another annotator"
                 raise FeedbackUIError(
-                    409, f"item {item_id!r} was completed by other annotators while it was not held for you; "
-                    "your text is still on the page: copy it, then take the next item"
+                    409, f"item {item_id!r} {what} while it was not held for you; your draft is kept in this "
+                    "browser: copy it if you need it, then take the next item"
                 )
             submitted_at = utc_now()
             record = human_record(item, critique, marked, annotator, self.shown_at.get(key, submitted_at), submitted_at)
@@ -294,7 +322,8 @@ class FeedbackStore:
         item = self.by_id[item_id]
         if lease:
             self._take(annotator, item_id, self.clock())
-        self.shown_at[(item_id, annotator)] = utc_now()
+        if (item_id, annotator) not in self.shown_at:
+            self.shown_at[(item_id, annotator)] = utc_now()
         record = self.records.get((item_id, annotator))
         status = "submitted" if record else "skipped" if item_id in self.skipped.get(annotator, ()) else "new"
         return {

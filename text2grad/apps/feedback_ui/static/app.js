@@ -4,7 +4,12 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { annotator: "", token: "", item: null, marks: [], renewTimer: null, busy: false };
+const state = {
+  annotator: "", token: "", item: null, marks: [], undo: [], saved: null, renewTimer: null, waitTimer: null, busy: false,
+};
+// Characters that change how text reads without showing themselves (bidi controls, zero-width spaces, soft hyphen):
+// shown as a visible tag, each isolated so that an override cannot reorder the text after it. Same set as the server.
+const HIDDEN_CHARS = /[\u00ad\u061c\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]/;
 
 function setStatus(message, isError = false) {
   const status = $("status");
@@ -12,7 +17,7 @@ function setStatus(message, isError = false) {
   status.classList.toggle("error", isError);
 }
 
-async function api(path, params = {}, method = "GET") {
+async function api(path, params = {}, method = "POST") {
   const headers = {};
   if (state.token) headers["X-Access-Token"] = state.token;
   let url = "/api/" + path;
@@ -23,7 +28,13 @@ async function api(path, params = {}, method = "GET") {
     headers["Content-Type"] = "application/json";
     options.body = JSON.stringify({ annotator: state.annotator, ...params });
   }
-  const response = await fetch(url, options);
+  let response;
+  try {
+    response = await fetch(url, options);
+  } catch (error) {
+    throw new Error("Cannot reach the feedback server (it was stopped, or the network is down). Your draft is kept " +
+                    "in this browser; try again once the server is back.");
+  }
   let body = null;
   try { body = await response.json(); } catch (e) { body = null; }
   if (!response.ok) throw new Error((body && body.error) || `the server answered ${response.status}`);
@@ -65,32 +76,76 @@ function selectionOffsets() {
   return trimmed(text, start, end);
 }
 
+// Widen [start, end) to whole user-perceived characters (a letter and its accents, a joined emoji), then trim
+// whitespace (JavaScript's \\s, the set the server trims by).
 function trimmed(text, start, end) {
+  if (typeof Intl !== "undefined" && Intl.Segmenter) {
+    let at = 0;
+    for (const { segment } of new Intl.Segmenter(undefined, { granularity: "grapheme" }).segment(text)) {
+      const next = at + segment.length;
+      if (at < start && start < next) start = at;
+      if (at < end && end < next) end = next;
+      at = next;
+    }
+  }
   while (start < end && /\s/.test(text[start])) start += 1;
   while (end > start && /\s/.test(text[end - 1])) end -= 1;
   return start < end ? { start, end } : null;
 }
 
+// How many times text[start, end) occurs in the text, and which of them this one is (1-based).
+function occurrence(text, start, end) {
+  const quote = text.slice(start, end);
+  let count = 0, index = 0;
+  for (let at = text.indexOf(quote); at >= 0; at = text.indexOf(quote, at + 1)) {
+    count += 1;
+    if (at === start) index = count;
+  }
+  return { count, index };
+}
+
 // ---- marks --------------------------------------------------------------------------------------------------
+
+// Put text into an element as text nodes, each hidden character wrapped in a tagged, isolated span.
+function appendText(parent, text) {
+  let rest = text;
+  for (let match = HIDDEN_CHARS.exec(rest); match; match = HIDDEN_CHARS.exec(rest)) {
+    if (match.index > 0) parent.appendChild(document.createTextNode(rest.slice(0, match.index)));
+    const tag = document.createElement("span");
+    tag.className = "hidden-char";
+    tag.dataset.code = "U+" + match[0].codePointAt(0).toString(16).toUpperCase().padStart(4, "0");
+    tag.title = `invisible character ${tag.dataset.code}`;
+    tag.textContent = match[0];
+    parent.appendChild(tag);
+    rest = rest.slice(match.index + 1);
+  }
+  if (rest) parent.appendChild(document.createTextNode(rest));
+}
+
+function hiddenCount(text) {
+  return [...text].filter((ch) => HIDDEN_CHARS.test(ch)).length;
+}
 
 function renderResponse() {
   const box = $("response");
   const text = state.item.response;
   box.replaceChildren();
+  box.classList.toggle("empty", text.length === 0);
   state.marks.sort((a, b) => a.start - b.start);
   let at = 0;
   state.marks.forEach((mark, index) => {
-    if (mark.start > at) box.appendChild(document.createTextNode(text.slice(at, mark.start)));
+    if (mark.start > at) appendText(box, text.slice(at, mark.start));
     const element = document.createElement("mark");
     element.className = mark.label;
     element.dataset.index = String(index);
-    element.title = `${mark.label}: click to remove`;
-    element.textContent = text.slice(mark.start, mark.end);
+    element.title = `${mark.label}: click to remove (u undoes)`;
+    appendText(element, text.slice(mark.start, mark.end));
     box.appendChild(element);
     at = mark.end;
   });
-  if (at < text.length) box.appendChild(document.createTextNode(text.slice(at)));
+  if (at < text.length) appendText(box, text.slice(at));
   renderMarkList();
+  saveDraft();
 }
 
 function renderMarkList() {
@@ -118,20 +173,42 @@ function addMark(label) {
     setStatus("Select some text in the response first, then press g (good) or p (poor).", true);
     return;
   }
+  pushUndo();
   const before = state.marks.length;
   state.marks = state.marks.filter((m) => m.end <= range.start || m.start >= range.end);
   const replaced = before - state.marks.length;
   state.marks.push({ start: range.start, end: range.end, label });
   window.getSelection().removeAllRanges();
   renderResponse();
-  setStatus(`Marked ${label}: "${state.item.response.slice(range.start, range.end)}"` +
-            (replaced ? ` (replaced ${replaced} overlapping mark${replaced > 1 ? "s" : ""})` : ""));
+  const text = state.item.response;
+  const seen = occurrence(text, range.start, range.end);
+  const repeated = seen.count > 1 ? ` Note: this text occurs ${seen.count} times in the response; you marked ` +
+    `occurrence ${seen.index} only (the record keeps its exact place).` : "";
+  setStatus(`Marked ${label}: "${text.slice(range.start, range.end)}"` +
+            (replaced ? ` (replaced ${replaced} overlapping mark${replaced > 1 ? "s" : ""})` : "") + repeated,
+            Boolean(repeated));
+}
+
+function pushUndo() {
+  state.undo.push(state.marks.map((m) => ({ ...m })));
+  if (state.undo.length > 200) state.undo.shift();
+}
+
+function undo() {
+  if (!state.item || !state.undo.length) {
+    setStatus("Nothing to undo.");
+    return;
+  }
+  state.marks = state.undo.pop();
+  renderResponse();
+  setStatus("Undone.");
 }
 
 function removeMark(index) {
+  pushUndo();
   state.marks.splice(index, 1);
   renderResponse();
-  setStatus("Mark removed.");
+  setStatus("Mark removed (u undoes).");
 }
 
 function removeMarksInSelection() {
@@ -140,11 +217,60 @@ function removeMarksInSelection() {
     setStatus("Select text that overlaps a mark to remove it (or click the mark).", true);
     return;
   }
+  pushUndo();
   const before = state.marks.length;
   state.marks = state.marks.filter((m) => m.end <= range.start || m.start >= range.end);
   window.getSelection().removeAllRanges();
   renderResponse();
-  setStatus(`Removed ${before - state.marks.length} mark(s).`);
+  setStatus(`Removed ${before - state.marks.length} mark(s) (u undoes).`);
+}
+
+// ---- items --------------------------------------------------------------------------------------------------
+
+function showProgress(progress) {
+  if (!progress) return;
+  const parts = [`${progress.yours} of ${progress.total} done by you`];
+  if (progress.skipped) parts.push(`${progress.skipped} skipped`);
+  if (progress.per_item > 1) parts.push(`${progress.complete} of ${progress.total} complete (${progress.per_item} people each)`);
+  $("progress").textContent = parts.join(" \u00b7 ");
+}
+
+// ---- drafts: what is typed and marked is kept in this browser per item until it is submitted --------------------
+
+function draftKey(id) {
+  return `text2grad-draft:${state.annotator}:${id}`;
+}
+
+function current() {
+  return JSON.stringify({ critique: $("critique").value, marks: [...state.marks].sort((a, b) => a.start - b.start) });
+}
+
+function dirty() {
+  return Boolean(state.item) && state.saved !== null && current() !== state.saved;
+}
+
+function saveDraft() {
+  if (!state.item || state.saved === null) return;
+  try {
+    if (dirty()) {
+      localStorage.setItem(draftKey(state.item.id), JSON.stringify({
+        critique: $("critique").value, marks: state.marks, length: state.item.response.length, time: Date.now(),
+      }));
+    } else {
+      localStorage.removeItem(draftKey(state.item.id));
+    }
+  } catch (error) {
+    setStatus("This browser refused to keep a draft (storage full or disabled): submit before leaving.", true);
+  }
+}
+
+function loadDraft(item) {
+  try {
+    const draft = JSON.parse(localStorage.getItem(draftKey(item.id)) || "null");
+    return draft && draft.length === item.response.length && Array.isArray(draft.marks) ? draft : null;
+  } catch (error) {
+    return null;
+  }
 }
 
 // ---- items --------------------------------------------------------------------------------------------------
@@ -158,33 +284,48 @@ function showProgress(progress) {
 }
 
 function show(item) {
+  saveDraft();
   state.item = item;
+  state.saved = null;
+  state.undo = [];
   $("work").hidden = !item;
   $("finished").hidden = Boolean(item);
   if (!item) {
     clearInterval(state.renewTimer);
-    return;
+    return false;
   }
   $("item-id").textContent = item.id;
   $("item-position").textContent = `(#${item.position} of ${item.progress.total} in the file)`;
   $("item-state").textContent = item.status === "submitted" ? "(you submitted this; submitting again replaces your record)"
     : item.status === "skipped" ? "(you skipped this)" : "";
-  $("prompt").textContent = item.prompt;
+  $("prompt").replaceChildren();
+  appendText($("prompt"), item.prompt);
+  const hidden = hiddenCount(item.prompt) + hiddenCount(item.response);
+  $("item-warning").textContent = (item.response.length === 0 ? "The response is empty: there is nothing to mark; " +
+    "say so in the critique, or skip. " : "") + (hidden ? `This item holds ${hidden} invisible or text-direction ` +
+    "character(s), shown as tags such as U+202E; they may make text read differently from what it is." : "");
   const record = item.record;
   state.marks = record && record.span_offsets ? record.span_offsets.map((s) => ({
     start: utf16Offset(item.response, s.start), end: utf16Offset(item.response, s.end), label: s.label,
   })) : [];
   $("critique").value = record ? record.critique : "";
+  state.saved = current();
+  const draft = loadDraft(item);
+  if (draft) {
+    state.marks = draft.marks;
+    $("critique").value = draft.critique;
+  }
   renderResponse();
   showProgress(item.progress);
   clearInterval(state.renewTimer);
   state.renewTimer = setInterval(renew, 60000);
+  return Boolean(draft);
 }
 
 async function renew() {
   if (!state.item) return;
   try {
-    const answer = await api("renew", { id: state.item.id }, "POST");
+    const answer = await api("renew", { id: state.item.id });
     if (!answer.held) setStatus("This item was handed to someone else while the page was idle; skip to the next one.", true);
   } catch (error) { setStatus(error.message, true); }
 }
@@ -196,10 +337,21 @@ async function run(action) {
 }
 
 async function loadNext() {
+  clearTimeout(state.waitTimer);
   const answer = await api("next");
-  show(answer.item);
+  const restored = show(answer.item);
   showProgress(answer.progress);
-  if (!answer.item) setStatus("All items are done. Thank you!");
+  if (restored) setStatus(`Restored your unsaved draft of item ${answer.item.id}.`);
+  if (answer.item) return;
+  if (answer.held_by_others) {
+    $("finished-text").textContent = `No item is free for you right now: ${answer.held_by_others} item(s) are being ` +
+      "annotated by others and come back if they skip them or leave. This page checks again every 30 seconds.";
+    setStatus("Waiting for items held by other annotators.");
+    state.waitTimer = setTimeout(() => run(loadNext), 30000);
+  } else {
+    $("finished-text").textContent = "No item is left for you.";
+    setStatus("All items are done. Thank you!");
+  }
 }
 
 async function submit() {
@@ -207,7 +359,10 @@ async function submit() {
   const critique = $("critique").value;
   const text = state.item.response;
   const spans = state.marks.map((m) => ({ start: m.start, end: m.end, label: m.label, text: text.slice(m.start, m.end) }));
-  const answer = await api("submit", { id: state.item.id, critique, spans }, "POST");
+  const answer = await api("submit", { id: state.item.id, critique, spans });
+  localStorage.removeItem(draftKey(answer.record.id));
+  state.saved = current();
+  if (document.activeElement) document.activeElement.blur();  // so that g, p, [ and ] work at once
   setStatus(`Saved item ${answer.record.id}.`);
   await loadNext();
   if (state.item) setStatus(`Saved item ${answer.record.id}. Next: item ${state.item.id}.`);
@@ -220,7 +375,7 @@ async function skip() {
     return;
   }
   const skipped = state.item.id;
-  await api("skip", { id: skipped }, "POST");
+  await api("skip", { id: skipped });
   await loadNext();
   setStatus(`Skipped item ${skipped}.`);
 }
@@ -231,8 +386,8 @@ async function back() {
     setStatus("Nothing before this item.");
     return;
   }
-  show(answer.item);
-  setStatus(`Back to item ${answer.item.id}.`);
+  const restored = show(answer.item);
+  setStatus(`Back to item ${answer.item.id}.` + (restored ? " Restored your unsaved draft of it." : ""));
 }
 
 // ---- start-up and keys --------------------------------------------------------------------------------------
@@ -248,6 +403,11 @@ async function start(annotator) {
 
 function onKey(event) {
   const typing = event.target instanceof HTMLTextAreaElement || event.target instanceof HTMLInputElement;
+  if ((event.ctrlKey || event.metaKey) && event.key === "z" && !typing) {
+    event.preventDefault();
+    undo();
+    return;
+  }
   if ((event.ctrlKey || event.metaKey) && event.key === "Enter") {
     event.preventDefault();
     run(submit);
@@ -260,7 +420,7 @@ function onKey(event) {
   if (typing || event.ctrlKey || event.metaKey || event.altKey || !state.item && event.key !== "[") return;
   const actions = {
     g: () => addMark("good"), p: () => addMark("poor"), x: removeMarksInSelection,
-    c: () => $("critique").focus(), "]": () => run(skip), "[": () => run(back),
+    c: () => $("critique").focus(), "]": () => run(skip), "[": () => run(back), u: undo,
   };
   const action = actions[event.key];
   if (action) {
@@ -282,6 +442,15 @@ async function init() {
   $("mark-good").addEventListener("click", () => addMark("good"));
   $("mark-poor").addEventListener("click", () => addMark("poor"));
   $("unmark").addEventListener("click", removeMarksInSelection);
+  $("undo").addEventListener("click", undo);
+  $("critique").addEventListener("input", saveDraft);
+  window.addEventListener("beforeunload", (event) => {
+    saveDraft();
+    if (dirty()) {  // the draft is kept in this browser, but a person closing the tab should know it is unsubmitted
+      event.preventDefault();
+      event.returnValue = "";
+    }
+  });
   $("submit").addEventListener("click", () => run(submit));
   $("skip").addEventListener("click", () => run(skip));
   $("back").addEventListener("click", () => run(back));
@@ -301,9 +470,16 @@ async function init() {
   });
   let session;
   try {
-    session = await api("session");
+    session = await api("session", {}, "GET");
   } catch (error) {
     setStatus(error.message, true);
+    return;
+  }
+  if (session.annotator) {  // the access token names the person: no other id can be used from this address
+    $("annotator").value = session.annotator;
+    $("annotator").disabled = true;
+    $("start").disabled = true;
+    run(() => start(session.annotator));
     return;
   }
   const annotator = url.searchParams.get("annotator") || localStorage.getItem("text2grad-annotator") || session.default_annotator;
