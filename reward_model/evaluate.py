@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from reward_model.evaluate_config import EvalConfig
 from reward_model.inference import GenerativeRewardModel
 from reward_model.metrics import evaluate_feedback, format_markdown
-from reward_model.serialization import parse_target, record_feedback
+from reward_model.serialization import parse_target, record_feedback, record_spans
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, config_to_dict
 from text2grad.core.data import DataError, iter_jsonl, load_records, record_id, write_jsonl
@@ -90,7 +90,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         stats = rm.stats.as_dict()
         label_tokenizer = load_tokenizer(cfg.label_tokenizer) if cfg.label_tokenizer else rm.tokenizer
     metrics, per_example = evaluate_feedback(
-        predictions, references, responses, label_tokenizer, occurrence=cfg.occurrence, overlap=cfg.overlap, boundary=cfg.boundary
+        predictions, references, responses, label_tokenizer, occurrence=cfg.occurrence, overlap=cfg.overlap,
+        boundary=cfg.boundary, reference_spans=[record_spans(r) for r in records],
     )
     report = metrics.to_dict()
     if stats:

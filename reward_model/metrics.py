@@ -34,6 +34,7 @@ from text2grad.core.spans import (
     Overlap,
     SpanAlignment,
     feedback_token_labels,
+    interval_token_labels,
     token_offsets,
 )
 
@@ -296,12 +297,16 @@ def compare_feedback(
     occurrence: Occurrence = "all",
     overlap: Overlap = "poor",
     boundary: Boundary = "any",
+    reference_spans: Sequence[CharSpan] | None = None,
 ) -> ExampleComparison:
     """Compare two feedbacks on one response.
 
     Both sides are labelled by `feedback_token_labels` over the same token offsets: pass ``tokenizer``
     (offsets come from `token_offsets`) or precomputed ``offsets`` of the response. ``occurrence``,
     ``overlap`` and ``boundary`` are the core's span-to-token rules and apply to both sides alike.
+    ``reference_spans``: the reference's exact character intervals when it has them (a person's marks,
+    ``span_offsets``); they replace its located quotes, so marking the second of two equal passages labels only
+    that one.
     """
     if offsets is None:
         if tokenizer is None:
@@ -309,7 +314,10 @@ def compare_feedback(
         _, offsets = token_offsets(tokenizer, response)
     rules = dict(occurrence=occurrence, overlap=overlap, boundary=boundary)
     pred = feedback_token_labels(predicted, response, offsets, **rules)
-    ref = feedback_token_labels(reference, response, offsets, **rules)
+    if reference_spans is None:
+        ref = feedback_token_labels(reference, response, offsets, **rules)
+    else:
+        ref = interval_token_labels(reference_spans, response, offsets, overlap=overlap, boundary=boundary)
     return ExampleComparison(
         predicted_labels=pred.labels,
         reference_labels=ref.labels,
@@ -398,9 +406,11 @@ def evaluate_feedback(
     overlap: Overlap = "poor",
     boundary: Boundary = "any",
     zero_division: float = 0.0,
+    reference_spans: Sequence[Sequence[CharSpan] | None] | None = None,
 ) -> tuple[FeedbackMetrics, list[ExampleComparison]]:
     """All metrics for aligned lists of predicted feedback, reference feedback and responses.
 
+    ``reference_spans``: per example, the reference's exact character intervals or None (`compare_feedback`).
     Returns the corpus metrics and the per-example comparisons (for prediction dumps).
     """
     if not (len(predictions) == len(references) == len(responses)):
@@ -408,9 +418,13 @@ def evaluate_feedback(
             f"need one prediction and one reference per response, got {len(predictions)} predictions, "
             f"{len(references)} references and {len(responses)} responses"
         )
+    exact = list(reference_spans) if reference_spans is not None else [None] * len(responses)
+    if len(exact) != len(responses):
+        raise ValueError(f"reference_spans has {len(exact)} entries for {len(responses)} responses")
     comparisons = [
-        compare_feedback(p, r, text, tokenizer, occurrence=occurrence, overlap=overlap, boundary=boundary)
-        for p, r, text in zip(predictions, references, responses)
+        compare_feedback(p, r, text, tokenizer, occurrence=occurrence, overlap=overlap, boundary=boundary,
+                         reference_spans=spans)
+        for p, r, text, spans in zip(predictions, references, responses, exact)
     ]
     return aggregate(comparisons, json_validity(predictions), zero_division), comparisons
 

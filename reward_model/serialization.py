@@ -38,6 +38,7 @@ import torch
 
 from text2grad.core.feedback import Feedback, ParseResult, format_feedback, parse_feedback
 from text2grad.core.generation import apply_chat_template
+from text2grad.core.spans import GOOD, POOR, CharSpan
 
 __all__ = [
     "DEFAULT_INSTRUCTION",
@@ -56,6 +57,8 @@ __all__ = [
     "parse_target",
     "encode_example",
     "record_feedback",
+    "record_spans",
+    "unambiguous_quote",
     "collate",
 ]
 
@@ -258,15 +261,92 @@ def encode_example(
     return EncodedExample(input_ids + target, [IGNORE_INDEX] * len(input_ids) + target, len(input_ids))
 
 
+def record_spans(record: dict[str, Any]) -> list[CharSpan] | None:
+    """A record's exact character intervals (``span_offsets``, written by feedback-ui and the Label Studio import),
+    or None when it has none. Raises ValueError naming the record when they do not fit its response."""
+    offsets = record.get("span_offsets")
+    if not offsets:
+        return None
+    response = str(record.get("response", ""))
+    out = []
+    for n, span in enumerate(offsets, 1):
+        start, end, label = span.get("start"), span.get("end"), span.get("label")
+        if label not in ("good", "poor") or not all(isinstance(v, int) for v in (start, end)) \
+                or not 0 <= start < end <= len(response):
+            raise ValueError(f"record {record.get('id', '?')!r}: span_offsets entry {n} ({span}) is not a good/poor "
+                             f"interval inside the response ({len(response)} characters)")
+        if span.get("text") is not None and span["text"] != response[start:end]:
+            raise ValueError(f"record {record.get('id', '?')!r}: span_offsets entry {n} says {span['text']!r} but the "
+                             f"response holds {response[start:end]!r} there")
+        out.append(CharSpan(start, end, GOOD if label == "good" else POOR, response[start:end]))
+    return out
+
+
+def _starts(text: str, quote: str) -> list[int]:
+    found, at = [], text.find(quote)
+    while at >= 0:
+        found.append(at)
+        at = text.find(quote, at + 1)
+    return found
+
+
+def _widen_by_a_word(text: str, start: int, end: int, right: bool) -> tuple[int, int]:
+    """[start, end) grown by the next whitespace-separated word on one side (and the space before it)."""
+    if right:
+        while end < len(text) and text[end].isspace():
+            end += 1
+        while end < len(text) and not text[end].isspace():
+            end += 1
+    else:
+        while start > 0 and text[start - 1].isspace():
+            start -= 1
+        while start > 0 and not text[start - 1].isspace():
+            start -= 1
+    return start, end
+
+
+def unambiguous_quote(response: str, span: CharSpan, spans: Sequence[CharSpan]) -> str:
+    """The quote a critic should write for ``span`` so that locating it labels that place and no other.
+
+    A quote labels every place it occurs (``occurrence: all``). When all of those places carry the same mark, the
+    plain text is right. Otherwise (a person marked the second "Oslo" only) the quote is widened by the fewest
+    neighbouring words, right first, that make it occur once: the reward model learns to quote unambiguously, at
+    the cost of those few neighbouring words sharing the label.
+    """
+    quote = response[span.start:span.end]
+    same = {(s.start, s.end) for s in spans if s.label == span.label}
+    if all((at, at + len(quote)) in same for at in _starts(response, quote)):
+        return quote
+    start, end, right = span.start, span.end, True
+    while len(_starts(response, response[start:end])) > 1 and (start > 0 or end < len(response)):
+        grown = _widen_by_a_word(response, start, end, right and end < len(response) or start == 0)
+        start, end, right = grown[0], grown[1], not right
+    return response[start:end]
+
+
 def record_feedback(record: dict[str, Any]) -> Feedback:
-    """The reference feedback of an annotation record (``critique``, ``good_spans``, ``poor_spans``)."""
+    """The reference feedback of an annotation record (``critique``, ``good_spans``, ``poor_spans``).
+
+    A record with exact ``span_offsets`` (a person's marks) gets quotes from them, each made unambiguous
+    (`unambiguous_quote`), so that training on it labels the marked occurrence, not every equal passage.
+    """
     for key in ("good_spans", "poor_spans"):
         value = record.get(key)
         if value is not None and not isinstance(value, (list, tuple)):
             raise ValueError(
                 f"record {record.get('id', '?')!r}: '{key}' must be a list of quotes, got {type(value).__name__}"
             )
-    return Feedback.from_dict(record)
+    feedback = Feedback.from_dict(record)
+    spans = record_spans(record)
+    if spans is None:
+        return feedback
+    response = str(record["response"])
+    quotes = {GOOD: [], POOR: []}
+    for span in sorted(spans, key=lambda s: s.start):
+        quote = unambiguous_quote(response, span, spans)
+        if quote not in quotes[span.label]:
+            quotes[span.label].append(quote)
+    return dataclasses.replace(feedback, good_spans=tuple(quotes[GOOD]), poor_spans=tuple(quotes[POOR]))
 
 
 def collate(examples: Sequence[dict[str, Sequence[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -219,3 +220,17 @@ def test_span_match_invariants(pred, ref):
     assert (counts.exact + counts.partial == 0) == (counts.predicted_overlapping == 0)
     self_match = span_match_counts(ref, ref)
     assert self_match.exact == self_match.n_reference and self_match.partial == 0
+
+
+def test_reference_intervals_label_only_the_marked_occurrence():
+    response = "Oslo is far. Oslo is cold."
+    words = [(m.start(), m.end()) for m in re.finditer(r"\S+", response)]
+    second = response.rindex("Oslo")
+    predicted = Feedback("c", (), ("Oslo",))  # the critic quotes "Oslo": both places
+    reference = Feedback("c", (), ("Oslo",))
+    by_quote = compare_feedback(predicted, reference, response, offsets=words)
+    exact = compare_feedback(predicted, reference, response, offsets=words,
+                             reference_spans=[CharSpan(second, second + 4, -1, "Oslo")])
+    assert by_quote.reference_labels == [-1, 0, 0, -1, 0, 0]
+    assert exact.reference_labels == [0, 0, 0, -1, 0, 0]
+    assert exact.predicted_labels == [-1, 0, 0, -1, 0, 0]  # one false positive now counts against the critic

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -21,10 +22,12 @@ from reward_model.serialization import (
     fit_rm_input,
     parse_target,
     record_feedback,
+    record_spans,
     target_text,
 )
 from text2grad.core.feedback import Feedback, parse_feedback
 from text2grad.core.modeling import build_tiny_llama
+from text2grad.core.spans import feedback_token_labels
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
@@ -201,3 +204,24 @@ def test_long_prompt_is_shortened_in_the_middle_and_response_kept(rm_tokenizer):
 def test_example_that_cannot_fit_is_dropped_not_clipped(rm_tokenizer):
     r = RECORDS[0]
     assert encode_example(rm_tokenizer, r["prompt"], r["response"] * 30, record_feedback(r), max_length=64) is None
+
+
+def test_a_persons_exact_marks_decide_which_occurrence_the_training_quote_labels():
+    response = "Alex moved to Oslo for a job. Oslo is cold."
+    second = response.rindex("Oslo")
+    record = {"id": "a", "prompt": "p", "response": response, "critique": "The second Oslo is wrong.",
+              "good_spans": [], "poor_spans": ["Oslo"],
+              "span_offsets": [{"start": second, "end": second + 4, "label": "poor", "text": "Oslo"}]}
+    feedback = record_feedback(record)
+    assert feedback.poor_spans == ("Oslo is",)  # widened by one word until it occurs once
+    words = [(m.start(), m.end()) for m in re.finditer(r"\S+", response)]
+    labels = feedback_token_labels(feedback, response, words).labels
+    assert labels == [0, 0, 0, 0, 0, 0, 0, -1, -1, 0]  # the first Oslo (word 3) is not labelled
+    # without offsets, or when every occurrence was marked alike, the quotes stay as written
+    assert record_feedback({**record, "span_offsets": None}).poor_spans == ("Oslo",)
+    both = [{"start": response.index("Oslo"), "end": response.index("Oslo") + 4, "label": "poor"},
+            {"start": second, "end": second + 4, "label": "poor"}]
+    assert record_feedback({**record, "span_offsets": both}).poor_spans == ("Oslo",)
+    assert [(s.start, s.end, s.label) for s in record_spans(record)] == [(second, second + 4, -1)]
+    with pytest.raises(ValueError, match="says 'Osl0'"):
+        record_spans({**record, "span_offsets": [{"start": second, "end": second + 4, "label": "poor", "text": "Osl0"}]})

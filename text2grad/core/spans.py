@@ -44,6 +44,7 @@ __all__ = [
     "token_offsets",
     "decode_with_offsets",
     "feedback_token_labels",
+    "interval_token_labels",
     "sequence_token_labels",
 ]
 
@@ -364,6 +365,20 @@ def feedback_token_labels(
     alignment = locate_spans(text, feedback.good_spans, feedback.poor_spans, occurrence)
     chars = char_labels(len(text), alignment.spans, overlap)
     return TokenLabelResult(token_labels(text, offsets, chars, boundary, overlap), alignment, text)
+
+
+def interval_token_labels(
+    spans: Sequence[CharSpan],
+    text: str,
+    offsets: Sequence[tuple[int, int]],
+    *,
+    overlap: Overlap = "poor",
+    boundary: Boundary = "any",
+) -> TokenLabelResult:
+    """`feedback_token_labels` for spans already located as character intervals (e.g. a person's exact marks,
+    which say which occurrence of a repeated quote was meant): paint characters, label tokens."""
+    chars = char_labels(len(text), spans, overlap)
+    return TokenLabelResult(token_labels(text, offsets, chars, boundary, overlap), SpanAlignment(list(spans)), text)
 
 
 def sequence_token_labels(
