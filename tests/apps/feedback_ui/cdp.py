@@ -117,6 +117,25 @@ class Browser:
         self.send("Page.reload", {"ignoreCache": True}, session=True)
         self.wait_event("Page.loadEventFired")
 
+    def reload_answering_dialogs(self) -> list[str]:
+        """Reload, accepting any dialog the page raises on the way (a ``beforeunload`` guard); returns their types."""
+        self.events.clear()
+        self._next_id += 1
+        message = {"id": self._next_id, "method": "Page.reload", "params": {"ignoreCache": True}, "sessionId": self.session}
+        os.write(self._write, json.dumps(message).encode() + b"\0")  # not awaited: a dialog may hold the reply back
+        seen: list[str] = []
+        deadline = time.monotonic() + self.timeout
+        while True:
+            event = self.events.pop(0) if self.events else self._receive(max(deadline - time.monotonic(), 0.001))
+            if event.get("method") == "Page.javascriptDialogOpening":
+                seen.append(event["params"]["type"])
+                self._next_id += 1
+                answer = {"id": self._next_id, "method": "Page.handleJavaScriptDialog", "params": {"accept": True},
+                          "sessionId": self.session}
+                os.write(self._write, json.dumps(answer).encode() + b"\0")
+            elif event.get("method") == "Page.loadEventFired":
+                return seen
+
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (awaited if it is a promise)."""
         result = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True},
