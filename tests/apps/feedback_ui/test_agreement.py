@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from text2grad.apps.feedback_ui.agreement import agreement_summary, format_agreement, span_f1, token_labels_of_record
+from text2grad.apps.feedback_ui.agreement import (
+    agreement_summary,
+    format_agreement,
+    format_suggestions,
+    span_f1,
+    suggestion_summary,
+    token_labels_of_record,
+)
 
 RESPONSE = "the cat sat on the mat"  # words 0..5
 
@@ -61,3 +68,17 @@ def test_no_shared_item_says_how_to_get_some():
     summary = agreement_summary([_record("alice", poor=["cat"])])
     assert summary["shared_items"] == 0 and summary["overall"]["poor"]["micro_f1"] is None
     assert "--annotations_per_item 2" in format_agreement(summary)
+
+
+def test_suggestion_summary_counts_kept_removed_and_added_spans_per_critic():
+    def rec(critic, n_suggested, kept, removed, added, edited):
+        return {"id": "x", "suggestion": {"critic": critic, "critique": "c", "spans": [{}] * n_suggested},
+                "changes": {"kept": kept, "removed": removed, "added": added, "critique_edited": edited}}
+
+    summary = suggestion_summary([rec("llm:a", 3, 2, 1, 1, True), rec("llm:a", 1, 1, 0, 0, False),
+                                  rec("rm", 2, 0, 2, 2, True), {"id": "y"}])
+    assert summary["llm:a"] == {"records": 2, "suggested": 4, "kept": 3, "removed": 1, "added": 1, "critique_edited": 1,
+                                "kept_rate": 0.75, "recall": 0.75, "edited_rate": 0.5}
+    assert summary["rm"]["kept_rate"] == 0.0 and summary["rm"]["recall"] == 0.0 and summary["rm"]["edited_rate"] == 1.0
+    assert "llm:a: 2 records, 4 spans suggested: 3 kept, 1 removed, 1 added; kept rate 0.750" in format_suggestions(summary)
+    assert format_suggestions({}) == ""

@@ -8,6 +8,7 @@ import pytest
 
 from tests.apps.feedback_ui.fbui_testlib import ITEMS, read_records
 
+import text2grad.apps.feedback_ui.store as store_module
 from text2grad.apps.feedback_ui.store import FeedbackStore, FeedbackUIError, check_output_paths
 
 
@@ -167,8 +168,6 @@ def test_a_refusal_says_held_when_the_item_is_only_held_and_completed_when_it_is
 
 
 def test_started_at_is_the_first_display_not_the_last_lease(make, monkeypatch):
-    import text2grad.apps.feedback_ui.store as store_module
-
     times = iter(["2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z", "2026-01-01T00:09:00Z", "2026-01-01T00:10:00Z"])
     monkeypatch.setattr(store_module, "utc_now", lambda: next(times))
     store = make()
@@ -188,3 +187,28 @@ def test_critiques_and_marks_have_limits(make):
     assert long.value.status == 413
     with pytest.raises(FeedbackUIError, match="at most 500"):
         store.submit("alice", "a", "ok", [{"start": 0, "end": 1, "label": "good"}] * 501)
+
+
+def test_a_suggested_critique_is_offered_and_the_record_keeps_what_changed(tmp_path):
+    response = ITEMS[0]["response"]  # "Alex 😀 moved to Oslo for a job. Oslo is cold."
+    cold, job = response.index("cold"), response.index("for a job")
+    llm_record = {**ITEMS[0], "critique": "The city is wrong.", "good_spans": ["for a job"], "poor_spans": ["Oslo"],
+                  "source": "llm:critic-7b"}
+    store = FeedbackStore([llm_record], tmp_path / "out.jsonl", tmp_path / "skipped.jsonl")
+    try:
+        view = store.next_item("alice")
+        suggestion = view["suggestion"]
+        first, second = response.index("Oslo"), response.rindex("Oslo")
+        assert suggestion["critic"] == "llm:critic-7b" and suggestion["critique"] == "The city is wrong."
+        assert [(s["start"], s["label"]) for s in suggestion["spans"]] == [(first, "poor"), (job, "good"), (second, "poor")]
+        # alice keeps the first Oslo and "for a job", removes the second Oslo, adds "cold" and edits the critique
+        units = lambda i: len(response[:i].encode("utf-16-le")) // 2  # noqa: E731
+        spans = [{"start": units(first), "end": units(first) + 4, "label": "poor"},
+                 {"start": units(job), "end": units(job) + 9, "label": "good"},
+                 {"start": units(cold), "end": units(cold) + 4, "label": "poor"}]
+        record = store.submit("alice", "a", "The city is wrong; Oslo is not cold either.", spans)
+    finally:
+        store.close()
+    assert record["suggestion"] == suggestion
+    assert record["changes"] == {"kept": 2, "removed": 1, "added": 1, "critique_edited": True}
+    assert read_records(tmp_path / "out.jsonl")[0]["changes"]["removed"] == 1

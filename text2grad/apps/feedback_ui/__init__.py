@@ -25,7 +25,12 @@ from tqdm.auto import tqdm
 
 from annotation.annotation_config import AnnotationConfig
 from annotation.runner import _Appender, load_inputs, repair_torn_tail
-from text2grad.apps.feedback_ui.agreement import agreement_summary, format_agreement
+from text2grad.apps.feedback_ui.agreement import (
+    agreement_summary,
+    format_agreement,
+    format_suggestions,
+    suggestion_summary,
+)
 from text2grad.apps.feedback_ui.feedback_ui_config import ANNOTATOR_PATTERN, TOKEN_ENV, FeedbackUIConfig, is_loopback
 from text2grad.apps.feedback_ui.records import lone_surrogates, repair_text
 from text2grad.apps.feedback_ui.label_studio import ImportReport, records_from_export, write_label_studio_files
@@ -229,9 +234,13 @@ def _agreement(cfg: FeedbackUIConfig) -> int:
     output = Path(cfg.output)
     if not cfg.output or not output.is_file():
         raise ConfigError(f"--output {cfg.output or '(unset)'} is not a records file; point it at the feedback-ui output")
-    summary = agreement_summary(iter_jsonl(output))
+    records = list(iter_jsonl(output))
+    summary = agreement_summary(records)
+    summary["suggestions"] = suggestion_summary(records)
     cfg.agreement_path.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     print(format_agreement(summary))
+    if summary["suggestions"]:
+        print(format_suggestions(summary["suggestions"]))
     print(f"(written to {cfg.agreement_path})")
     return EXIT_OK
 

@@ -22,7 +22,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from text2grad.core.spans import CharSpan, char_labels, locate_spans, token_labels
 
-__all__ = ["span_f1", "token_labels_of_record", "agreement_summary", "format_agreement"]
+__all__ = ["span_f1", "token_labels_of_record", "agreement_summary", "format_agreement", "suggestion_summary",
+           "format_suggestions"]
 
 _WORD = re.compile(r"\S+")
 LABELS = {"good": 1, "poor": -1}
@@ -143,4 +144,44 @@ def format_agreement(summary: Mapping[str, Any]) -> str:
     for pair in summary["pairs"]:
         lines.append(f"  {' vs '.join(pair['annotators'])}: poor {_fmt(pair['poor']['micro_f1'])}, good "
                      f"{_fmt(pair['good']['micro_f1'])}, any {_fmt(pair['any']['micro_f1'])}")
+    return "\n".join(lines)
+
+
+def suggestion_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """How people treated the suggestions of each critic (records with ``suggestion`` and ``changes``).
+
+    Per critic: the records, the spans suggested, kept (same interval and label), removed and added, and
+
+        kept rate  = kept / suggested         (how much of what the critic marks people accept: its precision)
+        recall     = kept / (kept + added)    (how much of what people mark the critic had found)
+        edited     = records whose critique was changed / records
+    """
+    tallies: dict[str, dict[str, int]] = defaultdict(lambda: {"records": 0, "suggested": 0, "kept": 0, "removed": 0,
+                                                              "added": 0, "critique_edited": 0})
+    for record in records:
+        suggestion, changes = record.get("suggestion"), record.get("changes")
+        if not isinstance(suggestion, Mapping) or not isinstance(changes, Mapping):
+            continue
+        tally = tallies[str(suggestion.get("critic") or "unknown")]
+        tally["records"] += 1
+        tally["suggested"] += len(suggestion.get("spans") or ())
+        for key in ("kept", "removed", "added"):
+            tally[key] += int(changes.get(key, 0))
+        tally["critique_edited"] += int(bool(changes.get("critique_edited")))
+    return {
+        critic: {**t, "kept_rate": _ratio(t["kept"], t["suggested"]), "recall": _ratio(t["kept"], t["kept"] + t["added"]),
+                 "edited_rate": _ratio(t["critique_edited"], t["records"])}
+        for critic, t in sorted(tallies.items())
+    }
+
+
+def format_suggestions(summary: Mapping[str, Any]) -> str:
+    """The suggestion summary as lines of text ("" when no record came from a suggestion)."""
+    if not summary:
+        return ""
+    lines = ["suggested critiques, per critic (kept rate = kept / suggested spans; recall = kept / (kept + added)):"]
+    for critic, t in summary.items():
+        lines.append(f"  {critic}: {t['records']} records, {t['suggested']} spans suggested: {t['kept']} kept, "
+                     f"{t['removed']} removed, {t['added']} added; kept rate {_fmt(t['kept_rate'])}, recall "
+                     f"{_fmt(t['recall'])}; critique edited in {t['critique_edited']} of {t['records']}")
     return "\n".join(lines)

@@ -101,7 +101,8 @@ class FeedbackUIConfig:
     agreement: bool = config_field(
         False,
         "Print the agreement summary of --output (token-level F1 of good and poor spans between annotators on items "
-        "two or more people annotated), write it to <output>.agreement.json, and exit.",
+        "two or more people annotated; per critic, how often people kept, removed and added the spans it suggested), "
+        "write it to <output>.agreement.json, and exit.",
     )
     label_studio_dir: str | None = config_field(
         None,

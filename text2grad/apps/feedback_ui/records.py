@@ -20,6 +20,7 @@ from typing import Any, Literal, Mapping, Sequence
 from annotation.critics import CriticResult
 from annotation.runner import build_record
 from text2grad.core.feedback import Feedback
+from text2grad.core.spans import locate_spans
 
 __all__ = [
     "HUMAN_SOURCE",
@@ -33,6 +34,8 @@ __all__ = [
     "SpanError",
     "codepoint_offsets",
     "human_record",
+    "span_changes",
+    "suggestion_of",
     "spans_from_offsets",
     "utc_now",
 ]
@@ -226,3 +229,65 @@ def human_record(
     record["submitted_at"] = submitted_at
     record["span_offsets"] = [s.to_dict() for s in spans]
     return record
+
+
+def _critic_of(item: Mapping[str, Any]) -> str:
+    """Who wrote an input record's critique: its source (``llm:<model>``, ``oracle``, ...), else the critic named in
+    its ``meta._annotation``, else ``unknown``; a person's record is ``human:<annotator>``."""
+    source = item.get("source")
+    if source == HUMAN_SOURCE and item.get("annotator"):
+        return f"human:{item['annotator']}"
+    if isinstance(source, str) and source:
+        return source
+    meta = item.get("meta") if isinstance(item.get("meta"), Mapping) else {}
+    inner = meta.get("meta") if isinstance(meta.get("meta"), Mapping) else meta
+    annotation = inner.get("_annotation") if isinstance(inner.get("_annotation"), Mapping) else {}
+    return str(annotation.get("critic") or annotation.get("model") or "unknown")
+
+
+def suggestion_of(item: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The critique and spans an input record already carries (an annotate record, the reward model's critique of a
+    policy sample, another person's record), to be shown as an editable draft; None when it carries neither.
+
+    Returns ``{"critic", "critique", "spans": [{"start", "end", "label", "text"}]}`` with code point offsets: the
+    record's exact ``span_offsets`` when it has valid ones, else every place its quotes occur (as training reads
+    them); a span overlapping an earlier one is left out (the page keeps one judgement per character).
+    """
+    critique = item.get("critique")
+    good, poor = item.get("good_spans"), item.get("poor_spans")
+    if not isinstance(critique, str) and not isinstance(good, list) and not isinstance(poor, list):
+        return None
+    response = str(item.get("response", ""))
+    spans: list[MarkedSpan] = []
+    if item.get("span_offsets"):
+        try:
+            spans = spans_from_offsets(response, item["span_offsets"], unit="codepoint", allow_overlap=True,
+                                       check_clusters=False)
+        except (SpanError, AttributeError, TypeError):
+            spans = []
+    if not spans:
+        quotes = [str(q) for q in good or () if isinstance(q, str)], [str(q) for q in poor or () if isinstance(q, str)]
+        located = locate_spans(response, quotes[0], quotes[1]).spans
+        spans = [MarkedSpan(s.start, s.end, "good" if s.label > 0 else "poor", response[s.start:s.end]) for s in located]
+    kept: list[MarkedSpan] = []
+    for span in sorted(spans, key=lambda s: (s.start, s.end)):
+        if not kept or span.start >= kept[-1].end:
+            kept.append(span)
+    if not isinstance(critique, str) and not kept:
+        return None
+    return {"critic": _critic_of(item), "critique": critique if isinstance(critique, str) else "",
+            "spans": [s.to_dict() for s in kept]}
+
+
+def span_changes(suggested: Sequence[Mapping[str, Any]], final: Sequence[MarkedSpan], suggested_critique: str,
+                 critique: str) -> dict[str, Any]:
+    """What a person changed in a suggestion: spans kept (same interval and label), removed and added, and whether
+    the critique was edited (compared with surrounding whitespace ignored)."""
+    before = {(int(s["start"]), int(s["end"]), str(s["label"])) for s in suggested}
+    after = {(s.start, s.end, s.label) for s in final}
+    return {
+        "kept": len(before & after),
+        "removed": len(before - after),
+        "added": len(after - before),
+        "critique_edited": suggested_critique.strip() != critique.strip(),
+    }

@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from annotation.runner import _Appender, repair_torn_tail
-from text2grad.apps.feedback_ui.records import MarkedSpan, human_record, lone_surrogates, spans_from_offsets, utc_now
+from text2grad.apps.feedback_ui.records import (
+    MarkedSpan,
+    human_record,
+    lone_surrogates,
+    span_changes,
+    spans_from_offsets,
+    suggestion_of,
+    utc_now,
+)
 from text2grad.core.data import iter_jsonl
 
 __all__ = ["FeedbackStore", "FeedbackUIError", "acquire_output_lock", "check_output_paths", "record_annotator"]
@@ -102,6 +110,8 @@ class FeedbackStore:
         self.items = list(items)
         self.by_id = {str(item["id"]): item for item in self.items}
         self.order = {item_id: n for n, item_id in enumerate(self.by_id)}
+        # Critiques the input already carries (an LLM's, the reward model's): shown as editable drafts.
+        self.suggestions = {item_id: suggestion_of(item) for item_id, item in self.by_id.items()}
         self.output, self.skipped_path = Path(output), Path(skipped_path)
         self.per_item = annotations_per_item
         self.lease_s = lease_s
@@ -258,6 +268,10 @@ class FeedbackStore:
                 )
             submitted_at = utc_now()
             record = human_record(item, critique, marked, annotator, self.shown_at.get(key, submitted_at), submitted_at)
+            suggestion = self.suggestions.get(item_id)
+            if suggestion is not None:
+                record["suggestion"] = suggestion
+                record["changes"] = span_changes(suggestion["spans"], marked, suggestion["critique"], record["critique"])
             if revising:
                 record["revised"] = True
                 self._replace(key, record)
@@ -332,6 +346,7 @@ class FeedbackStore:
             "response": str(item["response"]),
             "status": status,
             "record": record,
+            "suggestion": self.suggestions.get(item_id),
             "position": self.order[item_id] + 1,
             "progress": self.progress(annotator),
         }

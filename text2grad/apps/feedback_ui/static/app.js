@@ -305,10 +305,16 @@ function show(item) {
     "say so in the critique, or skip. " : "") + (hidden ? `This item holds ${hidden} invisible or text-direction ` +
     "character(s), shown as tags such as U+202E; they may make text read differently from what it is." : "");
   const record = item.record;
-  state.marks = record && record.span_offsets ? record.span_offsets.map((s) => ({
+  const suggestion = !record && item.suggestion ? item.suggestion : null;
+  const spans = record ? record.span_offsets || [] : suggestion ? suggestion.spans : [];
+  state.marks = spans.map((s) => ({
     start: utf16Offset(item.response, s.start), end: utf16Offset(item.response, s.end), label: s.label,
-  })) : [];
-  $("critique").value = record ? record.critique : "";
+  }));
+  $("critique").value = record ? record.critique : suggestion ? suggestion.critique : "";
+  if (suggestion) {
+    $("item-state").textContent = `(suggested by ${suggestion.critic}: keep, remove or add marks and edit the ` +
+      "critique, then submit; the record keeps what was suggested and what you changed)";
+  }
   state.saved = current();
   const draft = loadDraft(item);
   if (draft) {
