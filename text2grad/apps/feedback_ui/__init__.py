@@ -27,6 +27,8 @@ from annotation.annotation_config import AnnotationConfig
 from annotation.runner import _Appender, load_inputs, repair_torn_tail
 from text2grad.apps.feedback_ui.agreement import (
     agreement_summary,
+    attention_summary,
+    format_attention,
     format_agreement,
     format_suggestions,
     suggestion_summary,
@@ -34,6 +36,7 @@ from text2grad.apps.feedback_ui.agreement import (
 from text2grad.apps.feedback_ui.feedback_ui_config import ANNOTATOR_PATTERN, TOKEN_ENV, FeedbackUIConfig, is_loopback
 from text2grad.apps.feedback_ui.records import lone_surrogates, repair_text
 from text2grad.apps.feedback_ui.label_studio import ImportReport, records_from_export, write_label_studio_files
+from text2grad.apps.feedback_ui.review import ReviewQueue
 from text2grad.apps.feedback_ui.server import bind_socket, create_app, serve
 from text2grad.apps.feedback_ui.store import (
     FeedbackStore,
@@ -107,39 +110,54 @@ def annotator_ids(spec: str) -> list[str]:
     return ids
 
 
-def annotator_tokens(cfg: FeedbackUIConfig) -> dict[str, str]:
-    """One token per ``--annotators`` id, kept in ``<output>.tokens.json`` (mode 0600): earlier tokens are reused, so a
-    restart does not invalidate the addresses people have; new ids get new tokens."""
-    if not cfg.annotators:
+def _role_tokens(cfg: FeedbackUIConfig, spec: str, role: str) -> dict[str, str]:
+    """One token per id of ``spec`` (--annotators or --reviewers), reusing those ``<output>.tokens.json`` holds for
+    that role, so a restart does not invalidate the addresses people have; new ids get new tokens."""
+    if not spec:
         return {}
-    ids = annotator_ids(cfg.annotators)
+    ids = annotator_ids(spec)
     kept: dict[str, Any] = {}
     if cfg.tokens_path.is_file():
         try:
-            kept = json.loads(cfg.tokens_path.read_text(encoding="utf-8")).get("annotators", {})
+            kept = json.loads(cfg.tokens_path.read_text(encoding="utf-8")).get(role, {})
         except (ValueError, AttributeError):
             raise ConfigError(f"{cfg.tokens_path} is not a tokens file; move it away to make new tokens") from None
     return {who: str(kept.get(who, {}).get("token") or secrets.token_urlsafe(24)) for who in ids}
 
 
-def write_tokens(cfg: FeedbackUIConfig, tokens: dict[str, str], address: str) -> None:
-    """Write each annotator's token and address to ``<output>.tokens.json``, readable by this user only."""
-    entries = {who: {"token": token, "address": f"{address}?token={token}"} for who, token in tokens.items()}
+def annotator_tokens(cfg: FeedbackUIConfig) -> tuple[dict[str, str], dict[str, str]]:
+    """The per-person tokens of --annotators and of --reviewers (``{id: token}`` each)."""
+    annotators = _role_tokens(cfg, cfg.annotators, "annotators")
+    reviewers = _role_tokens(cfg, cfg.reviewers, "reviewers")
+    both = set(annotators) & set(reviewers)
+    if both:
+        raise ConfigError(f"{sorted(both)[0]!r} is both an annotator and a reviewer; a reviewer adjudicates others' "
+                          "work, so give them another id for annotating")
+    return annotators, reviewers
+
+
+def write_tokens(cfg: FeedbackUIConfig, tokens: dict[str, str], reviewers: dict[str, str], address: str) -> None:
+    """Write each person's token and address to ``<output>.tokens.json``, readable by this user only."""
+    content = {
+        "annotators": {who: {"token": t, "address": f"{address}?token={t}"} for who, t in tokens.items()},
+        "reviewers": {who: {"token": t, "address": f"{address}review?token={t}"} for who, t in reviewers.items()},
+    }
     fd = os.open(cfg.tokens_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump({"annotators": entries}, handle, indent=1)
+        json.dump(content, handle, indent=1)
         handle.write("\n")
 
 
-def build_server(cfg: FeedbackUIConfig) -> tuple[Any, FeedbackStore, socket.socket, str | None]:
-    """Everything `run` serves: the app, its store, a bound socket and the token (checked before listening)."""
+def build_server(cfg: FeedbackUIConfig) -> tuple[Any, FeedbackStore, socket.socket, str | None, ReviewQueue | None]:
+    """Everything `run` serves: the app, its store, a bound socket, the token and the review queue (checked before
+    listening)."""
     try:
         check_output_paths(cfg.dataset_path, cfg.output, cfg.skipped_path)
     except FeedbackUIError as exc:
         raise ConfigError(str(exc)) from None
     items = load_items(cfg)
-    tokens = annotator_tokens(cfg)
+    tokens, reviewer_tokens = annotator_tokens(cfg)
     token = None if tokens else resolve_token(cfg)
     try:
         sock = bind_socket(cfg.host, cfg.port)
@@ -152,10 +170,12 @@ def build_server(cfg: FeedbackUIConfig) -> tuple[Any, FeedbackStore, socket.sock
             raise
     except FeedbackUIError as exc:
         raise ConfigError(str(exc)) from None
-    app = create_app(store, token, cfg.annotator, loopback_only=is_loopback(cfg.host), annotator_tokens=tokens)
-    if tokens:
-        write_tokens(cfg, tokens, _address(cfg, sock, None))
-    return app, store, sock, token
+    review = ReviewQueue(store, cfg.adjudicated_path) if reviewer_tokens else None
+    app = create_app(store, token, cfg.annotator, loopback_only=is_loopback(cfg.host), annotator_tokens=tokens,
+                     review=review, reviewer_tokens=reviewer_tokens)
+    if tokens or reviewer_tokens:
+        write_tokens(cfg, tokens, reviewer_tokens, _address(cfg, sock, None))
+    return app, store, sock, token, review
 
 
 def _address(cfg: FeedbackUIConfig, sock: socket.socket, token: str | None) -> str:
@@ -167,19 +187,21 @@ def _address(cfg: FeedbackUIConfig, sock: socket.socket, token: str | None) -> s
 
 
 def _serve(cfg: FeedbackUIConfig) -> int:
-    app, store, sock, token = build_server(cfg)
+    app, store, sock, token, review = build_server(cfg)
     try:
         progress = store.progress(cfg.annotator) if cfg.annotator else None
         done = f"; {progress['yours']} done by {cfg.annotator}" if progress else ""
         print(f"feedback-ui: {len(store.items)} items from {cfg.dataset_path}{done}; records go to {cfg.output}",
               file=sys.stderr)
-        if cfg.annotators:
-            print(f"feedback-ui: each annotator's own address is in {cfg.tokens_path} (readable by you only): send "
+        if cfg.annotators or cfg.reviewers:
+            print(f"feedback-ui: each person's own address is in {cfg.tokens_path} (readable by you only): send "
                   "each person theirs", file=sys.stderr)
         print(f"feedback-ui: open {_address(cfg, sock, token)} in a browser (Ctrl-C stops; nothing submitted is lost)",
               file=sys.stderr, flush=True)
         serve(app, sock)
     finally:
+        if review is not None:
+            review.close()
         store.close()
         sock.close()
     return EXIT_OK
@@ -237,10 +259,12 @@ def _agreement(cfg: FeedbackUIConfig) -> int:
     records = list(iter_jsonl(output))
     summary = agreement_summary(records)
     summary["suggestions"] = suggestion_summary(records)
+    summary["attention_checks"] = attention_summary(records)
     cfg.agreement_path.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     print(format_agreement(summary))
-    if summary["suggestions"]:
-        print(format_suggestions(summary["suggestions"]))
+    for extra in (format_suggestions(summary["suggestions"]), format_attention(summary["attention_checks"])):
+        if extra:
+            print(extra)
     print(f"(written to {cfg.agreement_path})")
     return EXIT_OK
 

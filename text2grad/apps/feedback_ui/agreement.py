@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from text2grad.core.spans import CharSpan, char_labels, locate_spans, token_labels
 
 __all__ = ["span_f1", "token_labels_of_record", "agreement_summary", "format_agreement", "suggestion_summary",
-           "format_suggestions"]
+           "format_suggestions", "attention_summary", "format_attention"]
 
 _WORD = re.compile(r"\S+")
 LABELS = {"good": 1, "poor": -1}
@@ -184,4 +184,36 @@ def format_suggestions(summary: Mapping[str, Any]) -> str:
         lines.append(f"  {critic}: {t['records']} records, {t['suggested']} spans suggested: {t['kept']} kept, "
                      f"{t['removed']} removed, {t['added']} added; kept rate {_fmt(t['kept_rate'])}, recall "
                      f"{_fmt(t['recall'])}; critique edited in {t['critique_edited']} of {t['records']}")
+    return "\n".join(lines)
+
+
+def attention_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each annotator's score on attention-check items: input records with ``attention_check: true`` whose own
+    ``good_spans``/``poor_spans`` (or ``span_offsets``) are the known answer (kept in the record's ``meta``).
+
+    The score of one check is the token-level F1 of both labels together (`span_f1` with ``label=None``) between
+    the person's marks and the answer; per annotator: the checks done, their mean and lowest score. A check where
+    neither side marked anything scores 1 (nothing to find, nothing marked).
+    """
+    scores: dict[str, list[float]] = defaultdict(list)
+    for record in records:
+        meta = record.get("meta") if isinstance(record.get("meta"), Mapping) else {}
+        if not meta.get("attention_check") or meta.get("adjudicated_from"):
+            continue
+        answer = {"response": record.get("response", ""), "span_offsets": meta.get("span_offsets"),
+                  "good_spans": meta.get("good_spans") or [], "poor_spans": meta.get("poor_spans") or []}
+        numerator, denominator = span_f1(token_labels_of_record(record), token_labels_of_record(answer), None)
+        scores[str(record.get("annotator") or record.get("source") or "unknown")].append(
+            numerator / denominator if denominator else 1.0)
+    return {who: {"checks": len(values), "mean_f1": sum(values) / len(values), "min_f1": min(values)}
+            for who, values in sorted(scores.items())}
+
+
+def format_attention(summary: Mapping[str, Any]) -> str:
+    """The attention-check scores as lines of text ("" when no check was annotated)."""
+    if not summary:
+        return ""
+    lines = ["attention checks (token F1 against the known answer):"]
+    for who, row in summary.items():
+        lines.append(f"  {who}: {row['checks']} checks, mean {_fmt(row['mean_f1'])}, lowest {_fmt(row['min_f1'])}")
     return "\n".join(lines)

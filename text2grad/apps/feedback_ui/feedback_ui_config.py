@@ -84,6 +84,13 @@ class FeedbackUIConfig:
         "person's address; a token acts for its id only. Replaces --access_token.",
     )
 
+    reviewers: str = config_field(
+        "",
+        "Reviewer ids (comma-separated, or a file with one per line), each with their own token in "
+        "<output>.tokens.json: they open <address>/review to adjudicate items two or more people annotated "
+        "(adjudicated records go to <output>.adjudicated.jsonl).",
+    )
+
     # ---- server
     host: str = config_field(
         "127.0.0.1",
@@ -155,6 +162,10 @@ class FeedbackUIConfig:
     @property
     def skipped_path(self) -> Path:
         return Path(self.output + ".skipped.jsonl")
+
+    @property
+    def adjudicated_path(self) -> Path:
+        return Path(self.output + ".adjudicated.jsonl")
 
     @property
     def tokens_path(self) -> Path:

@@ -251,8 +251,11 @@ def suggestion_of(item: Mapping[str, Any]) -> dict[str, Any] | None:
 
     Returns ``{"critic", "critique", "spans": [{"start", "end", "label", "text"}]}`` with code point offsets: the
     record's exact ``span_offsets`` when it has valid ones, else every place its quotes occur (as training reads
-    them); a span overlapping an earlier one is left out (the page keeps one judgement per character).
+    them); a span overlapping an earlier one is left out (the page keeps one judgement per character). An
+    attention-check item (``attention_check: true``) suggests nothing: its spans are the answer.
     """
+    if item.get("attention_check"):
+        return None  # its spans are the known answer the person is scored against, not a hint
     critique = item.get("critique")
     good, poor = item.get("good_spans"), item.get("poor_spans")
     if not isinstance(critique, str) and not isinstance(good, list) and not isinstance(poor, list):

@@ -38,6 +38,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from text2grad.apps.feedback_ui.feedback_ui_config import ANNOTATOR_PATTERN, is_loopback
+from text2grad.apps.feedback_ui.review import ReviewQueue
 from text2grad.apps.feedback_ui.store import FeedbackStore, FeedbackUIError
 
 __all__ = ["STATIC_DIR", "MAX_BODY_BYTES", "MAX_JSON_DEPTH", "create_app", "bind_socket", "serve", "json_depth",
@@ -141,11 +142,15 @@ def create_app(
     default_annotator: str = "",
     loopback_only: bool = True,
     annotator_tokens: Mapping[str, str] | None = None,
+    review: ReviewQueue | None = None,
+    reviewer_tokens: Mapping[str, str] | None = None,
 ) -> Starlette:
     """The app. ``access_token``: one token every API request must carry. ``annotator_tokens``: instead, one token
     per annotator id; a request acts for the id its token names and no other. ``loopback_only``: refuse requests
-    whose Host header is not a loopback name (set it when listening on a loopback address)."""
+    whose Host header is not a loopback name (set it when listening on a loopback address). ``review`` and
+    ``reviewer_tokens``: the review screen (``/review``) and the tokens that open it, one per reviewer."""
     by_token = {token.encode(): who for who, token in (annotator_tokens or {}).items()}
+    reviewers = {token.encode(): who for who, token in (reviewer_tokens or {}).items()}
 
     def identify(request: Request) -> str | None:
         """The annotator the request's token names (per-annotator tokens), else None; refuses a wrong token."""
@@ -221,8 +226,43 @@ def create_app(
     async def page(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html", headers={"cache-control": "no-store"})
 
+    async def review_page(request: Request) -> Response:
+        return FileResponse(STATIC_DIR / "review.html", headers={"cache-control": "no-store"})
+
+    def review_api(handler: Callable[[str, dict[str, Any]], Any]) -> Endpoint:
+        """An endpoint of the review screen: a reviewer's own token names the reviewer."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                check_same_origin(request)
+                if review is None or not reviewers:
+                    raise RequestRefused(403, "no reviewers are set up: start the server with --reviewers <ids>")
+                given = request.headers.get("x-access-token", "").encode()
+                matches = [who for token, who in reviewers.items() if secrets.compare_digest(given, token)]
+                if not matches:
+                    raise RequestRefused(401, "missing or wrong reviewer token: open the review address you were given")
+                params = await read_json_body(request)
+                result = await run_in_threadpool(handler, matches[0], params)
+            except (RequestRefused, FeedbackUIError) as exc:
+                return _error(exc.status, str(exc))
+            return JSONResponse(result, headers={"cache-control": "no-store"})
+
+        return endpoint
+
+    def review_next(who: str, p: dict[str, Any]) -> dict[str, Any]:
+        assert review is not None
+        return {"reviewer": who, "item": review.next_item(who, p.get("after") or None), "progress": review.progress()}
+
+    def review_submit(who: str, p: dict[str, Any]) -> dict[str, Any]:
+        assert review is not None
+        record = review.submit(who, str(p.get("id", "")), p.get("critique", ""), p.get("spans", []))
+        return {"saved": True, "record": record, "progress": review.progress()}
+
     routes = [
         Route("/", page),
+        Route("/review", review_page),
+        Route("/api/review/next", review_api(review_next), methods=["POST"]),
+        Route("/api/review/submit", review_api(review_submit), methods=["POST"]),
         Route("/api/session", api(session, "GET", needs_annotator=False)),
         Route("/api/next", api(next_item), methods=["POST"]),
         Route("/api/previous", api(previous), methods=["POST"]),
