@@ -1,6 +1,6 @@
 """The page keeps what a person typed and marked, in a real headless Chromium against the real command.
 
-One session (a module fixture): mark the SECOND "Oslo" (the page warns that the text occurs twice), mark and
+One session (a module fixture): a page on another origin tries to lease items; then mark the SECOND "Oslo" (the page warns that the text occurs twice), mark and
 remove another span and undo the removal, type a critique, reload (the unload guard asks; the draft comes back),
 skip and come back (the draft comes back again), submit from the critique box, then meet a response with a
 right-to-left override and an empty response, and finally a server that was killed.
@@ -8,7 +8,11 @@ right-to-left override and an empty response, and finally a server that was kill
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
+import threading
+import urllib.request
 
 import pytest
 
@@ -25,6 +29,20 @@ HOSTILE = [
 SHOWN_ID = "document.getElementById('item-id').textContent"
 STATUS = "document.getElementById('status').textContent"
 MARKS = "[...document.querySelectorAll('#response mark')].map(m => [m.className, m.textContent])"
+
+# A page on another origin (another port of 127.0.0.1) that tries to lease every item for three annotators.
+ATTACK = """<!DOCTYPE html><html><body>
+<img src="{base}/api/next?annotator=alice"><img src="{base}/api/next?annotator=bob">
+<script>
+window.results = [];
+for (const who of ["alice", "bob", "dave"]) {{
+  for (const type of ["text/plain", "application/json"]) {{
+    fetch("{base}/api/next", {{method: "POST", mode: type === "text/plain" ? "no-cors" : "cors",
+                              headers: {{"Content-Type": type}}, body: JSON.stringify({{annotator: who}})}})
+      .then(() => results.push("answered"), () => results.push("blocked"));
+  }}
+}}
+</script></body></html>"""
 
 # Select the LAST occurrence of a quote in the response's text nodes (the Selection API, as Shift+arrows would).
 SELECT_LAST = """(() => {{
@@ -46,10 +64,22 @@ def session(tmp_path_factory):
     root = tmp_path_factory.mktemp("feedback_ui_drafts")
     data = write_items(root / "items.jsonl", HOSTILE)
     output = root / "out.jsonl"
-    server = Server("--dataset_path", str(data), "--output", str(output), "--annotator", "alice")
+    server = Server("--dataset_path", str(data), "--output", str(output), "--annotator", "alice",
+                    "--annotations_per_item", "2")
+    (root / "attack").mkdir()
+    (root / "attack" / "index.html").write_text(ATTACK.format(base=server.base))
+    attacker = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root / "attack")))
+    threading.Thread(target=attacker.serve_forever, daemon=True).start()
     seen: dict = {}
     try:
         with Browser() as browser:
+            browser.goto(f"http://127.0.0.1:{attacker.server_address[1]}/index.html")
+            browser.wait_for("window.results.length === 6 && [...document.images].every(i => i.complete)")
+            request = urllib.request.Request(server.base + "/api/next", data=json.dumps({"annotator": "erin"}).encode(),
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as answer:  # had the attack leased, a would be taken twice
+                seen["erin_after_attack"] = json.loads(answer.read())["item"]["id"]
             browser.goto(server.url)
             browser.wait_for(f"{SHOWN_ID} === 'a'")
             _select_last(browser, "Oslo")
@@ -98,10 +128,16 @@ def session(tmp_path_factory):
             browser.press("]")
             seen["server_down"] = browser.wait_for("document.querySelector('#status.error') && " + STATUS)
     finally:
+        attacker.shutdown()
         if server.process.poll() is None:
             server.stop()
     seen["records"] = read_records(output)
     return seen
+
+
+def test_a_page_on_another_origin_leases_nothing(session):
+    """Its <img> GETs and no-cors POSTs reach the server and are refused; its JSON POSTs are stopped by the browser."""
+    assert session["erin_after_attack"] == "a"  # both places on the first item were still free
 
 
 def test_a_repeated_quote_is_flagged_and_the_marked_occurrence_is_recorded(session):
