@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -168,3 +170,64 @@ def test_every_command_in_the_readme_parses(monkeypatch):
     for argv in commands:
         cfg = parse_config(CONFIGS[argv[1]], argv[2:])
         assert isinstance(cfg, CONFIGS[argv[1]]), argv
+
+
+def test_kill_9_while_revisions_are_in_flight_keeps_one_whole_record_per_person(tmp_path):
+    """Revising rewrites the file (new file, fsync, rename) while others append: a kill at any moment must leave
+    every acknowledged revision (or a newer one that was in flight) and exactly one line per (item, person)."""
+    data = write_items(tmp_path / "items.jsonl")
+    output = tmp_path / "out.jsonl"
+    args = ("--dataset_path", str(data), "--output", str(output), "--annotations_per_item", "3")
+    server = Server(*args)
+    people = ["ann", "ben", "cat"]
+    acked: dict[tuple[str, str], int] = {}
+    attempted: dict[tuple[str, str], int] = {}
+    stop = threading.Event()
+
+    def work(who: str) -> None:
+        try:
+            done = []
+            for _ in ITEMS:
+                item = _call(server, "/api/next", {"annotator": who})["item"]
+                if item is None:
+                    break
+                attempted[(item["id"], who)] = 0
+                _call(server, "/api/submit", {"annotator": who, "id": item["id"], "critique": f"{who} v0", "spans": []})
+                acked[(item["id"], who)] = 0
+                done.append(item["id"])
+            version = 0
+            while not stop.is_set():
+                version += 1
+                for item_id in done:
+                    attempted[(item_id, who)] = version
+                    _call(server, "/api/submit", {"annotator": who, "id": item_id, "critique": f"{who} v{version}",
+                                                  "spans": []})
+                    acked[(item_id, who)] = version
+        except (OSError, ValueError):  # the server was killed under us
+            pass
+
+    threads = [threading.Thread(target=work, args=(who,)) for who in people]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while sum(v >= 2 for v in acked.values()) < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server.kill()  # mid-flight: the threads are revising as fast as the server answers
+    stop.set()
+    for thread in threads:
+        thread.join(10)
+    assert sum(v >= 2 for v in acked.values()) >= 6, "the revisions did not get going before the kill"
+    again = Server(*args)  # the restart cuts a torn line, if any
+    try:
+        records = read_records(output)
+        keys = [(r["id"], r["annotator"]) for r in records]
+        assert len(keys) == len(set(keys))  # one line per (item, person)
+        assert set(acked) <= set(keys)  # nothing acknowledged was lost
+        for record in records:
+            key = (record["id"], record["annotator"])
+            version = int(record["critique"].rsplit("v", 1)[1])
+            assert acked.get(key, 0) <= version <= attempted[key], (key, version, acked.get(key), attempted[key])
+        resumed = _call(again, "/api/next", {"annotator": "ann"})
+        assert resumed["progress"]["yours"] == sum(1 for _, who in keys if who == "ann")
+    finally:
+        assert again.stop() in (0, 130)
