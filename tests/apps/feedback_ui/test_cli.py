@@ -118,7 +118,7 @@ def test_annotators_get_a_token_each_kept_private_and_reused_on_restart(tmp_path
     tokens_file = tmp_path / "out.jsonl.tokens.json"
     server = Server("--dataset_path", str(data), "--output", str(output), "--annotators", "alice,bob")
     try:
-        assert "each annotator's own address is in" in server.output and "?token=" not in server.output
+        assert "each person's own address is in" in server.output and "?token=" not in server.output
         tokens = json.loads(tokens_file.read_text())["annotators"]
         assert (tokens_file.stat().st_mode & 0o777) == 0o600 and sorted(tokens) == ["alice", "bob"]
         assert tokens["alice"]["address"] == f"{server.base}/?token={tokens['alice']['token']}"
