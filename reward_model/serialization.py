@@ -290,14 +290,19 @@ def _starts(text: str, quote: str) -> list[int]:
     return found
 
 
-def _widen_by_a_word(text: str, start: int, end: int, right: bool) -> tuple[int, int]:
-    """[start, end) grown by the next whitespace-separated word on one side (and the space before it)."""
-    if right:
+def _widened(text: str, start: int, end: int, left: int, right: int) -> tuple[int, int] | None:
+    """[start, end) grown by ``left`` whitespace-separated words before it and ``right`` after it (with the spaces
+    between), or None when the text has fewer words on a side."""
+    for _ in range(right):
+        if end >= len(text):
+            return None
         while end < len(text) and text[end].isspace():
             end += 1
         while end < len(text) and not text[end].isspace():
             end += 1
-    else:
+    for _ in range(left):
+        if start <= 0:
+            return None
         while start > 0 and text[start - 1].isspace():
             start -= 1
         while start > 0 and not text[start - 1].isspace():
@@ -310,18 +315,26 @@ def unambiguous_quote(response: str, span: CharSpan, spans: Sequence[CharSpan]) 
 
     A quote labels every place it occurs (``occurrence: all``). When all of those places carry the same mark, the
     plain text is right. Otherwise (a person marked the second "Oslo" only) the quote is widened by the fewest
-    neighbouring words, right first, that make it occur once: the reward model learns to quote unambiguously, at
-    the cost of those few neighbouring words sharing the label.
+    neighbouring words that make it occur once, preferring words no other mark covers (right before left on a
+    tie): the reward model learns to quote unambiguously, at the cost of those few words sharing the label.
     """
     quote = response[span.start:span.end]
     same = {(s.start, s.end) for s in spans if s.label == span.label}
     if all((at, at + len(quote)) in same for at in _starts(response, quote)):
         return quote
-    start, end, right = span.start, span.end, True
-    while len(_starts(response, response[start:end])) > 1 and (start > 0 or end < len(response)):
-        grown = _widen_by_a_word(response, start, end, right and end < len(response) or start == 0)
-        start, end, right = grown[0], grown[1], not right
-    return response[start:end]
+    others = [s for s in spans if (s.start, s.end) != (span.start, span.end)]
+    fallback = None
+    for total in range(1, len(response.split()) + 1):
+        for left in range(total + 1):
+            grown = _widened(response, span.start, span.end, left, total - left)
+            if grown is None or len(_starts(response, response[grown[0]:grown[1]])) != 1:
+                continue
+            if not any(o.start < grown[1] and grown[0] < o.end for o in others):
+                return response[grown[0]:grown[1]]
+            fallback = fallback or grown
+        if fallback is not None:
+            return response[fallback[0]:fallback[1]]
+    return quote
 
 
 def record_feedback(record: dict[str, Any]) -> Feedback:

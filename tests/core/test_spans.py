@@ -15,6 +15,7 @@ from text2grad.core.spans import (
     char_labels,
     decode_with_offsets,
     feedback_token_labels,
+    interval_token_labels,
     locate_spans,
     normalize_with_map,
     sequence_token_labels,
@@ -235,3 +236,14 @@ def test_response_inside_a_chat_templated_sequence(any_tokenizer):
     assert seq.text == RESPONSE and seq.alignment.unmatched == []
     with pytest.raises(ValueError, match="response tokens"):
         sequence_token_labels(tok, full_ids, len(full_ids) + 1, fb)
+
+
+def test_interval_token_labels_label_exactly_the_given_intervals():
+    text = "Oslo is far. Oslo is cold."
+    words = [(0, 4), (5, 7), (8, 12), (13, 17), (18, 20), (21, 26)]
+    second = CharSpan(13, 17, -1, "Oslo")
+    result = interval_token_labels([second, CharSpan(8, 11, 1, "far")], text, words)
+    assert result.labels == [0, 0, 1, -1, 0, 0]  # the first Oslo stays neutral; "far." is good by any overlap
+    assert result.alignment.spans[0] == second and result.alignment.unmatched == []
+    by_quote = feedback_token_labels(Feedback("c", ("far",), ("Oslo",)), text, words)
+    assert by_quote.labels == [-1, 0, 1, -1, 0, 0]

@@ -225,3 +225,15 @@ def test_a_persons_exact_marks_decide_which_occurrence_the_training_quote_labels
     assert [(s.start, s.end, s.label) for s in record_spans(record)] == [(second, second + 4, -1)]
     with pytest.raises(ValueError, match="says 'Osl0'"):
         record_spans({**record, "span_offsets": [{"start": second, "end": second + 4, "label": "poor", "text": "Osl0"}]})
+
+
+def test_a_widened_quote_avoids_running_into_another_mark():
+    response = "Alex moved to Oslo for a job. Oslo is cold."
+    first = response.index("Oslo")
+    job = response.index("for a job")
+    record = {"id": "a", "prompt": "p", "response": response, "critique": "c", "good_spans": [], "poor_spans": [],
+              "span_offsets": [{"start": first, "end": first + 4, "label": "poor"},
+                               {"start": job, "end": job + 9, "label": "good"}]}
+    feedback = record_feedback(record)
+    # "Oslo for" would be unique too, but "for" is marked good: the word before is taken instead
+    assert feedback.poor_spans == ("to Oslo",) and feedback.good_spans == ("for a job",)
