@@ -103,6 +103,10 @@ def test_state_changing_requests_are_posts_and_cross_site_ones_are_refused(store
     own = client.post("/api/next", json={"annotator": "alice"},
                       headers={"sec-fetch-site": "same-origin", "origin": "http://127.0.0.1:8765"})
     assert own.status_code == 200 and own.json()["item"]["id"] == "a"
+    # behind an HTTPS proxy the page's origin is https://; the browser still says same-origin
+    proxied = client.post("/api/next", json={"annotator": "bob"},
+                          headers={"sec-fetch-site": "same-origin", "origin": "https://127.0.0.1:8765"})
+    assert proxied.status_code == 200
 
 
 def test_oversized_and_deeply_nested_bodies_are_refused_without_writing(store):

@@ -11,8 +11,8 @@ records or changes state). Safety, on every response:
   the address it was opened with. With per-annotator tokens, the token names the person: a request for any
   other annotator id is refused. Without a token (loopback only), the Host header must name a loopback
   address, so a web page elsewhere cannot reach the server through DNS rebinding.
-- Cross-site requests are refused: a browser marks every request with ``Sec-Fetch-Site`` (and ``Origin`` on
-  POSTs); anything but same-origin is answered 403, so another page open in the annotator's browser cannot
+- Cross-site requests are refused: a browser marks every request with ``Sec-Fetch-Site`` (older ones only
+  with ``Origin`` on POSTs); anything but same-origin is answered 403, so another page open in the annotator's browser cannot
   lease items or submit. POSTs must be JSON (which a cross-site form cannot send), at most `MAX_BODY_BYTES`,
   nested at most `MAX_JSON_DEPTH` deep.
 - No access log: the printed address may carry the token.
@@ -95,15 +95,20 @@ def is_loopback_host(host_header: str) -> bool:
 
 
 def check_same_origin(request: Request) -> None:
-    """Refuse what another site's page makes the browser send (`RequestRefused` 403)."""
+    """Refuse what another site's page makes the browser send (`RequestRefused` 403).
+
+    ``Sec-Fetch-Site`` (sent by every current browser) decides; only where it is absent is ``Origin`` compared
+    with the Host the request was sent to (host and port: behind an HTTPS proxy the scheme differs).
+    """
     site = request.headers.get("sec-fetch-site")
-    if site is not None and site not in ("same-origin", "none"):
-        raise RequestRefused(403, f"cross-site request refused (Sec-Fetch-Site: {site}); use the page this server serves")
+    if site is not None:
+        if site not in ("same-origin", "none"):
+            raise RequestRefused(403, f"cross-site request refused (Sec-Fetch-Site: {site}); use the page this "
+                                      "server serves")
+        return
     origin = request.headers.get("origin")
-    if origin is not None:
-        own = f"{request.url.scheme}://{request.headers.get('host', '')}"
-        if origin.lower() != own.lower():
-            raise RequestRefused(403, f"request from another origin ({origin}) refused; use the page this server serves")
+    if origin is not None and origin.split("://", 1)[-1].lower() != request.headers.get("host", "").lower():
+        raise RequestRefused(403, f"request from another origin ({origin}) refused; use the page this server serves")
 
 
 async def read_json_body(request: Request) -> dict[str, Any]:
