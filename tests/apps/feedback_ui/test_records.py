@@ -11,6 +11,8 @@ from text2grad.apps.feedback_ui.records import (
     SpanError,
     codepoint_offsets,
     human_record,
+    lone_surrogates,
+    repair_text,
     spans_from_offsets,
 )
 from text2grad.core.feedback import Feedback
@@ -94,9 +96,12 @@ def test_a_span_that_cuts_a_character_cluster_is_refused(response, start, end):
         spans_from_offsets(response, [{"start": start, "end": end, "label": "poor"}], unit="codepoint")
 
 
-def test_unpaired_surrogates_are_counted_and_repaired_everywhere():
-    from text2grad.apps.feedback_ui.records import lone_surrogates, repair_text
+def test_a_joiner_between_letters_does_not_glue_them():
+    (span,) = spans_from_offsets("ab\u200dcd", [{"start": 3, "end": 5, "label": "good"}], unit="codepoint")
+    assert span.text == "cd"
 
+
+def test_unpaired_surrogates_are_counted_and_repaired_everywhere():
     assert lone_surrogates("ok \U0001F600") == 0 and lone_surrogates("cut \ud83d") == 1
     fixed, count = repair_text({"response": "cut \ud83d", "meta": {"k\udc00": ["\ud83d\ud83d"]}, "n": 3})
     assert count == 4 and fixed == {"response": "cut \ufffd", "meta": {"k\ufffd": ["\ufffd\ufffd"]}, "n": 3}

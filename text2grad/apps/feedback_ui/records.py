@@ -92,7 +92,8 @@ def repair_text(value: Any) -> tuple[Any, int]:
 
 def splits_cluster(text: str, offset: int) -> bool:
     """True when ``offset`` (code points) falls inside a user-perceived character: before a combining mark, a
-    variation selector, an emoji skin-tone modifier or a zero-width joiner, or right after a joiner."""
+    variation selector, an emoji skin-tone modifier or a zero-width joiner, or between a joiner and the emoji it
+    joins."""
     if not 0 < offset < len(text):
         return False
     after, before = text[offset], text[offset - 1]
@@ -102,8 +103,13 @@ def splits_cluster(text: str, offset: int) -> bool:
         or "\ufe00" <= after <= "\ufe0f"
         or "\U0001f3fb" <= after <= "\U0001f3ff"
         or after == _ZWJ
-        or before == _ZWJ
+        or (before == _ZWJ and _pictographic(after))  # a joined emoji (a ZWJ between letters joins nothing)
     )
+
+
+def _pictographic(char: str) -> bool:
+    """Roughly Unicode's Extended_Pictographic: the emoji blocks and the older symbol blocks emoji come from."""
+    return ord(char) >= 0x1F000 or 0x2600 <= ord(char) <= 0x27BF
 
 
 class SpanError(ValueError):
