@@ -177,6 +177,11 @@ def test_started_at_is_the_first_display_not_the_last_lease(make, monkeypatch):
     store.next_item("alice")
     record = store.submit("alice", "a", "ok", [])
     assert (record["started_at"], record["submitted_at"]) == ("2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z")
+    assert store.next_item("alice")["id"] == "b"  # first shown at 00:09
+    store.close()
+    again = make()  # a restart keeps the first display time
+    record = again.submit("alice", "b", "ok", [])
+    assert (record["started_at"], record["submitted_at"]) == ("2026-01-01T00:09:00Z", "2026-01-01T00:10:00Z")
 
 
 def test_critiques_and_marks_have_limits(make):

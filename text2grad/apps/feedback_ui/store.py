@@ -124,6 +124,11 @@ class FeedbackStore:
         self._lock_file = acquire_output_lock(self.output)
         repair_torn_tail(self.output)
         repair_torn_tail(self.skipped_path)
+        # When each person first saw each item: the record's started_at. Kept across restarts in its own file;
+        # re-leasing, reloading and "back" do not reset it.
+        self.shown_path = self.output.with_name(self.output.name + ".shown.jsonl")
+        repair_torn_tail(self.shown_path)
+        self.shown_at: dict[tuple[str, str], str] = {}
         # (item id, annotator) -> record; and the time each person last submitted or skipped each item (for "back")
         self.records: dict[tuple[str, str], dict[str, Any]] = {}
         self.done_by: dict[str, set[str]] = {}
@@ -132,11 +137,9 @@ class FeedbackStore:
         self._sequence = 0
         self._load()
         self.leases: dict[str, dict[str, float]] = {}  # item id -> {annotator: expiry}
-        # When each person first saw each item (since this start): the record's started_at. Re-leasing, reloading
-        # and "back" do not reset it.
-        self.shown_at: dict[tuple[str, str], str] = {}
         self._out = _Appender(self.output, sync_each=True)
         self._skips = _Appender(self.skipped_path, sync_each=True)
+        self._shown = _Appender(self.shown_path)  # not fsync'd per line: a lost display time costs nothing else
 
     # ------------------------------------------------------------------------------------------------
     # Start-up and shut-down
@@ -152,6 +155,9 @@ class FeedbackStore:
                 self.records[(item_id, annotator)] = record
                 self.done_by.setdefault(item_id, set()).add(annotator)
                 events.append((_timestamp(record.get("submitted_at")), n, annotator, item_id))
+        if self.shown_path.is_file():
+            for event in iter_jsonl(self.shown_path):
+                self.shown_at.setdefault((str(event.get("id")), str(event.get("annotator"))), str(event.get("time")))
         if self.skipped_path.is_file():
             for n, event in enumerate(iter_jsonl(self.skipped_path)):
                 item_id, annotator = str(event.get("id")), str(event.get("annotator"))
@@ -168,6 +174,7 @@ class FeedbackStore:
                 return
             self._out.close()
             self._skips.close()
+            self._shown.close()
             self._lock_file.close()
 
     # ------------------------------------------------------------------------------------------------
@@ -338,6 +345,7 @@ class FeedbackStore:
             self._take(annotator, item_id, self.clock())
         if (item_id, annotator) not in self.shown_at:
             self.shown_at[(item_id, annotator)] = utc_now()
+            self._shown.append({"id": item_id, "annotator": annotator, "time": self.shown_at[(item_id, annotator)]})
         record = self.records.get((item_id, annotator))
         status = "submitted" if record else "skipped" if item_id in self.skipped.get(annotator, ()) else "new"
         return {
