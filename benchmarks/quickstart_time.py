@@ -34,6 +34,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.result_file import run_context, write_result  # noqa: E402
 STAGE_COLUMNS = (("policy (tokenizer, tiny Llama, SFT)", "SFT"), ("annotation", "annotation"),
                  ("reward model", "reward model"), ("policy optimization", "PPO"), ("evaluation", "eval"),
                  ("report", "report"))
@@ -109,8 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--preset", default="default", help="quickstart preset")
     parser.add_argument("--output_dir", default="runs/bench_quickstart_time", help="one run-<i>/ folder per run")
     parser.add_argument("--reference", default=None, help="a git revision whose quickstart is timed first, the same way")
+    parser.add_argument("--output_json", default=None,
+                        help="also write the runs with machine, date, command and load averages here (a result file "
+                             "for benchmarks/results/, read by benchmarks/results_tables.py)")
     parser.add_argument("extra", nargs="*", help="more quickstart flags, after --")
     args = parser.parse_args(argv)
+    context = run_context(list(argv) if argv is not None else None)
     if args.runs < 1:
         parser.error("--runs must be >= 1")
     root = Path(args.output_dir).resolve()
@@ -132,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = markdown(runs, args.preset, labels)
     (root / "quickstart_time.json").write_text(json.dumps({"preset": args.preset, "labels": labels, "runs": runs}, indent=1))
     print("\n" + table)
+    if args.output_json:
+        write_result(args.output_json, context, {"preset": args.preset, "labels": labels, "runs": runs})
     return 0
 
 
