@@ -181,7 +181,7 @@ _choose_torch_index() {
         _torch_index="$_cpu_torch_index"
         _torch_index_note="$_cpu_torch_index (no NVIDIA driver found: the CPU build, about 200 MB)"
     else
-        _torch_index_note="$(_default_index), because $_cpu_torch_index did not answer (on the public PyPI that is the CUDA build, with several GB of nvidia-* wheels; set TORCH_INDEX_URL to a CPU index you can reach to avoid them)"
+        _torch_index_note="$(_default_index), because $_cpu_torch_index did not answer"
     fi
 }
 
@@ -258,13 +258,13 @@ case "$_torch" in
         else
             _pip install --quiet --report "$_torch_report" "${_lock_args[@]}" "$TORCH_SPEC"
         fi
-        _torch_installed="$("$_py" -c "$_torch_installed_py" "$_torch_report")" \
+        _torch_installed="$("$_py" -W ignore -c "$_torch_installed_py" "$_torch_report")" \
             || { echo "[env.sh] error: pip installed $TORCH_SPEC but \`import torch\` fails in $VENV (see above)" >&2; exit 1; }
         rm -f "$_torch_report"
         echo "[env.sh] torch: ${_torch_installed%%$'\n'cuda:*}"
         case "$_torch_installed" in
             *$'\n'cuda:*)
-                echo "[env.sh] warning: torch is a CUDA build; ${_torch_installed##*$'\n'cuda: }. For a CPU-only torch rerun with TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu (or a CPU mirror)" >&2
+                echo "[env.sh] warning: torch is a CUDA build; ${_torch_installed##*$'\n'cuda: }: several GB. For a CPU-only torch rerun with TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu (or a CPU mirror you can reach)" >&2
                 ;;
         esac
         ;;

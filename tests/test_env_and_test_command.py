@@ -255,7 +255,8 @@ def test_an_index_that_does_not_answer_falls_back_to_pypi_fast_and_says_what_dow
         source = _torch_source(_dry_run(venv, TEXT2GRAD_CPU_TORCH_INDEX=url))
         assert time.monotonic() - start < 15
         assert source.startswith("the default index (")
-        assert f"because {url} did not answer (on the public PyPI that is the CUDA build" in source
+        assert source.endswith(f"because {url} did not answer")
+        assert "CUDA" not in source  # what that index serves is reported after the install, not guessed here
 
 
 def test_with_an_nvidia_driver_or_a_chosen_index_the_cpu_index_is_not_asked(tmp_path, answering_index):
