@@ -174,7 +174,7 @@ _choose_torch_index() {
         _torch_index="$TORCH_INDEX_URL"
         _torch_index_note="$TORCH_INDEX_URL (TORCH_INDEX_URL)"
     elif [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
-        _torch_index_note="the default index (PyPI: the CPU build on this platform)"
+        _torch_index_note="$(_default_index) (not Linux x86_64: no separate CPU index needed)"
     elif command -v nvidia-smi >/dev/null 2>&1 || [ -e /proc/driver/nvidia ]; then
         _torch_index_note="$(_default_index) (an NVIDIA driver is present)"
     elif _index_answers "$_cpu_torch_index"; then
