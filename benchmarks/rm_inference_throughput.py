@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
     records = make_records("slf5k", args.n, seed=0)
-    prompts, responses = [r["post"] for r in records], [r["summary"] for r in records]
+    prompts, responses = [r["post"] for r in records], [r["generated_summary_for_feedback"] for r in records]
     instruction = "Critique the response, then list good and poor spans as JSON."
     corpus = [PLAIN_TEMPLATE.format(instruction=instruction, prompt=p, response=r) for p, r in zip(prompts, responses)]
     corpus += [json.dumps({"good_spans": [r["_good"][0]], "poor_spans": r["_poor"]}) for r in records]
