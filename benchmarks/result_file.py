@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from text2grad.apps.quickstart.results import cpu_name
 
 # A 1-minute load average above this (on top of the benchmark's own work) means other jobs shared the cores.
@@ -32,8 +34,6 @@ def load_average() -> list[float] | None:
 
 def run_context(argv: list[str] | None = None) -> dict[str, Any]:
     """Machine, date, the command as typed (relative to the repository root) and the load before the run."""
-    import torch  # noqa: PLC0415  (torch is heavy; only benchmarks that write a result file pay for it here)
-
     args = sys.argv[1:] if argv is None else argv
     script = Path(sys.argv[0])
     try:
