@@ -20,10 +20,6 @@ import torch
 
 from text2grad.apps.quickstart.results import cpu_name
 
-# A 1-minute load average above this (on top of the benchmark's own work) means other jobs shared the cores.
-SHARED_LOAD_MARGIN = 0.5
-
-
 def load_average() -> list[float] | None:
     """The 1, 5 and 15 minute load averages, rounded; None where the platform has none."""
     try:
