@@ -175,8 +175,9 @@ def rm_batching_row(result: dict[str, Any]) -> tuple[Row, str]:
 
 def token_level_cost_row(result: dict[str, Any]) -> tuple[Row, str]:
     modes = result["modes"]
+    clock = "CPU s" if result["settings"]["clock"] == "cpu" else "s"
     text = (f"building token rewards: {100 * result['reward_building_share']:.2f} % of a scalar PPO iteration; whole "
-            f"iteration {modes['nl_gradient']['total']:.2f} s (Text2Grad) vs {modes['scalar']['total']:.2f} s (scalar), "
+            f"iteration {modes['nl_gradient']['total']:.2f} {clock} (Text2Grad) vs {modes['scalar']['total']:.2f} {clock} (scalar), "
             f"median paired difference {100 * result['paired_overhead_median']:+.1f} % "
             f"(the reward model's generation excluded: same reference critic in both)")
     row = ("token-level rewards' cost in PPO", text, conditions(result), command(result))
