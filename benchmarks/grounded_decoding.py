@@ -14,14 +14,21 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from reward_model.inference import GenerativeRewardModel
-from reward_model.metrics import evaluate_feedback
-from text2grad.core.data import iter_jsonl
-from text2grad.core.feedback import Feedback
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.result_file import run_context, write_result  # noqa: E402
+from reward_model.inference import GenerativeRewardModel  # noqa: E402
+from reward_model.metrics import evaluate_feedback  # noqa: E402
+from text2grad.core.data import iter_jsonl  # noqa: E402
+from text2grad.core.feedback import Feedback  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,10 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--output_json", default=None,
+                        help="also write the figures with machine, date, command and load averages here (a result "
+                             "file for benchmarks/results/, read by benchmarks/results_tables.py)")
+    parser.add_argument("--reward_model_note", default="",
+                        help="where the reward model came from, recorded in --output_json (e.g. the quickstart run)")
     args = parser.parse_args(argv)
-
-
-
+    context = run_context(argv)
     records = list(iter_jsonl(args.dataset_path))
     prompts, responses = [r["prompt"] for r in records], [r["response"] for r in records]
     references = [Feedback.from_dict(r) for r in records]
@@ -65,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         ratio = grounded[k] / free[k] if free[k] else float("nan")
         print(f"| {k} | {free[k]:.3f} | {grounded[k]:.3f} | {ratio:.2f} |")
     print(f"\nreference spans: {free['n_ref_spans']}")
+    if args.output_json:
+        write_result(args.output_json, context, {
+            "reward_model": args.reward_model_note or str(args.reward_model), "records": len(records),
+            "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(),
+            "free": free, "grounded": grounded,
+        })
     return 0
 
 

@@ -77,7 +77,7 @@ from policy_optimization.train import build_trainer  # noqa: E402
 from text2grad.apps.quickstart import pipeline as qs  # noqa: E402
 from text2grad.apps.quickstart.quickstart_config import SMOLLM2, QuickstartConfig, resolve  # noqa: E402
 from text2grad.apps.quickstart.report import token_logprobs  # noqa: E402
-from text2grad.apps.quickstart.results import policy_prompts  # noqa: E402
+from text2grad.apps.quickstart.results import cpu_name, policy_prompts  # noqa: E402
 from text2grad.apps.quickstart.task import critique_summary, fact_accuracy  # noqa: E402
 from text2grad.core.data import iter_jsonl, write_jsonl  # noqa: E402
 from text2grad.core.generation import generate  # noqa: E402
@@ -896,6 +896,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     study["identity"] = study_identity(args)
     study.update({"config": {k: v for k, v in vars(args).items()}, "sft": ctx.sft_scores,
                   "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+                  "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),  # read by benchmarks/results_tables.py
                   "command": "python benchmarks/method_study.py " + " ".join(sys.argv[1:] if argv is None else argv)})
     study["config"].update(batch_size=ctx.batch_size, n_test=len(ctx.test_records), n_val=len(ctx.val_records),
                            policy="SmolLM2-135M-Instruct (LoRA SFT, LoRA PPO)" if args.preset == "smollm2" else

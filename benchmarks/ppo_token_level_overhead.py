@@ -35,12 +35,18 @@ from pathlib import Path
 
 import torch
 
-import policy_optimization.trainer as trainer_module
-from annotation.critics import ReferenceSummaryCritic
-from policy_optimization.ppo_config import PPOConfig
-from policy_optimization.models import ValueModel
-from policy_optimization.trainer import NLGradientPPOTrainer
-from text2grad.core.modeling import build_tiny_llama, train_tokenizer
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.result_file import run_context, write_result  # noqa: E402
+
+import policy_optimization.trainer as trainer_module  # noqa: E402
+from annotation.critics import ReferenceSummaryCritic  # noqa: E402
+from policy_optimization.ppo_config import PPOConfig  # noqa: E402
+from policy_optimization.models import ValueModel  # noqa: E402
+from policy_optimization.trainer import NLGradientPPOTrainer  # noqa: E402
+from text2grad.core.modeling import build_tiny_llama, train_tokenizer  # noqa: E402
 
 WORDS = (
     "the author moved to berlin last year and wants a new job but the partner worries about money rent savings "
@@ -119,12 +125,15 @@ def main() -> int:
                         help="cpu: process CPU time (robust to other load; use with 1 thread); wall: wall-clock")
     parser.add_argument("--worker", choices=["timing", "nl_gradient", "scalar"], help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--output_json", default=None, help="also write the figures with machine, date, command and load averages here (a result "
+                             "file for benchmarks/results/, read by benchmarks/results_tables.py)")
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return 0
 
     root = Path(__file__).resolve().parents[1]
+    context = run_context()
 
     def run(kind: str, iterations: int, tmp: str) -> dict:
         cmd = [sys.executable, __file__, "--worker", kind, "--out", str(Path(tmp) / kind), f"--iterations={iterations}"]
@@ -182,6 +191,13 @@ def main() -> int:
           f"(min {100 * min(paired):+.1f} %, max {100 * max(paired):+.1f} %)")
     print(f"token-level reward building alone: {100 * reward_share:.2f} % of a scalar iteration (without its feedback call)")
     print(f"peak RSS difference: {nl['rss'] - sc['rss']:+.0f} MB")
+    if args.output_json:
+        settings = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "vocab", "batch_size", "response_length",
+                                                  "iterations", "rounds", "threads", "clock")}
+        write_result(args.output_json, context, {
+            "settings": settings, "modes": table, "overhead_beyond_feedback": overhead,
+            "paired_overhead_median": statistics.median(paired), "reward_building_share": reward_share,
+        })
     return 0
 
 

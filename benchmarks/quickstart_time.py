@@ -8,7 +8,9 @@ Each run is the quickstart in its own process with its own empty ``TEXT2GRAD_CAC
 runs, so every run pays for SFT and the reward model). The quickstart itself records the seconds of every stage and a fixed fp32 matmul benchmark of the machine
 (``results.json``: ``stage_seconds``, ``machine_speed``); this script adds the process's wall time and peak RSS
 (``os.wait4``), and prints one Markdown table for benchmarks/README.md, also written to
-``<output_dir>/quickstart_time.json``.
+``<output_dir>/quickstart_time.json``. ``--output_json FILE`` writes the runs with machine, date, command and load
+averages to FILE and each run's ``results.json`` next to it (``<FILE stem>-run-<i>-results.json``): the result files
+``benchmarks/results_tables.py`` reads.
 
 ``--reference REV`` first runs the quickstart of git revision ``REV`` (a detached ``git worktree``, same venv, same
 environment) the same way, so old and new code are timed side by side in one invocation and the table gives their
@@ -34,6 +36,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.result_file import run_context, write_result  # noqa: E402
 STAGE_COLUMNS = (("policy (tokenizer, tiny Llama, SFT)", "SFT"), ("annotation", "annotation"),
                  ("reward model", "reward model"), ("policy optimization", "PPO"), ("evaluation", "eval"),
                  ("report", "report"))
@@ -109,8 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--preset", default="default", help="quickstart preset")
     parser.add_argument("--output_dir", default="runs/bench_quickstart_time", help="one run-<i>/ folder per run")
     parser.add_argument("--reference", default=None, help="a git revision whose quickstart is timed first, the same way")
+    parser.add_argument("--output_json", default=None,
+                        help="also write the runs with machine, date, command and load averages here (a result file "
+                             "for benchmarks/results/, read by benchmarks/results_tables.py)")
     parser.add_argument("extra", nargs="*", help="more quickstart flags, after --")
     args = parser.parse_args(argv)
+    context = run_context(list(argv) if argv is not None else None)
     if args.runs < 1:
         parser.error("--runs must be >= 1")
     root = Path(args.output_dir).resolve()
@@ -132,6 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = markdown(runs, args.preset, labels)
     (root / "quickstart_time.json").write_text(json.dumps({"preset": args.preset, "labels": labels, "runs": runs}, indent=1))
     print("\n" + table)
+    if args.output_json:
+        written = write_result(args.output_json, context, {"preset": args.preset, "labels": labels, "runs": runs})
+        for i, label in enumerate(labels):  # each run's own results.json (curves, early stopping), next to it
+            run_dir = root / ("reference" if label.startswith("reference") else f"run-{label.rsplit(' ', 1)[1]}")
+            target = written.with_name(f"{written.stem}-{run_dir.name}-results.json")
+            target.write_text((run_dir / "quickstart" / "results.json").read_text())
     return 0
 
 

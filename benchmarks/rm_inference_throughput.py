@@ -19,13 +19,19 @@ import json
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from reward_model.inference import GenerativeRewardModel
-from reward_model.serialization import PLAIN_TEMPLATE
-from text2grad.apps.tiny import make_records
-from text2grad.core.modeling import build_tiny_llama, train_tokenizer
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.result_file import run_context, write_result  # noqa: E402
+from reward_model.inference import GenerativeRewardModel  # noqa: E402
+from reward_model.serialization import PLAIN_TEMPLATE  # noqa: E402
+from text2grad.apps.tiny import make_records  # noqa: E402
+from text2grad.core.modeling import build_tiny_llama, train_tokenizer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,13 +45,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=2, help="timed repeats per mode (best is reported)")
+    parser.add_argument("--output_json", default=None, help="also write the figures with machine, date, command and load averages here (a result "
+                             "file for benchmarks/results/, read by benchmarks/results_tables.py)")
     args = parser.parse_args(argv)
+    context = run_context(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
 
     records = make_records("slf5k", args.n, seed=0)
-    prompts, responses = [r["post"] for r in records], [r["summary"] for r in records]
+    prompts, responses = [r["post"] for r in records], [r["generated_summary_for_feedback"] for r in records]
     instruction = "Critique the response, then list good and poor spans as JSON."
     corpus = [PLAIN_TEMPLATE.format(instruction=instruction, prompt=p, response=r) for p, r in zip(prompts, responses)]
     corpus += [json.dumps({"good_spans": [r["_good"][0]], "poor_spans": r["_poor"]}) for r in records]
@@ -103,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     same = sum(a == b for a, b in zip(results["batched"]["texts"], results["sequential"]["texts"]))
     print(f"speed-up of batched over one-at-a-time: {ratio:.1f}x "
           f"(identical greedy outputs in both modes: {same}/{args.n})")
+    if args.output_json:
+        write_result(args.output_json, context, {
+            "settings": {k: v for k, v in vars(args).items() if k != "output_json"}, "parameters": params,
+            "torch_threads": torch.get_num_threads(),
+            "modes": {name: {k: v for k, v in r.items() if k != "texts"} for name, r in results.items()},
+            "speedup": ratio, "identical_outputs": same,
+        })
     return 0
 
 

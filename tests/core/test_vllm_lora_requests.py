@@ -22,6 +22,8 @@ from text2grad.core.critics import CallableFeedbackSource
 from text2grad.core.generation import apply_chat_template, encode_prompt_ids
 
 pytestmark = pytest.mark.slow
+# The shared engine restarts to serve LoRA requests: tests/conftest.py runs this module after the other engine tests.
+VLLM_ENGINE_LORA_MODE = "adapter"
 
 PROMPTS = ["Summarize: the cat sat on the mat all day.", "Summarize: Oslo is the capital of Norway.",
            "Summarize: the shop opens at nine."]

@@ -38,7 +38,7 @@ import torch
 
 from policy_optimization.ppo_config import PPOConfig
 from reward_model.serialization import PLAIN_TEMPLATE
-from text2grad.apps.quickstart.quickstart_config import PRESETS, QuickstartConfig, resolve
+from text2grad.apps.quickstart.quickstart_config import PRESETS, SMOLLM2_VLLM_HINT, QuickstartConfig, resolve
 from text2grad.apps.quickstart.report import write_report
 from text2grad.apps.quickstart.parallel import iterations_done, run_side_by_side, torch_threads
 from text2grad.apps.quickstart.results import (
@@ -60,6 +60,7 @@ from text2grad.core.config import ConfigError, save_config
 from text2grad.core.critics import load_object
 from text2grad.core.data import iter_jsonl, write_jsonl
 from text2grad.core.modeling import build_tiny_llama, train_tokenizer
+from text2grad.core.vllm_engine import vllm_available
 
 __all__ = ["QuickstartConfig", "PRESETS", "resolve", "run", "main", "stage_ppo", "stage_ppo_modes", "refresh_reward_model",
            "PPOResult"]
@@ -543,6 +544,8 @@ def run(cfg: QuickstartConfig) -> dict[str, Any]:
     versions = installed_versions()
     speed = machine_speed()  # printed and saved, so that stage times from different machines can be compared
     print(f"Text2Grad quickstart (preset {cfg.preset}, seed {cfg.seed}) -> {out}\n{describe_speed(speed)}", flush=True)
+    if cfg.preset == "smollm2" and cfg.generation_backend == "hf" and not vllm_available():
+        print(f"note: {SMOLLM2_VLLM_HINT}", flush=True)
 
     stages.start("task data", "generated fact-summary posts with distractors")
     data = stage_data(cfg, out)

