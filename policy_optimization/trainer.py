@@ -75,6 +75,7 @@ from text2grad.core.placement import misplaced
 from text2grad.core.rewards import ScoreRewards, compute_score_rewards
 from text2grad.core.ppo_math import (
     adaptive_kl_coef,
+    kl_controller_steps,
     entropy_from_logits,
     explained_variance,
     explained_variance_from_moments,
@@ -337,7 +338,8 @@ class NLGradientPPOTrainer:
         global_batch = cfg.batch_size
         kl_used = self.state.kl_coef
         if cfg.adaptive_kl:
-            self.state.kl_coef = adaptive_kl_coef(kl_used, stats["objective/kl"], cfg.target_kl, global_batch, cfg.kl_horizon)
+            steps = kl_controller_steps(cfg.kl_horizon_unit, global_batch)
+            self.state.kl_coef = adaptive_kl_coef(kl_used, stats["objective/kl"], cfg.target_kl, steps, cfg.kl_horizon)
         self.state.step += 1
         self.state.episodes += global_batch
         metrics = {

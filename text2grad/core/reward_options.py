@@ -15,6 +15,9 @@ Reward modes (what each computes: `text2grad.core.rewards`):
                    every part of the response (the paper's dense-annotation ablation)
 ``score_spread``   span token rewards plus the sequence score spread evenly over the unlabelled tokens
 ``mixed``          span token rewards plus the sequence score at the last token
+``scalar_sum``     the sum of the span token rewards ``nl_gradient`` would give the response, placed at its
+                   last token: the same information as the method with sequence-level credit (the
+                   information-matched scalar baseline)
 =================  =====================================================================================
 """
 
@@ -39,7 +42,7 @@ __all__ = [
     "OCCURRENCES",
 ]
 
-RewardMode = Literal["nl_gradient", "scalar", "dense", "score_spread", "mixed"]
+RewardMode = Literal["nl_gradient", "scalar", "dense", "score_spread", "mixed", "scalar_sum"]
 REWARD_MODES: tuple[str, ...] = get_args(RewardMode)
 # Modes whose reward uses the critic's span labels.
 SPAN_MODES: tuple[str, ...] = tuple(m for m in REWARD_MODES if m != "scalar")

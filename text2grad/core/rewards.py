@@ -25,6 +25,11 @@ Modes (``c`` = ``scalar_coef``)::
     score_spread  r_t = delta_t on span tokens, c * s / n_0 on each of the n_0 other tokens
                   (every token carries reward; the unlabelled share sums to c * s whatever the length)
     mixed         r_t = delta_t, plus c * s at the last token    (span rewards + outcome reward)
+    scalar_sum    r_t = sum_u delta_u at the last token, 0 elsewhere
+                  (the information-matched baseline: exactly the token rewards nl_gradient gives this
+                  response, same alignment, scheme, weighting and normalisation, summed and credited to the
+                  sequence; it tests whether Text2Grad's gain comes from token-level credit or from what the
+                  reward says)
 
 ``ScoreRewards.stats()`` reports ``tokens/labelled_share``: the share of response tokens with a +-1 label
 (`labelled_token_share`); the paper reports ~30 % for CoT span labels and ~70 % for its dense ablation.
@@ -167,7 +172,7 @@ class SampleReward:
     labels: list[int] = field(default_factory=list)  # per token; empty in scalar mode (no alignment is done)
     n_quotes: int = 0  # quotes that went through span alignment (0 in scalar mode)
     n_unmatched: int = 0
-    score: float = 0.0  # the sequence score s used by scalar/score_spread/mixed (0 in nl_gradient and dense)
+    score: float = 0.0  # the sequence score s of scalar/score_spread/mixed; scalar_sum: the summed span rewards
 
 
 @dataclass
@@ -320,6 +325,11 @@ def compute_score_rewards(
                 info.score = float(external)
             elif scores is None and info.status != "feedback_error":
                 info.score = span_sequence_score(fb)
+        if mode == "scalar_sum":
+            info.score = float(delta.sum())
+            delta = torch.zeros(n)
+            if n:
+                delta[n - 1] = info.score
         if n:
             rewards[b, :n] = delta
             s = scalar_coef * info.score
