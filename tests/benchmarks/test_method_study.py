@@ -18,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks import method_study as ms  # noqa: E402
+from benchmarks import method_study_report as msr  # noqa: E402
 
 
 def _curve(vals, tests=None):
@@ -26,10 +27,10 @@ def _curve(vals, tests=None):
 
 
 def test_mean_ci95_is_the_t_interval():
-    m, h = ms.mean_ci95([1.0, 2.0, 3.0])
+    m, h = msr.mean_ci95([1.0, 2.0, 3.0])
     # t(0.975, 2) = 4.302653; sd = 1; n = 3
     assert m == 2.0 and h == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
-    assert math.isnan(ms.mean_ci95([0.5])[1]) and ms.mean_ci95([0.5])[0] == 0.5
+    assert math.isnan(msr.mean_ci95([0.5])[1]) and msr.mean_ci95([0.5])[0] == 0.5
 
 
 def test_selection_reads_the_end_of_training_on_validation_only():
@@ -43,8 +44,8 @@ def test_selection_reads_the_end_of_training_on_validation_only():
 def test_early_stopping_and_rollouts_to_target():
     curve = _curve([0.1, 0.5, 0.5, 0.2], tests=[0.0, 0.4, 0.45, 0.1])
     assert ms.early_stopped(curve) == {"iteration": 10, "val": 0.5, "test": 0.4}  # earliest of the tied best
-    assert ms.first_reaching(curve, 0.42) == 20 and ms.first_reaching(curve, 0.9) is None
-    assert ms.first_reaching(curve, -1.0) == 10  # iteration 0 (the start) never counts
+    assert msr.first_reaching(curve, 0.42) == 20 and msr.first_reaching(curve, 0.9) is None
+    assert msr.first_reaching(curve, -1.0) == 10  # iteration 0 (the start) never counts
 
 
 def _final(arm, method, finals, early, seeds=(0, 1, 2)):
@@ -65,21 +66,21 @@ def test_summary_and_sentences_follow_the_numbers():
     res = {**_final("oracle", "text2grad", [0.5, 0.6, 0.4], [0.3, 0.5, 0.5]),
            **_final("oracle", "scalar_collapsed", [0.3, 0.35, 0.45], [0.3, 0.3, 0.3]),
            **_final("learned", "scalar_bt", [0.2, 0.2, 0.2], [0.2, 0.2, 0.2])}
-    summ = ms.summarize_final(res, keys, [0, 1, 2], 16)
+    summ = msr.summarize_final(res, keys, [0, 1, 2], 16)
     t2g = summ["oracle/text2grad"]
     assert t2g["final_mean_ci"][0] == pytest.approx(0.5)
     assert t2g["reach"]["oracle"]["baseline"] == "oracle/scalar_collapsed"  # the best scalar baseline by final mean
     assert t2g["reach"]["oracle"]["rollouts"] == {0: 320, 1: 160, 2: 160}  # target 0.3667: iterations 20, 10, 10
-    cmp = ms.compare_to_best_scalar(summ, "oracle")
+    cmp = msr.compare_to_best_scalar(summ, "oracle")
     assert cmp["ahead_final"] == 2 and cmp["seeds"] == 3
-    lines = ms.interpret(summ, 0.2)
+    lines = msr.interpret(summ, 0.2)
     assert lines[0].startswith("With oracle feedback, Text2Grad ends training at 0.500 ± ")
     assert "0.133 ahead of the best scalar baseline (scalar PPO, critic's quotes collapsed" in lines[0]
     assert "ahead on 2 of 3 seeds" in lines[0] and "includes zero" in lines[0]
     assert lines[1] == ("The study's goal, Text2Grad ahead of that baseline at the end of training on at least 3 of 3 "
                         "seeds, is not met in the oracle arm.")
     # finals 0.5 / 0.367 (scalar_bt, 0.2, reads no critic and is left out): range 0.133 against half-width 0.248
-    lo, hi, widest = ms.final_spread(summ, "oracle")
+    lo, hi, widest = msr.final_spread(summ, "oracle")
     assert (lo, hi) == (pytest.approx(0.3667, abs=1e-4), pytest.approx(0.5)) and widest == pytest.approx(0.248, abs=1e-3)
     assert lines[2] == ("The methods that read the oracle arm's critic end between 0.367 and 0.500 (a range of 0.133), "
                         "less than the widest 95 % interval half-width among them (0.248): by these unpaired intervals "
@@ -91,13 +92,13 @@ def test_summary_and_sentences_follow_the_numbers():
     assert "wrong facts lost probability relative to the correct ones" in lines[6]
     for key, (recall, false) in {"oracle/text2grad": (0.4, 0.02), "oracle/scalar_collapsed": (0.38, 0.1)}.items():
         summ[key]["recall_false"] = [recall, false]
-    told = ms.interpret(summ, 0.2, (0.42, 1.23))[6]
+    told = msr.interpret(summ, 0.2, (0.42, 1.23))[6]
     assert told == ("At the end, Text2Grad's test summaries state 0.400 of the five facts correctly with 0.02 false facts "
                     "each, the baseline's 0.380 with 0.10 (the start policy: 0.420 and 1.23).")
 
     # the same study with Text2Grad worse: every sentence turns
     worse = {**res, **_final("oracle", "text2grad", [0.1, 0.1, 0.1], [0.1, 0.1, 0.1])}
-    lines = ms.interpret(ms.summarize_final(worse, keys, [0, 1, 2], 16), 0.2)
+    lines = msr.interpret(msr.summarize_final(worse, keys, [0, 1, 2], 16), 0.2)
     assert "behind the best scalar baseline" in lines[0] and "ahead on 0 of 3 seeds" in lines[0]
     assert "excludes zero" in lines[0]
     assert "on 0 of 3 seeds." in lines[5]
@@ -105,7 +106,7 @@ def test_summary_and_sentences_follow_the_numbers():
     # the same means with noisy seeds: the spread sentence turns; ahead on every seed: the goal is met
     tied = {**_final("oracle", "text2grad", [0.3, 0.5, 0.4], [0.3, 0.5, 0.4]),
             **_final("oracle", "scalar_collapsed", [0.29, 0.49, 0.39], [0.3, 0.3, 0.3])}
-    tied_lines = ms.interpret(ms.summarize_final(tied, keys[:2], [0, 1, 2], 16), 0.2)
+    tied_lines = msr.interpret(msr.summarize_final(tied, keys[:2], [0, 1, 2], 16), 0.2)
     assert tied_lines[1].endswith("is met in the oracle arm.")
     assert tied_lines[2].startswith("The methods that read the oracle arm's critic end between 0.390 and 0.400 (a "
                                     "range of 0.010), less than")
@@ -114,9 +115,9 @@ def test_summary_and_sentences_follow_the_numbers():
     # tight seeds far apart: they differ
     apart = {**_final("oracle", "text2grad", [0.6, 0.6, 0.6], [0.6, 0.6, 0.6]),
              **_final("oracle", "scalar_collapsed", [0.3, 0.3, 0.3], [0.3, 0.3, 0.3])}
-    assert ms.interpret(ms.summarize_final(apart, keys[:2], [0, 1, 2], 16), 0.2)[2].endswith(
+    assert msr.interpret(msr.summarize_final(apart, keys[:2], [0, 1, 2], 16), 0.2)[2].endswith(
         "(0.000): at the end of training at least two of them differ by more than their seed noise.")
-    md = ms.markdown({"final": ms.summarize_final(worse, keys, [0, 1, 2], 16), "sft": {"test": {"fact_score": 0.2}},
+    md = ms.markdown({"final": msr.summarize_final(worse, keys, [0, 1, 2], 16), "sft": {"test": {"fact_score": 0.2}},
                       "config": {"iterations": 20, "batch_size": 16}, "ablations": {}})
     assert "| oracle | Text2Grad (span rewards) | lr 0.0001, KL fixed, lambda 0 | 0.100 ± 0.000 |" in md
     json.dumps(summ, default=str)  # the study file is JSON
@@ -126,7 +127,7 @@ def test_ablation_sentences_compare_with_the_unchanged_setting():
     abl = {"none": {"final": (0.2, 0.05), "peak": (0.4, 0.02), "kl": (9.0, 1.0)},
            "span_normalize": {"final": (0.38, 0.03), "peak": (0.39, 0.02), "kl": (2.0, 0.5)},
            "entropy_bonus": {"final": (0.15, 0.05), "peak": (0.41, 0.02), "kl": (10.0, 1.0)}}
-    lines = ms.interpret_ablations(abl)
+    lines = msr.interpret_ablations(abl)
     assert lines[0] == "The unchanged setting ends at 0.200 ± 0.050 with KL 9.00 nats and peaks at 0.400 ± 0.020."
     assert lines[1] == "span_normalize: ends at 0.380 ± 0.030 (+0.180 vs unchanged), KL 2.00 (-7.00); it removes the late decline."
     assert "the late decline remains." in lines[2]
@@ -134,12 +135,12 @@ def test_ablation_sentences_compare_with_the_unchanged_setting():
 
 def test_decline_start_is_the_first_fall_after_the_peak():
     curve = [{"iteration": 15 * i, "test": {"fact_score": v}} for i, v in enumerate([0.2, 0.38, 0.36, 0.30, 0.39])]
-    assert ms.decline_start(curve) is None  # the late recovery is the peak
+    assert msr.decline_start(curve) is None  # the late recovery is the peak
     curve[-1]["test"]["fact_score"] = 0.1
-    assert ms.decline_start(curve) == 45  # 0.30 is the first point more than 0.05 below 0.38
+    assert msr.decline_start(curve) == 45  # 0.30 is the first point more than 0.05 below 0.38
     abl = {"none": {"final": (0.1, 0.0), "peak": (0.38, 0.0), "kl": (9.0, 0.0), "decline_start": [30, 45]},
            "oracle_critic": {"final": (0.3, 0.0), "peak": (0.4, 0.0), "kl": (40.0, 0.0), "decline_start": [75, None]}}
-    assert ms.interpret_ablations(abl)[1].endswith(
+    assert msr.interpret_ablations(abl)[1].endswith(
         "A fall of more than 0.05 below the peak starts at iteration 75, never per seed (unchanged: 30, 45).")
 
 
@@ -204,9 +205,9 @@ def test_paper_comparison_reads_both_sides_and_says_why_only_where_they_differ()
 def test_a_sweep_from_another_start_policy_is_reported_with_both_scores():
     same = {"val": {"fact_score": 0.225}, "test": {"fact_score": 0.236}}
     other = {"val": {"fact_score": 0.225}, "test": {"fact_score": 0.170}}
-    assert ms.start_policy_lines({"sft": same, "sweep_sft": same}) == []
-    assert ms.start_policy_lines({"sft": same}) == []  # a study without a sweep of its own
-    assert ms.start_policy_lines({"sft": same, "sweep_sft": other})[1] == (
+    assert msr.start_policy_lines({"sft": same, "sweep_sft": same}) == []
+    assert msr.start_policy_lines({"sft": same}) == []  # a study without a sweep of its own
+    assert msr.start_policy_lines({"sft": same, "sweep_sft": other})[1] == (
         "The sweep's runs started from an SFT policy scoring 0.225 on validation and 0.170 on test; the final runs "
         "from one scoring 0.225 and 0.236.")
 
