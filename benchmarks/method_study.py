@@ -50,6 +50,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
 import sys
 import time
@@ -291,6 +292,30 @@ def _load_result(ctx: StudyContext, spec: RunSpec) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+RESULT_FILES = ("result.json",)  # what a finished run leaves that the study reads back (checkpoints are not needed)
+REPORT_FILES = ("study.json", "study.md", "curves.png", "frontier.png")
+
+
+def copy_results(src: Path, dst: Path, reports: bool = False) -> int:
+    """Copy every finished run's small result files (`RESULT_FILES`, same relative path) from ``src`` to ``dst``,
+    keeping files ``dst`` already has; with ``reports`` also the study's report files of every folder. Used both
+    ways: to commit a study's runs (``--export_to``) and to resume it elsewhere from them (``--resume_from``), since
+    a run whose result.json is in place is not run again. Returns the number of files copied."""
+    names = RESULT_FILES + (REPORT_FILES if reports else ())
+    copied = 0
+    for path in sorted(p for name in names for p in Path(src).rglob(name)):
+        rel = path.relative_to(src)
+        if rel.parts[0] == "shared":  # the setup's cache (data, models) is rebuilt, never copied
+            continue
+        target = Path(dst) / rel
+        if target.exists() and not (reports and path.name in REPORT_FILES):
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        copied += 1
+    return copied
+
+
 def exit_with_parent(parent_pid: int) -> None:
     """Run in each worker: on Linux, the kernel sends it SIGTERM when the study's process dies, so a killed study
     leaves no run going on that would later write its result into the folder (a resumed or renamed study would read
@@ -301,13 +326,14 @@ def exit_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def run_all(ctx: StudyContext, specs: Sequence[RunSpec], jobs: int) -> dict[RunSpec, dict[str, Any]]:
+def run_all(ctx: StudyContext, specs: Sequence[RunSpec], jobs: int, train: bool = True) -> dict[RunSpec, dict[str, Any]]:
     """Every spec's result: loaded when already on disk, else trained, ``jobs`` runs at a time (a failed run is
-    reported and left out, never allowed to stop the others)."""
+    reported and left out, never allowed to stop the others); ``train=False`` only loads (a report of a study
+    still running)."""
 
     done = {s: r for s in specs if (r := _load_result(ctx, s)) is not None}
     todo = [s for s in specs if s not in done]
-    if not todo:
+    if not todo or not train:
         return done
     bar = tqdm(total=len(todo), desc=f"runs ({len(done)} already done)", unit="run")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=exit_with_parent,
@@ -361,7 +387,7 @@ def grid_position(tried: Sequence[float], chosen: float) -> str:
 
 def sweep(ctx: StudyContext, keys, base: Setting, lrs: Sequence[float], seed: int, jobs: int,
           knobs: Sequence[str] = ("lambda", "lr", "kl"), lambdas: Sequence[float] = LAMBDAS,
-          kl_coefs: Sequence[float] = KL_COEFS, extensions: int = 2) -> dict[str, Any]:
+          kl_coefs: Sequence[float] = KL_COEFS, extensions: int = 2, train: bool = True) -> dict[str, Any]:
     """Coordinate search per (arm, method) on validation: lambda, then learning rate, then KL control (the
     adaptive controller, and a fixed coefficient from ``kl_coefs``); ``knobs`` leaves stages out (a left-out knob
     stays at the base setting). Where the learning rate or the fixed coefficient chosen sits at an edge of the
@@ -377,7 +403,7 @@ def sweep(ctx: StudyContext, keys, base: Setting, lrs: Sequence[float], seed: in
         """Run the candidates, then extend each key's grid (``key_of``: the swept value of a setting) while its best
         sits at an edge; returns (every setting tried per key, the best per key)."""
         tried = {k: list(v) for k, v in candidates.items()}
-        res.update(run_all(ctx, [spec(a, m, x) for (a, m), ss in tried.items() for x in ss], jobs))
+        res.update(run_all(ctx, [spec(a, m, x) for (a, m), ss in tried.items() for x in ss], jobs, train))
         for _ in range(extensions):
             more = {}
             for (a, m), ss in tried.items():
@@ -389,7 +415,7 @@ def sweep(ctx: StudyContext, keys, base: Setting, lrs: Sequence[float], seed: in
                     more[(a, m)] = replace(best, **({"lr": nxt} if key_of is _lr else {"kl_coef": nxt}))
             if not more:
                 break
-            res.update(run_all(ctx, [spec(a, m, x) for (a, m), x in more.items()], jobs))
+            res.update(run_all(ctx, [spec(a, m, x) for (a, m), x in more.items()], jobs, train))
             for k, x in more.items():
                 tried[k].append(x)
         best = {}
@@ -580,6 +606,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--task_seeds", type=int, nargs="+", default=None,
                         help="several task instances: each gets its own data, SFT start, reward models, sweep and runs "
                         "in <output_dir>/task_seed<N> (resumable), and the report covers each instance and all pooled")
+    parser.add_argument("--resume_from", default=None,
+                        help="a folder of committed results (e.g. benchmarks/results/method_study_v2/runs): its runs' "
+                        "result.json files are copied into --output_dir first, so those runs are not run again")
+    parser.add_argument("--export_to", default=None,
+                        help="copy every finished run's result.json and the reports into this folder at the end "
+                        "(e.g. benchmarks/results/method_study_v2), to commit them")
     parser.add_argument("--variants", nargs="*", default=[], choices=list(VARIANTS),
                         help="variants of text2grad and scalar_sum to add as methods (PPOConfig fields of VARIANTS)")
     parser.add_argument("--iterations", type=int, default=90, help="PPO iterations per run (x --batch_size rollouts)")
@@ -599,15 +631,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=max(1, len(os.sched_getaffinity(0))), help="runs at a time (one thread each)")
     args = parser.parse_args(argv)
     command = "python benchmarks/method_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    out = Path(args.output_dir)
+    if args.resume_from:
+        print(f"[study] {copy_results(Path(args.resume_from), out)} result files copied from {args.resume_from}")
     if not args.task_seeds:
         run_instance(args, command)
-        return 0
-    out = Path(args.output_dir)
-    studies = {}
-    for task_seed in args.task_seeds:
-        sub = argparse.Namespace(**{**vars(args), "task_seed": task_seed, "output_dir": str(out / f"task_seed{task_seed}")})
-        studies[task_seed] = run_instance(sub, command)
-    write_pooled_report(studies, out, command)
+    else:
+        studies = {}
+        for task_seed in args.task_seeds:
+            sub = argparse.Namespace(**{**vars(args), "task_seed": task_seed, "output_dir": str(out / f"task_seed{task_seed}")})
+            studies[task_seed] = run_instance(sub, command)
+        studies = {ts: st for ts, st in studies.items() if st}  # an instance without a finished run has no report
+        if studies:
+            write_pooled_report(studies, out, command)
+    if args.export_to:
+        print(f"[study] {copy_results(out, Path(args.export_to), reports=True)} files copied to {args.export_to}")
     return 0
 
 
@@ -631,16 +669,51 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
     return study
 
 
+def report_context(args: argparse.Namespace, stored: Mapping[str, Any]) -> StudyContext:
+    """The context of a report-only pass: nothing is trained or loaded but the finished runs' results. The start
+    policy's scores come from the stored study, or from the runs themselves (every curve starts at the SFT policy:
+    validation in every run, test in the final runs)."""
+    out = Path(args.output_dir)
+    cfg = study_config(args, out / "shared")
+    sft = dict(stored.get("sft", {}))
+    starts = [json.loads(p.read_text())["curve"][0] for p in sorted(out.rglob("result.json"))]
+    for split in ("val", "test"):
+        if split not in sft:
+            sft.update({split: p[split] for p in starts if split in p}) if any(split in p for p in starts) else None
+    n = stored.get("config", {})
+    ctx = StudyContext(
+        sft=str(out / "shared" / "sft"), rl=str(out / "shared" / "data" / "rl.jsonl"), val_records=[], test_records=[],
+        rm="", dense_rm="", scalar_rm="", iterations=args.iterations, eval_every=args.eval_every,
+        batch_size=args.batch_size or cfg.ppo_batch_size, response_length=cfg.response_length, kl_coef=cfg.kl_coef,
+        target_kl=args.target_kl, out=str(out), kl_horizon=args.kl_horizon, use_chat_template=cfg.use_chat_template,
+        sft_scores=sft)
+    ctx.val_records = [{}] * int(n.get("n_val", 0))  # counts only, for the report's header
+    ctx.test_records = [{}] * int(n.get("n_test", 0))
+    return ctx
+
+
 def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     """Every phase of ``args.phases`` on one task instance (``args.task_seed``) in ``args.output_dir``; returns its
-    study (also written there as study.json, study.md and the plots)."""
+    study (also written there as study.json, study.md and the plots). ``--phases report`` alone trains nothing: it
+    reads whatever runs have finished (a study still running, or one copied back with --resume_from)."""
     t0 = time.perf_counter()
     keys = method_keys(args.arms, args.methods, args.variants)
-    # the ablations run learned-arm Text2Grad (and the oracle critic), whatever --arms says
-    ctx = build_context(args, keys + ([("learned", "text2grad")] if "ablation" in args.phases else []))
     base = Setting(lr=args.base_lr, kl="fixed", lam=args.base_lambda)
     study_path = Path(args.output_dir) / "study.json"
     study: dict[str, Any] = json.loads(study_path.read_text()) if study_path.is_file() else {}
+    report_only = set(args.phases) == {"report"}
+    if report_only:
+        ctx = report_context(args, study)
+        if "val" not in ctx.sft_scores:
+            print(f"[study] {args.output_dir}: no finished run yet, nothing to report")
+            return {}
+        found = sweep(ctx, keys, base, args.lrs, args.sweep_seed, args.jobs, args.sweep_knobs, args.lambdas,
+                      args.kl_coefs, args.grid_extensions, train=False)
+        # a stored sweep whose runs are not in this folder (an earlier machine's) is kept
+        study["sweep"] = {**study.get("sweep", {}), **{k: v for k, v in found.items() if v["tried"]}}
+    else:
+        # the ablations run learned-arm Text2Grad (and the oracle critic), whatever --arms says
+        ctx = build_context(args, keys + ([("learned", "text2grad")] if "ablation" in args.phases else []))
     check_same_study(study.get("identity"), study_identity(args), args.output_dir)
     study["identity"] = study_identity(args)
     study.update({"config": {k: v for k, v in vars(args).items()}, "sft": ctx.sft_scores,

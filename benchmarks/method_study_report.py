@@ -196,7 +196,8 @@ def compare_to_best_scalar(summary: Mapping[str, Any], arm: str) -> dict[str, An
     diffs = [t2g["final"][s] - base["final"][s] for s in seeds]
     early = [t2g["early"][s] - base["early"][s] for s in seeds]
     return {"baseline": base_key, "seeds": len(seeds), "ahead_final": sum(d > 0 for d in diffs),
-            "diff_final": mean_ci95(diffs), "ahead_early": sum(d > 0 for d in early), "diff_early": mean_ci95(early)}
+            "diff_final": mean_ci95(diffs), "ahead_early": sum(d > 0 for d in early), "diff_early": mean_ci95(early),
+            "pair_final": paired({s: t2g["final"][s] for s in seeds}, {s: base["final"][s] for s in seeds})}
 
 
 def _pm(mc: Sequence[float]) -> str:
@@ -216,12 +217,20 @@ def interpret(summary: Mapping[str, Any], sft_test: float, sft_recall_false: tup
         base_label = method_label(cmp["baseline"].split("/")[1])
         d, h = cmp["diff_final"]
         where = "level with" if abs(d) < 0.0005 else "ahead of" if d > 0 else "behind"
-        sure = ("the 95 % interval of the paired difference excludes zero" if h == h and abs(d) > h else
-                "the 95 % interval of the paired difference includes zero, so this is not a reliable difference")
+        lo, hi = d - h, d + h
+        interval = (f"the 95 % interval of the paired difference is [{lo:+.3f}, {hi:+.3f}]" if h == h else
+                    "one seed gives no interval of the paired difference")
+        sign_p = sign_test(cmp["pair_final"]["diffs"]) if "pair_final" in cmp else float("nan")
+        sign = "" if sign_p != sign_p else f" (exact two-sided sign test p = {sign_p:.3g})"
+        sure = (f"{interval}{sign}, which excludes zero" if h == h and abs(d) > h else
+                f"{interval}{sign}, which includes zero, so this is not a reliable difference")
         lines.append(
             f"With {arm} feedback, Text2Grad ends training at {_pm(t2g['final_mean_ci'])} (SFT start {sft_test:.3f}), "
             + ("" if where == "level with" else f"{abs(d):.3f} ") + f"{where} the best scalar baseline ({base_label}, {_pm(summary[cmp['baseline']]['final_mean_ci'])}); "
             f"it is ahead on {cmp['ahead_final']} of {cmp['seeds']} seeds, and {sure}.")
+        if summary[cmp["baseline"]]["final_mean_ci"][0] <= sft_test:
+            lines.append(f"The best scalar baseline ends no better than the start policy ({_pm(summary[cmp['baseline']]['final_mean_ci'])} "
+                         f"vs {sft_test:.3f}): no scalar baseline improved on the SFT policy here.")
         need = math.ceil(GOAL_SHARE * cmp["seeds"])
         lines.append(
             f"The study's goal, Text2Grad ahead of that baseline at the end of training on at least {need} of "
@@ -345,7 +354,7 @@ def start_policy_lines(study: Mapping[str, Any]) -> list[str]:
 
 
 def markdown(study: Mapping[str, Any]) -> str:
-    summ, sft = study["final"], study["sft"]["test"]["fact_score"]
+    summ, sft = study["final"], study["sft"].get("test", {}).get("fact_score", float("nan"))
     knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
     cfg = study["config"]
     lines = [f"Policy: {cfg.get('policy', 'tiny Llama')}. Test fact score ({cfg.get('n_test', 100)} posts, greedy) after "
@@ -366,7 +375,7 @@ def markdown(study: Mapping[str, Any]) -> str:
             f"{shift.get('poor_first', float('nan')):+.3f} / {shift.get('good', float('nan')):+.3f} | "
             + (", ".join("-" if v is None else str(v) for v in reach.values()) or "") + " |")
     lines += start_policy_lines(study)
-    sft_all = study["sft"]["test"]
+    sft_all = study["sft"].get("test", {})
     lines += ["", *interpret(summ, sft, (sft_all.get("fact_recall", float("nan")), sft_all.get("n_false", float("nan"))))]
     if study.get("sweep"):
         lines += ["", *sweep_markdown(study)]
@@ -530,7 +539,7 @@ def instance_comparison(study: Mapping[str, Any], arm: str) -> dict[str, Any] | 
     for seed, curve in t2g.get("val_curves", {}).items():
         best_val = max(p["val"] for p in curve)
         decline[seed] = best_val - curve[-1]["val"]
-    sft = study["sft"]["test"]
+    sft = study["sft"].get("test", {})
     return {
         "baseline": base_key, "pair": pair, "t2g": t2g["final_mean_ci"], "base": base["final_mean_ci"],
         "kl": (t2g["kl_end"][0], base["kl_end"][0]), "sft": sft.get("fact_score"), "sft_false": sft.get("n_false"),
@@ -620,8 +629,8 @@ def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[st
              f"validation per instance. Machine: {first.get('machine')}. Command: `{command}`.", "",
              "| task instance | SFT start (test fact score) | false facts per summary | report |", "|---|---:|---:|---|"]
     for ts, st in studies.items():
-        sft = st["sft"]["test"]
-        lines.append(f"| {ts} | {sft['fact_score']:.3f} | {sft.get('n_false', float('nan')):.2f} | "
+        sft = st["sft"].get("test", {})
+        lines.append(f"| {ts} | {sft.get('fact_score', float('nan')):.3f} | {sft.get('n_false', float('nan')):.2f} | "
                      f"[task_seed{ts}/study.md](task_seed{ts}/study.md) |")
     for arm in ARMS:
         if pooled.get(arm, {}).get("lines"):
