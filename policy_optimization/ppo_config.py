@@ -24,6 +24,7 @@ from text2grad.core.model_config import ModelConfig
 from text2grad.core.modeling import resolve_dtype
 from text2grad.core.reward_options import (
     REWARD_MODES,
+    Aggregation,
     Boundary,
     Occurrence,
     Overlap,
@@ -127,6 +128,44 @@ class PPOConfig(ModelConfig):
         "fn(prompts, responses) -> list[float].",
     )
     scalar_source_kwargs: dict[str, Any] = config_field({}, "Keyword arguments when scalar_source names a class (scalar_rm: path, ...).")
+
+    # ---- defences against reward-model exploitation (policy_optimization/README.md) -----------------
+    ensemble_aggregation: Aggregation = config_field(
+        "vote",
+        "How the members of an ensemble critic (reward_model_ensemble, ensemble) are combined per token "
+        "(text2grad.core.ensemble): vote = a token is rewarded only where ensemble_min_votes members call it good "
+        "and none calls it poor, penalised where any member calls it poor; mean_minus_std = mean - ensemble_std_coef * "
+        "std of the members' token rewards. The sequence scores of the scalar modes are combined the same way. "
+        "Ignored for a single critic.",
+    )
+    ensemble_min_votes: int | None = config_field(
+        None, "vote: members that must call a token good for it to be rewarded (m of K); default all K."
+    )
+    ensemble_std_coef: float = config_field(1.0, "mean_minus_std: k, the number of standard deviations subtracted.")
+    rm_refresh_every: int = config_field(
+        0,
+        "On-policy reward-model refresh (iterated RLHF, policy_optimization/rm_refresh.py): every N iterations the "
+        "rm_refresh_critic annotates rm_refresh_samples of the iteration's rollouts and the reward model (the PPO "
+        "critic: reward_model or reward_model_ensemble) is fine-tuned on them plus replayed earlier annotations. 0 = off.",
+    )
+    rm_refresh_samples: int | None = config_field(
+        None, "Rollouts of a refresh iteration (over all processes) the annotating critic labels; default all batch_size."
+    )
+    rm_refresh_critic: str = config_field(
+        "", "The annotating critic of a refresh: a registry name (llm, code_tests, reference, ...) or package.module:Name."
+    )
+    rm_refresh_critic_kwargs: dict[str, Any] = config_field({}, "Keyword arguments of rm_refresh_critic's constructor.")
+    rm_refresh_replay: list[str] = config_field(
+        [],
+        "Earlier annotation files (e.g. the reward model's training JSONL) replayed with the new annotations so the "
+        "model keeps what it knew; every earlier refresh's annotations are replayed as well.",
+    )
+    rm_refresh_replay_ratio: float = config_field(
+        1.0, "Replayed records per new annotation in each refresh's fine-tuning data (0 = new annotations only)."
+    )
+    rm_refresh_steps: int = config_field(20, "Optimizer steps of each refresh's fine-tuning.")
+    rm_refresh_batch_size: int = config_field(8, "Records per fine-tuning step of a refresh.")
+    rm_refresh_learning_rate: float = config_field(1e-4, "AdamW learning rate of a refresh's fine-tuning.")
     scalar_coef: float = config_field(1.0, "Weight of the sequence score.")
     missing_eos_penalty: float | None = config_field(
         None,
@@ -317,10 +356,35 @@ class PPOConfig(ModelConfig):
                 "critic 'none' only works with reward_mode scalar and a scalar_source other than quote_count "
                 "(every other mode reads spans from the feedback)"
             )
+        if self.ensemble_min_votes is not None and self.ensemble_min_votes < 1:
+            problems.append(f"ensemble_min_votes must be >= 1 (or null for all members), got {self.ensemble_min_votes}")
+        if self.ensemble_std_coef < 0:
+            problems.append(f"ensemble_std_coef must be >= 0, got {self.ensemble_std_coef}")
+        problems += self._rm_refresh_problems()
         if self.value_model == "shared_backbone" and self.value_model_name_or_path:
             problems.append("value_model_name_or_path names a separate value model: set value_model to separate (or auto)")
         if problems:
             raise ValueError("invalid PPOConfig: " + "; ".join(problems))
+
+    def _rm_refresh_problems(self) -> list[str]:
+        if self.rm_refresh_every < 0:
+            return [f"rm_refresh_every must be >= 0 (0 = off), got {self.rm_refresh_every}"]
+        if not self.rm_refresh_every:
+            return []
+        problems = []
+        if not self.rm_refresh_critic:
+            problems.append("rm_refresh_every needs rm_refresh_critic: the critic that annotates the rollouts "
+                            "(e.g. --rm_refresh_critic llm, or the task's checker as package.module:Name)")
+        if self.critic not in ("reward_model", "reward_model_ensemble"):
+            problems.append(f"rm_refresh_every fine-tunes the PPO critic, which must be a reward model "
+                            f"(critic reward_model or reward_model_ensemble), got critic {self.critic!r}")
+        for name in ("rm_refresh_samples", "rm_refresh_steps", "rm_refresh_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{name} must be >= 1, got {value}")
+        if self.rm_refresh_learning_rate <= 0 or self.rm_refresh_replay_ratio < 0:
+            problems.append("rm_refresh_learning_rate must be > 0 and rm_refresh_replay_ratio >= 0")
+        return problems
 
     @property
     def value_design(self) -> str:

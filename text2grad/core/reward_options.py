@@ -40,6 +40,8 @@ __all__ = [
     "OVERLAPS",
     "Occurrence",
     "OCCURRENCES",
+    "Aggregation",
+    "AGGREGATIONS",
 ]
 
 RewardMode = Literal["nl_gradient", "scalar", "dense", "score_spread", "mixed", "scalar_sum"]
@@ -61,3 +63,7 @@ Overlap = Literal["poor", "good"]  # the label that wins where a good and a poor
 OVERLAPS: tuple[str, ...] = get_args(Overlap)
 Occurrence = Literal["all", "first"]  # label every occurrence of a repeated quote, or the first
 OCCURRENCES: tuple[str, ...] = get_args(Occurrence)
+
+# How an ensemble critic's members are combined per token (`text2grad.core.ensemble`).
+Aggregation = Literal["vote", "mean_minus_std"]
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)

@@ -259,6 +259,7 @@ def compute_score_rewards(
     missing_eos_penalty: float | None = None,
     weighting: TokenWeightingName = "none",
     pos_tagger: Callable[[str], list[tuple[str, str]]] | None = None,
+    span_rewards: Sequence[torch.Tensor] | None = None,
 ) -> ScoreRewards:
     """Per-token score rewards for a batch of generated responses.
 
@@ -278,6 +279,9 @@ def compute_score_rewards(
         scalar_coef: weight c of the sequence score.
         weighting: "pos_importance" multiplies span rewards by POS weights (1.0 nouns/verbs, 0.2 others).
         pos_tagger: ``fn(text) -> [(word, Penn tag)]`` for "pos_importance" (default: TextBlob's Pattern tagger).
+        span_rewards: per response, its span token rewards delta_t already computed (shape (T_b,); e.g. an
+            ensemble's aggregate, `text2grad.core.ensemble`): no quote is aligned, the signs are the labels, and
+            the mode is built from them as from aligned spans.
 
     Returns:
         `ScoreRewards` with rewards and mask of shape (B, T), zero on padding.
@@ -290,6 +294,8 @@ def compute_score_rewards(
         raise ValueError(f"got {len(feedbacks)} feedbacks for {len(response_ids)} responses")
     if scores is not None and len(scores) != len(response_ids):
         raise ValueError(f"got {len(scores)} scores for {len(response_ids)} responses")
+    if span_rewards is not None and len(span_rewards) != len(response_ids):
+        raise ValueError(f"got {len(span_rewards)} span reward rows for {len(response_ids)} responses")
     lengths = [len(ids) for ids in response_ids]
     T = max(lengths, default=0) if length is None else length
     if T < max(lengths, default=0):
@@ -307,6 +313,11 @@ def compute_score_rewards(
             info.status = "empty"
         elif not fb.ok:
             info.status = "feedback_error"
+        elif mode != "scalar" and span_rewards is not None:
+            delta = span_rewards[b].detach().float().cpu()[:n]
+            info.labels = [int(x) for x in torch.sign(delta).tolist()]
+            if not any(info.labels):
+                info.status = "no_matched_span"
         elif mode != "scalar":
             decoded, offsets = decode_with_offsets(tokenizer, ids)
             result = feedback_token_labels(fb, decoded, offsets, occurrence=occurrence, overlap=overlap, boundary=boundary)
