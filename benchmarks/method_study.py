@@ -58,7 +58,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import transformers
@@ -87,9 +87,7 @@ from benchmarks.method_study_report import (  # noqa: E402
     pooled_markdown, summarize_ablations, summarize_final,
 )
 
-# Variants of a method: PPOConfig fields changed on top of its chosen setting (e.g. defences against reward-model
-# exploitation); a variant runs as its own method "<method>+<variant>" through the sweep and final phases.
-VARIANTS: dict[str, dict[str, Any]] = {}
+
 # One change each to the quickstart's learned-arm Text2Grad setting (PPOConfig fields, or the critic).
 ABLATIONS: dict[str, dict[str, Any]] = {
     "none": {},
@@ -138,9 +136,44 @@ class StudyContext:
     target_kl: float
     out: str
     kl_horizon: int = 10  # the adaptive controller's horizon, in iterations
+    rm_ensemble: str = ""  # the reward-model ensemble (member-<k>/) of the ensemble variants
+    rm_replay: str = ""  # the reward model's training annotations, replayed by the refresh variants
     sft_scores: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> scores
     use_chat_template: bool = False  # the policy's prompts through its tokenizer's chat template (SmolLM2)
     ppo_fields: dict[str, Any] = field(default_factory=dict)  # the preset's PPOConfig fields (SmolLM2: LoRA)
+
+
+REFRESH_EVERY = 15  # iterations between on-policy reward-model refreshes (six refreshes in a 90-iteration run)
+ENSEMBLE_SIZE = 3
+
+
+def _rm_critic_kwargs(path: str) -> dict[str, Any]:
+    return {"path": path, "max_new_tokens": 128, "batch_size": 64, "grounded_spans": True}
+
+
+def _ensemble(ctx: StudyContext) -> dict[str, Any]:
+    """K reward models trained on bootstrap resamples of the annotations; a token is +1 only where all K call it
+    good, -1 where any calls it poor (Coste et al. 2023: conservative ensembles resist over-optimisation)."""
+    return {"critic": "reward_model_ensemble", "critic_kwargs": _rm_critic_kwargs(ctx.rm_ensemble),
+            "ensemble_aggregation": "vote"}
+
+
+def _refresh(ctx: StudyContext) -> dict[str, Any]:
+    """Every REFRESH_EVERY iterations the task's critic (the annotator the reward model learned from) labels the
+    iteration's rollouts and the reward model is fine-tuned on them with its own training annotations replayed."""
+    return {"rm_refresh_every": REFRESH_EVERY, "rm_refresh_critic": "text2grad.apps.quickstart.task:FactCritic",
+            "rm_refresh_critic_kwargs": {"data_path": ctx.rl}, "rm_refresh_replay": [ctx.rm_replay]}
+
+
+# Variants of a learned-arm method: PPOConfig fields (from the study's context) changed on top of its chosen setting,
+# here the defences against reward-model exploitation; a variant runs as its own method "<method>+<variant>" through
+# the sweep and final phases.
+VARIANTS: dict[str, Callable[[StudyContext], dict[str, Any]]] = {
+    "ensemble": _ensemble,
+    "refresh": _refresh,
+    "ensemble_refresh": lambda ctx: {**_ensemble(ctx), **_refresh(ctx)},
+}
+ENSEMBLE_VARIANTS = ("ensemble", "ensemble_refresh")
 
 
 def split_method(name: str) -> tuple[str, str]:
@@ -172,7 +205,7 @@ def _ppo_config(ctx: StudyContext, spec: RunSpec, run_dir: Path):
     overrides = dict(ABLATIONS[spec.ablation])
     arm = overrides.pop("_arm", spec.arm)
     method, variant = split_method(spec.method)
-    overrides.update(VARIANTS[variant] if variant else {})
+    overrides.update(VARIANTS[variant](ctx) if variant else {})
     s = spec.setting
     critic: dict[str, Any]
     if method == "scalar_bt":
@@ -184,9 +217,7 @@ def _ppo_config(ctx: StudyContext, spec: RunSpec, run_dir: Path):
         name = "benchmarks.baselines:DenseFactCritic" if method == "dense" else "text2grad.apps.quickstart.task:FactCritic"
         critic = {"critic": name, "critic_kwargs": {"data_path": ctx.rl}}
     else:
-        critic = {"critic": "reward_model", "critic_kwargs": {
-            "path": ctx.dense_rm if method == "dense" else ctx.rm, "max_new_tokens": 128, "batch_size": 64,
-            "grounded_spans": True}}
+        critic = {"critic": "reward_model", "critic_kwargs": _rm_critic_kwargs(ctx.dense_rm if method == "dense" else ctx.rm)}
     fields = dict(
         model_name_or_path=ctx.sft, dataset_path=ctx.rl, prompt_template="{prompt}", reward_mode=REWARD_MODE[method],
         use_lora=False, output_dir=str(run_dir), overwrite_output_dir=True, batch_size=ctx.batch_size,
@@ -362,10 +393,11 @@ def run_all(ctx: StudyContext, specs: Sequence[RunSpec], jobs: int, train: bool 
 def method_keys(arms: Sequence[str], methods: Sequence[str], variants: Sequence[str] = ()) -> list[tuple[str, str]]:
     """(arm, method) pairs: every method under every arm, but the critic-free ones (`CRITIC_FREE`) once, under
     their own arm (scalar_bt: learned, scalar_task: oracle) and only when that arm is studied; then each variant
-    ``method+variant`` of a critic-reading method (Text2Grad and the information-matched scalar_sum)."""
+    ``method+variant`` of Text2Grad and the information-matched scalar_sum in the learned arm (the variants are
+    defences of a learned reward model)."""
     keys = [(a, m) for a in arms for m in methods if m not in CRITIC_FREE]
     keys += [(CRITIC_FREE[m], m) for m in methods if m in CRITIC_FREE and CRITIC_FREE[m] in arms]
-    keys += [(a, f"{m}+{v}") for v in variants for a in arms for m in methods if m in ("text2grad", "scalar_sum")]
+    keys += [("learned", f"{m}+{v}") for v in variants if "learned" in arms for m in methods if m in ("text2grad", "scalar_sum")]
     return keys
 
 
@@ -525,9 +557,17 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
     if (sft / "adapter_config.json").is_file() and not (sft / "config.json").is_file():
         sft = _merged_policy(sft, shared / "sft_merged")
     learned = {m for a, m in keys if a == "learned" and m != "scalar_bt"}
-    rm = dense_rm = scalar_rm = ""
+    rm = dense_rm = scalar_rm = rm_ensemble = rm_replay = ""
     if learned - {"dense"}:
         rm = str(qs.stage_reward_model(cfg, data, sft, rm_base, shared / "text2grad_rm", stages)[0])
+        rm_replay = str(Path(rm).parent / "rm_train.jsonl")
+    if any(m.partition("+")[2] in ENSEMBLE_VARIANTS for m in learned):
+        ens_cfg = replace(cfg, rm_args=[*cfg.rm_args, "--ensemble_size", str(ENSEMBLE_SIZE), "--bootstrap", "true"])
+        try:
+            rm_ensemble = str(qs.stage_reward_model(ens_cfg, data, sft, rm_base, shared / "text2grad_rm_ensemble", stages)[0])
+        except Exception as exc:  # noqa: BLE001 - the ensemble variants are dropped (and said so), the study goes on
+            print(f"[study] the reward-model ensemble could not be trained ({type(exc).__name__}: {exc}); the "
+                  f"{', '.join(ENSEMBLE_VARIANTS)} variants are left out")
     if "dense" in learned:
         dense_cfg = replace(cfg, critic="benchmarks.baselines:DenseFactCritic")
         dense_rm = str(qs.stage_reward_model(dense_cfg, data, sft, rm_base, shared / "dense_rm", stages)[0])
@@ -550,7 +590,7 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         iterations=args.iterations, eval_every=args.eval_every, batch_size=args.batch_size or cfg.ppo_batch_size,
         response_length=cfg.response_length, kl_coef=cfg.kl_coef, target_kl=args.target_kl, out=str(out),
         kl_horizon=getattr(args, "kl_horizon", 10),
-        use_chat_template=cfg.use_chat_template, ppo_fields=lora,
+        use_chat_template=cfg.use_chat_template, ppo_fields=lora, rm_ensemble=rm_ensemble, rm_replay=rm_replay,
     )
     torch.set_num_threads(1)
     tok, model = load_tokenizer(ctx.sft), load_causal_lm(ctx.sft).eval()
@@ -714,6 +754,8 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     else:
         # the ablations run learned-arm Text2Grad (and the oracle critic), whatever --arms says
         ctx = build_context(args, keys + ([("learned", "text2grad")] if "ablation" in args.phases else []))
+        if not ctx.rm_ensemble:
+            keys = [(a, m) for a, m in keys if m.partition("+")[2] not in ENSEMBLE_VARIANTS]
     check_same_study(study.get("identity"), study_identity(args), args.output_dir)
     study["identity"] = study_identity(args)
     study.update({"config": {k: v for k, v in vars(args).items()}, "sft": ctx.sft_scores,

@@ -221,7 +221,7 @@ def test_methods_read_the_right_reward_and_critic_free_methods_run_under_one_arm
 
 
 def test_a_variant_is_its_method_with_its_fields_changed(monkeypatch):
-    monkeypatch.setitem(ms.VARIANTS, "whitened", {"whiten_rewards": True})
+    monkeypatch.setitem(ms.VARIANTS, "whitened", lambda ctx: {"whiten_rewards": True})
     ctx = ms.StudyContext(sft="sft", rl="rl.jsonl", val_records=[], test_records=[], rm="rm", dense_rm="dense_rm",
                           scalar_rm="scalar_rm", iterations=90, eval_every=15, batch_size=16, response_length=40,
                           kl_coef=0.1, target_kl=6.0, out="out")
@@ -233,6 +233,26 @@ def test_a_variant_is_its_method_with_its_fields_changed(monkeypatch):
     assert ms.method_label("text2grad+whitened") == "Text2Grad (span rewards) + whitened"
     with pytest.raises(ValueError, match="unknown method 'text2grad\\+nothing'"):
         ms.split_method("text2grad+nothing")
+
+
+@pytest.mark.parametrize("variant", ["ensemble", "refresh", "ensemble_refresh"])
+def test_the_defence_variants_are_valid_ppo_configs_changing_only_the_critic_side(variant):
+    ctx = ms.StudyContext(sft="sft", rl="rl.jsonl", val_records=[], test_records=[], rm="shared/rm/model",
+                          dense_rm="", scalar_rm="", iterations=90, eval_every=15, batch_size=16, response_length=40,
+                          kl_coef=0.1, target_kl=6.0, out="out", rm_ensemble="shared/ens/model",
+                          rm_replay="shared/rm/rm_train.jsonl")
+    s = ms.Setting(1e-4, "fixed", 0.0)
+    plain = ms._ppo_config(ctx, ms.RunSpec("learned", "text2grad", s, 0, "final"), "r")
+    varied = ms._ppo_config(ctx, ms.RunSpec("learned", f"text2grad+{variant}", s, 0, "final"), "r")
+    changed = {k for k in vars(plain) if getattr(plain, k) != getattr(varied, k)}
+    ensemble = {"critic", "critic_kwargs"} if "ensemble" in variant else set()
+    refresh = {"rm_refresh_every", "rm_refresh_critic", "rm_refresh_critic_kwargs", "rm_refresh_replay"} if "refresh" in variant else set()
+    assert changed == ensemble | refresh
+    if ensemble:
+        assert varied.critic == "reward_model_ensemble" and varied.critic_kwargs["path"] == "shared/ens/model"
+    if refresh:
+        assert varied.rm_refresh_replay == ["shared/rm/rm_train.jsonl"] and varied.rm_refresh_every == ms.REFRESH_EVERY
+    assert ("oracle", f"text2grad+{variant}") not in ms.method_keys(["oracle", "learned"], ["text2grad"], [variant])
 
 
 @pytest.mark.parametrize("ablation", list(ms.ABLATIONS))
