@@ -147,14 +147,22 @@ REFRESH_EVERY = 15  # iterations between on-policy reward-model refreshes (six r
 ENSEMBLE_SIZE = 3
 
 
-def _rm_critic_kwargs(path: str) -> dict[str, Any]:
-    return {"path": path, "max_new_tokens": 128, "batch_size": 64, "grounded_spans": True}
+def _rm_critic_kwargs(path: str, ctx: StudyContext) -> dict[str, Any]:
+    """The generative reward model as PPO's critic; with the vLLM backend its critiques go through the policy's
+    engine (the policy's tokenizer, PPO's engine settings), as the quickstart does."""
+    kwargs: dict[str, Any] = {"path": path, "max_new_tokens": 128, "batch_size": 64, "grounded_spans": True}
+    if ctx.ppo_fields.get("generation_backend") == "vllm":
+        defaults = PPOConfig()
+        kwargs.update(backend="vllm", tokenizer_name_or_path=ctx.sft,
+                      vllm_kwargs={"gpu_memory_utilization": defaults.vllm_gpu_memory_utilization,
+                                   "cpu_kv_cache_gb": defaults.vllm_cpu_kv_cache_gb})
+    return kwargs
 
 
 def _ensemble(ctx: StudyContext) -> dict[str, Any]:
     """K reward models trained on bootstrap resamples of the annotations; a token is +1 only where all K call it
     good, -1 where any calls it poor (Coste et al. 2023: conservative ensembles resist over-optimisation)."""
-    return {"critic": "reward_model_ensemble", "critic_kwargs": _rm_critic_kwargs(ctx.rm_ensemble),
+    return {"critic": "reward_model_ensemble", "critic_kwargs": _rm_critic_kwargs(ctx.rm_ensemble, ctx),
             "ensemble_aggregation": "vote"}
 
 
@@ -217,7 +225,7 @@ def _ppo_config(ctx: StudyContext, spec: RunSpec, run_dir: Path):
         name = "benchmarks.baselines:DenseFactCritic" if method == "dense" else "text2grad.apps.quickstart.task:FactCritic"
         critic = {"critic": name, "critic_kwargs": {"data_path": ctx.rl}}
     else:
-        critic = {"critic": "reward_model", "critic_kwargs": _rm_critic_kwargs(ctx.dense_rm if method == "dense" else ctx.rm)}
+        critic = {"critic": "reward_model", "critic_kwargs": _rm_critic_kwargs(ctx.dense_rm if method == "dense" else ctx.rm, ctx)}
     fields = dict(
         model_name_or_path=ctx.sft, dataset_path=ctx.rl, prompt_template="{prompt}", reward_mode=REWARD_MODE[method],
         use_lora=False, output_dir=str(run_dir), overwrite_output_dir=True, batch_size=ctx.batch_size,
@@ -541,6 +549,13 @@ def _merged_policy(adapter_dir: Path, out: Path) -> Path:
     return out
 
 
+def preset_ppo_fields(preset: str, generation_backend: str = "hf") -> dict[str, Any]:
+    """The preset's own PPOConfig fields: SmolLM2's policy is a LoRA (r 16), the tiny Llama is fully fine-tuned;
+    with ``generation_backend`` vllm, rollouts (and the reward model's critiques) go through vLLM."""
+    fields: dict[str, Any] = {"use_lora": True, "lora_r": 16, "lora_alpha": 32} if preset == "smollm2" else {}
+    return {**fields, **({"generation_backend": "vllm"} if generation_backend == "vllm" else {})}
+
+
 def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> StudyContext:
     """Data, SFT policy, the reward models ``keys`` need (the generative ones for a learned arm, the Bradley-Terry
     one for scalar_bt; cached like the quickstart's), and the SFT policy's validation and test scores."""
@@ -583,7 +598,7 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
                 "--max_length", "256", "--max_steps", "300", "--learning_rate", "5e-4", "--per_device_train_batch_size", "16",
                 "--logging_steps", "50", "--save_steps", str(10 ** 9), "--progress_bar", "false", "--seed", str(cfg.seed),
             ])
-    lora = {"use_lora": True, "lora_r": 16, "lora_alpha": 32} if args.preset == "smollm2" else {}
+    lora = preset_ppo_fields(args.preset, getattr(args, "generation_backend", "hf"))
     ctx = StudyContext(
         sft=str(sft), rl=str(data["rl"]), val_records=list(iter_jsonl(data["val"])),
         test_records=list(iter_jsonl(data["eval"])), rm=rm, dense_rm=dense_rm, scalar_rm=scalar_rm,
@@ -641,6 +656,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="smollm2: LoRA SFT steps (batch 16). 10 leave room for PPO (validation fact score 0.34, "
                         "1.5 false facts per summary); 40 already reach 0.94, leaving PPO little to improve")
     parser.add_argument("--sft_learning_rate", type=float, default=1e-3, help="smollm2: LoRA SFT learning rate")
+    parser.add_argument("--generation_backend", default="hf", choices=["hf", "vllm"],
+                        help="PPO rollouts and the reward model's critiques through transformers or vLLM (evaluation "
+                        "stays greedy transformers decoding)")
     parser.add_argument("--batch_size", type=int, default=0, help="rollouts per PPO iteration (0: the preset's)")
     parser.add_argument("--task_seed", type=int, default=0, help="the task instance (one folder: --output_dir)")
     parser.add_argument("--task_seeds", type=int, nargs="+", default=None,
@@ -726,7 +744,7 @@ def report_context(args: argparse.Namespace, stored: Mapping[str, Any]) -> Study
         rm="", dense_rm="", scalar_rm="", iterations=args.iterations, eval_every=args.eval_every,
         batch_size=args.batch_size or cfg.ppo_batch_size, response_length=cfg.response_length, kl_coef=cfg.kl_coef,
         target_kl=args.target_kl, out=str(out), kl_horizon=args.kl_horizon, use_chat_template=cfg.use_chat_template,
-        sft_scores=sft)
+        sft_scores=sft, ppo_fields=preset_ppo_fields(args.preset, args.generation_backend))
     ctx.val_records = [{}] * int(n.get("n_val", 0))  # counts only, for the report's header
     ctx.test_records = [{}] * int(n.get("n_test", 0))
     return ctx
@@ -783,7 +801,8 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
     study["paper_comparison"] = paper_comparison(_ppo_config(ctx, RunSpec(*t2g, chosen[t2g], 0, "final"),
                                                              Path(args.output_dir) / "unused"), knobs=knobs)
-    study["final"] = summarize_final(results, keys, args.seeds, ctx.batch_size)
+    # a folder without the final runs (e.g. a fresh machine) keeps the summary stored in study.json
+    study["final"] = summarize_final(results, keys, args.seeds, ctx.batch_size) or study.get("final", {})
     # a phase whose runs are not in this folder keeps the summary stored in study.json (e.g. from an earlier machine)
     study["ablations"] = summarize_ablations(results) or study.get("ablations", {})
     study["seconds"] = time.perf_counter() - t0

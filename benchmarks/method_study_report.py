@@ -7,8 +7,10 @@ calls these; tests/benchmarks/test_method_study.py checks them on hand-made resu
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -421,13 +423,11 @@ PAPER_FIELDS: dict[str, str] = {
 }
 
 
-def paper_comparison(cfg: PPOConfig, paper_yaml: Path = ROOT / "configs" / "slf5k" / "ppo.yaml",
-                     knobs: Sequence[str] = ("lambda", "lr", "kl")) -> list[dict[str, Any]]:
-    """The study's PPO values next to the paper's (SLF5K, Table 10) for every field of `PAPER_FIELDS`; the reasons
-    for the swept fields say whether the study swept them (``knobs``) or kept the preset's value."""
-    paper = yaml.safe_load(paper_yaml.read_text())
+def paper_reasons(knobs: Sequence[str]) -> dict[str, str]:
+    """Why the swept fields differ from the paper's: chosen on validation where the study swept them (``knobs``),
+    else the preset's value."""
     kept = "the preset's value, not swept in this study"
-    reasons = {
+    return {
         "lr": "swept per method on validation" if "lr" in knobs else kept,
         "lam": "swept per method on validation" if "lambda" in knobs else kept,
         "kl_coef": ("chosen per method on validation among fixed coefficients and the adaptive controller's start"
@@ -435,16 +435,26 @@ def paper_comparison(cfg: PPOConfig, paper_yaml: Path = ROOT / "configs" / "slf5
         "adaptive_kl": ("chosen per method on validation: a fixed coefficient or the adaptive controller"
                         if "kl" in knobs else f"a fixed coefficient ({kept})"),
     }
+
+
+def paper_comparison(cfg: PPOConfig, paper_yaml: Path = ROOT / "configs" / "slf5k" / "ppo.yaml",
+                     knobs: Sequence[str] = ("lambda", "lr", "kl")) -> list[dict[str, Any]]:
+    """The study's PPO values next to the paper's (SLF5K, Table 10) for every field of `PAPER_FIELDS`; the reasons
+    for the swept fields say whether the study swept them (``knobs``) or kept the preset's value."""
+    paper = yaml.safe_load(paper_yaml.read_text())
+    reasons = paper_reasons(knobs)
     rows = []
     for name, why in PAPER_FIELDS.items():
-        why = why.format(**reasons)
+        if name.startswith("kl_horizon") and not cfg.adaptive_kl:
+            continue  # a fixed coefficient has no controller: its horizon is no setting of the study
         ours, theirs = getattr(cfg, name), paper.get(name, getattr(PPOConfig, name, None))
         if name == "value_learning_rate" and ours is None:
             ours = cfg.learning_rate
         if name == "lora_r" and not cfg.use_lora:
             ours = None
         same = ours == theirs or (isinstance(ours, float) and isinstance(theirs, float) and math.isclose(ours, theirs))
-        rows.append({"field": name, "study": ours, "paper": theirs, "same": same, "why": "" if same else why})
+        rows.append({"field": name, "study": ours, "paper": theirs, "same": same,
+                     "why": "" if same else why.format(**reasons)})
     return rows
 
 
@@ -641,3 +651,32 @@ def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[st
     lines += ["", "Plots: [curves per instance](task_seed{0}/curves.png), [final score vs final KL](frontier.png)."
               .replace("{0}", str(next(iter(studies))))]
     return "\n".join(lines)
+
+
+def corrected_paper_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The stored Table-10 rows of ``study`` with each reason re-derived from the knobs the study swept (the values
+    themselves are the study's, as stored)."""
+    knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])}
+                   or study.get("config", {}).get("sweep_knobs", []))
+    reasons = paper_reasons(knobs)
+    return [{**r, "why": "" if r["same"] else PAPER_FIELDS.get(r["field"], r["why"]).format(**reasons)}
+            for r in study.get("paper_comparison", [])]
+
+
+def regenerate(folder: Path) -> str:
+    """study.md of a one-instance study folder regenerated from its study.json alone (no runs needed), with the
+    Table-10 reasons re-derived from the knobs the study swept; study.json's rows are corrected too."""
+    path = Path(folder) / "study.json"
+    study = json.loads(path.read_text())
+    if study.get("paper_comparison"):
+        study["paper_comparison"] = corrected_paper_rows(study)
+        path.write_text(json.dumps(study, indent=1, default=str))
+    md = markdown(study)
+    (Path(folder) / "study.md").write_text(md + "\n")
+    return md
+
+
+if __name__ == "__main__":
+    for folder in sys.argv[1:] or [ROOT / "benchmarks" / "results" / "method_study"]:
+        regenerate(Path(folder))
+        print(f"regenerated {folder}/study.md")

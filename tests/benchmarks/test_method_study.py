@@ -480,3 +480,24 @@ def test_a_study_resumes_and_reports_from_committed_result_files(tmp_path):
     study = json.loads((fresh / "study.json").read_text())
     assert study["instances"]["0"]["final"]["learned/text2grad"]["cpu"] == ["test cpu"]
     assert not list(fresh.rglob("ppo")) and not (fresh / "task_seed0" / "shared" / "sft").exists()  # nothing trained
+
+
+def test_the_table10_reasons_follow_what_the_study_swept():
+    fixed = ms.PPOConfig(model_name_or_path="m", dataset_path="d.jsonl", output_dir="o", kl_coef=0.05, adaptive_kl=False)
+    rows = {r["field"]: r for r in msr.paper_comparison(fixed, knobs=("lambda", "lr"))}
+    assert rows["kl_coef"]["why"] == rows["adaptive_kl"]["why"] == ("a fixed coefficient (the preset's value, not "
+                                                                    "swept in this study)")
+    assert "kl_horizon" not in rows  # no controller, no horizon to compare
+    rows = {r["field"]: r for r in msr.paper_comparison(fixed, knobs=("lambda", "lr", "kl"))}
+    assert rows["kl_coef"]["why"].startswith("chosen per method on validation")
+    adaptive = ms.PPOConfig(model_name_or_path="m", dataset_path="d.jsonl", output_dir="o", adaptive_kl=True)
+    rows = {r["field"]: r for r in msr.paper_comparison(adaptive)}
+    assert rows["kl_horizon"]["study"] == 10 and rows["kl_horizon"]["paper"] == 10000 and not rows["kl_horizon"]["same"]
+    # a stored study's rows are corrected from its own knobs (the values stay as stored)
+    stored = {"config": {"sweep_knobs": ["lambda", "lr"]}, "sweep": {},
+              "paper_comparison": [{"field": "kl_coef", "study": 0.05, "paper": 0.2, "same": False, "why": "swept"},
+                                   {"field": "gamma", "study": 1.0, "paper": 1.0, "same": True, "why": ""}]}
+    assert msr.corrected_paper_rows(stored) == [
+        {"field": "kl_coef", "study": 0.05, "paper": 0.2, "same": False,
+         "why": "a fixed coefficient (the preset's value, not swept in this study)"},
+        {"field": "gamma", "study": 1.0, "paper": 1.0, "same": True, "why": ""}]
