@@ -712,9 +712,14 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
     in its folder)."""
     pooled: dict[str, Any] = {}
     for arm in ARMS:
-        lines, numbers = pooled_lines(studies, arm)
-        if lines:
-            pooled[arm] = {"lines": lines, **numbers}
+        methods = sorted({r["method"] for st in studies.values() for r in st.get("final", {}).values()
+                          if r["arm"] == arm and r["method"].partition("+")[0] == "text2grad"})
+        for method in methods:  # Text2Grad first ("text2grad" sorts before its "+variant"s)
+            lines, numbers = pooled_lines(studies, arm, method)
+            if lines:
+                entry = pooled.setdefault(arm, {"lines": [], "methods": {}})
+                entry["lines"] += ([""] if entry["lines"] else []) + lines
+                entry["methods"][method] = numbers
     study = {"command": command, "task_seeds": list(studies), "pooled": pooled,
              "instances": {str(ts): {"sft": st["sft"], "final": st.get("final", {}), "sweep": st.get("sweep", {}),
                                      "machine": st.get("machine")} for ts, st in studies.items()}}

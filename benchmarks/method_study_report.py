@@ -148,7 +148,7 @@ def summarize_final(results: Mapping[Any, Mapping[str, Any]], keys, seeds: Seque
         }
     for arm in {a for a, _ in keys}:
         # every plain scalar baseline of this arm, and the critic-free ones (they read no arm's critic)
-        scalars = [k for k in out if k.split("/")[1] in SCALAR_METHODS
+        scalars = [k for k in out if k.split("/")[1].partition("+")[0] in SCALAR_METHODS
                    and (k.startswith(arm + "/") or k.split("/")[1] in CRITIC_FREE)]
         if not scalars:
             continue
@@ -535,12 +535,12 @@ def edge_lines(sweep_table: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def instance_comparison(study: Mapping[str, Any], arm: str) -> dict[str, Any] | None:
+def instance_comparison(study: Mapping[str, Any], arm: str, method: str = "text2grad") -> dict[str, Any] | None:
     """One task instance: Text2Grad against its best scalar baseline at the end of training, the goal's three
     conditions (ahead on >= 80 % of seeds; final within 0.02 of its own best validation point, i.e. no late decline;
     final KL no larger than the baseline's), and the start policy."""
     summ = study.get("final", {})
-    t2g, base_key = summ.get(f"{arm}/text2grad"), best_scalar(summ, arm)
+    t2g, base_key = summ.get(f"{arm}/{method}"), best_scalar(summ, arm)
     if t2g is None or base_key is None:
         return None
     base = summ[base_key]
@@ -560,20 +560,24 @@ def instance_comparison(study: Mapping[str, Any], arm: str) -> dict[str, Any] | 
     }
 
 
-def pooled_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str) -> tuple[list[str], dict[str, Any]]:
-    """Per instance and pooled sentences for ``arm``, and the numbers they were generated from."""
-    per = {ts: c for ts, st in studies.items() if (c := instance_comparison(st, arm)) is not None}
+def pooled_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
+                 method: str = "text2grad") -> tuple[list[str], dict[str, Any]]:
+    """Per instance and pooled sentences for ``method`` (Text2Grad or one of its variants) against the best scalar
+    baseline of ``arm``, and the numbers they were generated from."""
+    per = {ts: c for ts, st in studies.items() if (c := instance_comparison(st, arm, method)) is not None}
     if not per:
         return [], {}
-    lines = []
+    variant = method.partition("+")[2]
+    name = "Text2Grad" + (f" + {variant}" if variant else "")
+    lines = [] if not variant else [f"{name} against the best scalar baseline:"]
     for ts, c in per.items():
         met = c["ahead_goal"] and c["no_late_decline"] and c["kl_goal"]
         worst = max(c["late_decline"].values(), default=float("nan"))
         lines.append(
             f"Task instance {ts} (SFT start {c['sft']:.3f}, {c['sft_false']:.2f} false facts per summary), {arm} "
-            f"feedback: Text2Grad ends at {_pm(c['t2g'])}, the best scalar baseline ({method_label(c['baseline'].split('/')[1])}) "
+            f"feedback: {name} ends at {_pm(c['t2g'])}, the best scalar baseline ({method_label(c['baseline'].split('/')[1])}) "
             f"at {_pm(c['base'])}; paired difference {paired_words(c['pair'])}. Final KL {c['kl'][0]:.2f} vs "
-            f"{c['kl'][1]:.2f} nats; Text2Grad's largest fall from its best validation point to its last is {worst:.3f}. "
+            f"{c['kl'][1]:.2f} nats; {name}'s largest fall from its best validation point to its last is {worst:.3f}. "
             f"Goal {'met' if met else 'not met'} ("
             + ", ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in (
                 (f"ahead on >= {math.ceil(GOAL_SHARE * c['pair']['n'])} of {c['pair']['n']} seeds", c["ahead_goal"]),
@@ -584,10 +588,10 @@ def pooled_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str) -> tuple[li
     ahead = [ts for ts, v in signs.items() if v > 0]
     behind = [ts for ts, v in signs.items() if v < 0]
     if ahead and behind:
-        lines.append(f"The instances disagree: Text2Grad is ahead on average on instance(s) {', '.join(map(str, ahead))} "
+        lines.append(f"The instances disagree: {name} is ahead on average on instance(s) {', '.join(map(str, ahead))} "
                      f"and behind on {', '.join(map(str, behind))}, so the conclusion depends on the task instance.")
     elif len(per) > 1:
-        lines.append(f"The {len(per)} instances agree in direction: Text2Grad is "
+        lines.append(f"The {len(per)} instances agree in direction: {name} is "
                      f"{'ahead' if ahead else 'behind' if behind else 'level'} on average on every one.")
     goal = [ts for ts, c in per.items() if c["ahead_goal"] and c["no_late_decline"] and c["kl_goal"]]
     if len(per) > 1 and 0 < len(goal) < len(per):

@@ -501,3 +501,20 @@ def test_the_table10_reasons_follow_what_the_study_swept():
         {"field": "kl_coef", "study": 0.05, "paper": 0.2, "same": False,
          "why": "a fixed coefficient (the preset's value, not swept in this study)"},
         {"field": "gamma", "study": 1.0, "paper": 1.0, "same": True, "why": ""}]
+
+
+def test_each_defence_variant_of_text2grad_gets_its_own_comparison(tmp_path):
+    studies = {0: _instance([0.5, 0.4], [0.3, 0.3]), 1: _instance([0.2, 0.1], [0.3, 0.3])}
+    for st in studies.values():  # a defended Text2Grad 0.2 above the plain one on every seed
+        row = json.loads(json.dumps(st["final"]["learned/text2grad"]))
+        row.update(method="text2grad+ensemble", final={int(k): v + 0.2 for k, v in row["final"].items()})
+        row["val_curves"] = {int(k): v for k, v in row["val_curves"].items()}
+        st["final"]["learned/text2grad+ensemble"] = row
+    study = ms.write_pooled_report(studies, tmp_path, "cmd")
+    lines = study["pooled"]["learned"]["lines"]
+    assert lines.index("Text2Grad + ensemble against the best scalar baseline:") > lines.index(
+        "The instances disagree: Text2Grad is ahead on average on instance(s) 0 and behind on 1, so the conclusion "
+        "depends on the task instance.")
+    assert "The 2 instances agree in direction: Text2Grad + ensemble is ahead on average on every one." in lines
+    assert set(study["pooled"]["learned"]["methods"]) == {"text2grad", "text2grad+ensemble"}
+    assert (tmp_path / "frontier.png").is_file() and "Text2Grad + ensemble" in (tmp_path / "study.md").read_text()
