@@ -743,15 +743,14 @@ def report_context(args: argparse.Namespace, stored: Mapping[str, Any]) -> Study
     for split in ("val", "test"):
         if split not in sft:
             sft.update({split: p[split] for p in starts if split in p}) if any(split in p for p in starts) else None
-    n = stored.get("config", {})
+    data = qs.stage_data(cfg, out / "shared")  # the task's files (generated in a moment: no training)
     ctx = StudyContext(
-        sft=str(out / "shared" / "sft"), rl=str(out / "shared" / "data" / "rl.jsonl"), val_records=[], test_records=[],
+        sft=str(out / "shared" / "sft"), rl=str(data["rl"]), val_records=list(iter_jsonl(data["val"])),
+        test_records=list(iter_jsonl(data["eval"])),
         rm="", dense_rm="", scalar_rm="", iterations=args.iterations, eval_every=args.eval_every,
         batch_size=args.batch_size or cfg.ppo_batch_size, response_length=cfg.response_length, kl_coef=cfg.kl_coef,
         target_kl=args.target_kl, out=str(out), kl_horizon=args.kl_horizon, use_chat_template=cfg.use_chat_template,
         sft_scores=sft, ppo_fields=preset_ppo_fields(args.preset, args.generation_backend))
-    ctx.val_records = [{}] * int(n.get("n_val", 0))  # counts only, for the report's header
-    ctx.test_records = [{}] * int(n.get("n_test", 0))
     return ctx
 
 
