@@ -2,7 +2,10 @@
 
     python benchmarks/method_study.py --output_dir runs/method_study                      # every phase (hours)
     python benchmarks/method_study.py --output_dir runs/method_study --phases sweep final --arms oracle
-    python benchmarks/method_study.py --output_dir runs/method_study --phases report      # tables and plot only
+    python benchmarks/method_study.py --output_dir runs/method_study --phases report      # reports only (trains nothing)
+    python benchmarks/method_study.py --output_dir runs/study_v2 --task_seeds 0 1 2 --arms learned \
+        --methods text2grad scalar_sum scalar_collapsed scalar_bt --variants ensemble refresh ensemble_refresh \
+        --phases sweep final report --export_to benchmarks/results/method_study_v2   # several task instances
     python benchmarks/method_study.py --output_dir /tmp/ms --iterations 4 --eval_every 2 --preset ci --jobs 1  # smoke
     python benchmarks/method_study.py --output_dir runs/study_smollm2 --preset smollm2 --arms oracle \
         --methods text2grad scalar_collapsed --sweep_knobs lambda lr --lambdas 0 0.95 --lrs 3e-5 --seeds 0 1 2 \
@@ -16,12 +19,20 @@ Bradley-Terry baseline asks for them. Methods (PPO reward modes of `policy_optim
 
 ====================  ==========================================================================================
 ``text2grad``         span token rewards from the critic's good/poor quotes (``reward_mode nl_gradient``)
+``scalar_sum``        the sum of exactly those token rewards at the last token (``reward_mode scalar_sum``): the
+                      same information with sequence-level credit, the information-matched baseline
 ``scalar_collapsed``  the same critic's feedback collapsed to one number at the last token:
                       ``(#good - #poor quotes) / (#good + #poor)`` (``reward_mode scalar``, ``quote_count``)
 ``dense``             span token rewards from a critic that labels every clause (``reward_mode dense``)
 ``scalar_bt``         the score of a Bradley-Terry reward model trained on preference pairs at the last token
-                      (the paper's PPO baseline; it does not read the critic, so it is the same in both arms)
+                      (the paper's PPO baseline; it reads no critic and runs under the learned arm)
+``scalar_task``       the task's own fact score at the last token (oracle arm only: the strongest scalar baseline)
 ====================  ==========================================================================================
+
+``--variants`` adds the defences against reward-model exploitation (`VARIANTS`: a reward-model ensemble, an on-policy
+reward-model refresh, both) as learned-arm methods ``text2grad+<variant>`` and ``scalar_sum+<variant>``.
+``--task_seeds`` runs the whole study on several task instances, each in ``<output_dir>/task_seed<N>``, and reports
+each instance and all pooled (`benchmarks/method_study_report.py` holds the statistics and the report).
 
 Feedback arms: ``oracle`` = the task's programmatic critic (`FactCritic`, or its dense version) gives the feedback
 directly, which isolates credit assignment; ``learned`` = the generative reward model trained on the critic's
@@ -30,14 +41,20 @@ annotations gives it, as in the paper.
 Phases (each resumable: a run whose ``result.json`` exists is not run again):
 
 - ``sweep``: per (arm, method) a coordinate search on the VALIDATION split, seed ``--sweep_seed``: GAE lambda in
-  {0, 0.95, 1.0} at the base setting, then the learning rate around the base at the best lambda, then the paper's
-  adaptive KL controller instead of the fixed coefficient. The criterion is the mean validation fact score of the
-  last two evaluation points (the end of training, not a peak).
+  {0, 0.95, 1.0} at the base setting, then the learning rate around the base at the best lambda, then KL control:
+  the adaptive controller (horizon ``--kl_horizon`` iterations) and fixed coefficients ``--kl_coefs``. A learning
+  rate or fixed coefficient chosen at the edge of the values tried grows the grid by x3 past it (``--grid_extensions``
+  times). The criterion is the mean validation fact score of the last two evaluation points (the end of training, not
+  a peak).
 - ``final``: every (arm, method) at its chosen setting, ``--seeds``; each evaluation point scores validation AND test.
 - ``ablation``: the quickstart's learned-arm Text2Grad setting with one change each (reward scale, whitening, value
   strength, entropy, clip range, oracle critic), to find what drives its late collapse.
-- ``report``: ``study.json`` (everything), ``study.md`` (tables and sentences generated from the numbers) and
-  ``curves.png`` (test fact score per method, mean and 95 % band over seeds).
+- ``report``: ``study.json`` (everything, each run's validation curve and CPU included), ``study.md`` (tables and
+  sentences generated from the numbers), ``curves.png`` (test fact score per method, mean and 95 % band over seeds)
+  and ``frontier.png`` (final score against final KL). Alone, it trains nothing and reports what has finished.
+
+``--export_to`` copies every finished run's ``result.json`` and the reports out (to commit them); ``--resume_from``
+copies such files into a fresh ``--output_dir``, so another machine resumes the study instead of starting over.
 
 The test split is never read by the sweep or by early stopping: it is scored only in the final and ablation phases.
 """
