@@ -552,7 +552,7 @@ def instance_comparison(study: Mapping[str, Any], arm: str, method: str = "text2
     sft = study["sft"].get("test", {})
     return {
         "baseline": base_key, "pair": pair, "t2g": t2g["final_mean_ci"], "base": base["final_mean_ci"],
-        "kl": (t2g["kl_end"][0], base["kl_end"][0]), "sft": sft.get("fact_score"), "sft_false": sft.get("n_false"),
+        "kl": (t2g["kl_end"][0], base["kl_end"][0]), "sft": sft.get("fact_score", math.nan), "sft_false": sft.get("n_false", math.nan),
         "late_decline": decline, "no_late_decline": bool(decline) and all(d <= 0.02 for d in decline.values()),
         "ahead_goal": pair["ahead"] >= math.ceil(GOAL_SHARE * pair["n"]) if pair["n"] else False,
         "kl_goal": t2g["kl_end"][0] <= base["kl_end"][0],
