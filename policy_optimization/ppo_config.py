@@ -24,6 +24,7 @@ from text2grad.core.model_config import ModelConfig
 from text2grad.core.modeling import resolve_dtype
 from text2grad.core.reward_options import (
     REWARD_MODES,
+    Aggregation,
     Boundary,
     Occurrence,
     Overlap,
@@ -104,7 +105,9 @@ class PPOConfig(ModelConfig):
         "with scalar_source scalar_rm it is the paper's PPO); dense: span token rewards from a critic/reward model "
         "that labels every part of the response (the paper's dense ablation; tokens/labelled_share is logged); "
         "score_spread: span rewards plus the sequence score spread over every other token; mixed: span rewards "
-        "plus scalar_coef * sequence score at the last token.",
+        "plus scalar_coef * sequence score at the last token; scalar_sum: the sum of the token rewards nl_gradient "
+        "would give the response (same critic output, span alignment, scheme, weighting and normalisation) at its "
+        "last token: the information-matched scalar baseline (same information, sequence-level credit).",
     )
     reward_scheme: RewardScheme = config_field("uniform", "Reward shape inside a span.")
     span_normalize: bool = config_field(False, "Divide each span's token rewards by its length (every span worth +-1).")
@@ -125,6 +128,44 @@ class PPOConfig(ModelConfig):
         "fn(prompts, responses) -> list[float].",
     )
     scalar_source_kwargs: dict[str, Any] = config_field({}, "Keyword arguments when scalar_source names a class (scalar_rm: path, ...).")
+
+    # ---- defences against reward-model exploitation (policy_optimization/README.md) -----------------
+    ensemble_aggregation: Aggregation = config_field(
+        "vote",
+        "How the members of an ensemble critic (reward_model_ensemble, ensemble) are combined per token "
+        "(text2grad.core.ensemble): vote = a token is rewarded only where ensemble_min_votes members call it good "
+        "and none calls it poor, penalised where any member calls it poor; mean_minus_std = mean - ensemble_std_coef * "
+        "std of the members' token rewards. The sequence scores of the scalar modes are combined the same way. "
+        "Ignored for a single critic.",
+    )
+    ensemble_min_votes: int | None = config_field(
+        None, "vote: members that must call a token good for it to be rewarded (m of K); default all K."
+    )
+    ensemble_std_coef: float = config_field(1.0, "mean_minus_std: k, the number of standard deviations subtracted.")
+    rm_refresh_every: int = config_field(
+        0,
+        "On-policy reward-model refresh (iterated RLHF, policy_optimization/rm_refresh.py): every N iterations the "
+        "rm_refresh_critic annotates rm_refresh_samples of the iteration's rollouts and the reward model (the PPO "
+        "critic: reward_model or reward_model_ensemble) is fine-tuned on them plus replayed earlier annotations. 0 = off.",
+    )
+    rm_refresh_samples: int | None = config_field(
+        None, "Rollouts of a refresh iteration (over all processes) the annotating critic labels; default all batch_size."
+    )
+    rm_refresh_critic: str = config_field(
+        "", "The annotating critic of a refresh: a registry name (llm, code_tests, reference, ...) or package.module:Name."
+    )
+    rm_refresh_critic_kwargs: dict[str, Any] = config_field({}, "Keyword arguments of rm_refresh_critic's constructor.")
+    rm_refresh_replay: list[str] = config_field(
+        [],
+        "Earlier annotation files (e.g. the reward model's training JSONL) replayed with the new annotations so the "
+        "model keeps what it knew; every earlier refresh's annotations are replayed as well.",
+    )
+    rm_refresh_replay_ratio: float = config_field(
+        1.0, "Replayed records per new annotation in each refresh's fine-tuning data (0 = new annotations only)."
+    )
+    rm_refresh_steps: int = config_field(20, "Optimizer steps of each refresh's fine-tuning.")
+    rm_refresh_batch_size: int = config_field(8, "Records per fine-tuning step of a refresh.")
+    rm_refresh_learning_rate: float = config_field(1e-4, "AdamW learning rate of a refresh's fine-tuning.")
     scalar_coef: float = config_field(1.0, "Weight of the sequence score.")
     missing_eos_penalty: float | None = config_field(
         None,
@@ -196,7 +237,19 @@ class PPOConfig(ModelConfig):
     kl_estimator: Literal["k1", "k3"] = config_field("k1", "Per-token KL estimator (text2grad.core.ppo_math.kl_penalty).")
     adaptive_kl: bool = config_field(True, "Adapt kl_coef toward target_kl (Ziegler et al. controller).")
     target_kl: float = config_field(6.0, "Target sequence KL (nats, summed over response tokens) for adaptive control.")
-    kl_horizon: int = config_field(10000, "Horizon of the adaptive KL controller, in episodes.")
+    kl_horizon: int = config_field(
+        10,
+        "Horizon of the adaptive KL controller, in kl_horizon_unit: each iteration multiplies kl_coef by "
+        "1 + clip(KL / target_kl - 1, -0.2, 0.2) * steps / kl_horizon (Ziegler et al. 2019). Default: 10 "
+        "iterations, so the coefficient can move by up to 2 % per iteration (x5.9 over 90 iterations) and "
+        "the target binds within a short run. The paper's code (TRL) used 10,000 episodes: set kl_horizon 10000 "
+        "with kl_horizon_unit episodes; over a run of a few thousand episodes it moves kl_coef by at most ~e^0.2.",
+    )
+    kl_horizon_unit: Literal["iterations", "episodes"] = config_field(
+        "iterations",
+        "Unit of kl_horizon: iterations = PPO iterations of this run (one controller step each); episodes = "
+        "rollouts (each iteration advances the controller by batch_size, as in TRL, OpenRLHF and verl).",
+    )
     cliprange: float = config_field(0.2, "PPO policy ratio clip.")
     cliprange_value: float = config_field(0.2, "Value prediction clip.")
     vf_coef: float = config_field(0.1, "Value loss weight.")
@@ -274,6 +327,11 @@ class PPOConfig(ModelConfig):
             problems.append("cliprange and cliprange_value must be > 0")
         if self.target_kl <= 0 or self.kl_horizon <= 0:
             problems.append("target_kl and kl_horizon must be > 0")
+        elif self.adaptive_kl and self.kl_horizon_unit == "iterations" and self.kl_horizon > 1000:
+            problems.append(
+                f"kl_horizon {self.kl_horizon} is counted in iterations (kl_horizon_unit), so the KL controller would "
+                "hardly move: pass kl_horizon_unit episodes for an episode horizon such as the paper's 10000, or "
+                "a horizon of a few to a few hundred iterations")
         if self.num_iterations is not None and self.num_iterations < 1:
             problems.append(f"num_iterations must be >= 1, got {self.num_iterations}")
         if self.total_episodes is not None and self.total_episodes < 1:
@@ -298,10 +356,35 @@ class PPOConfig(ModelConfig):
                 "critic 'none' only works with reward_mode scalar and a scalar_source other than quote_count "
                 "(every other mode reads spans from the feedback)"
             )
+        if self.ensemble_min_votes is not None and self.ensemble_min_votes < 1:
+            problems.append(f"ensemble_min_votes must be >= 1 (or null for all members), got {self.ensemble_min_votes}")
+        if self.ensemble_std_coef < 0:
+            problems.append(f"ensemble_std_coef must be >= 0, got {self.ensemble_std_coef}")
+        problems += self._rm_refresh_problems()
         if self.value_model == "shared_backbone" and self.value_model_name_or_path:
             problems.append("value_model_name_or_path names a separate value model: set value_model to separate (or auto)")
         if problems:
             raise ValueError("invalid PPOConfig: " + "; ".join(problems))
+
+    def _rm_refresh_problems(self) -> list[str]:
+        if self.rm_refresh_every < 0:
+            return [f"rm_refresh_every must be >= 0 (0 = off), got {self.rm_refresh_every}"]
+        if not self.rm_refresh_every:
+            return []
+        problems = []
+        if not self.rm_refresh_critic:
+            problems.append("rm_refresh_every needs rm_refresh_critic: the critic that annotates the rollouts "
+                            "(e.g. --rm_refresh_critic llm, or the task's checker as package.module:Name)")
+        if self.critic not in ("reward_model", "reward_model_ensemble"):
+            problems.append(f"rm_refresh_every fine-tunes the PPO critic, which must be a reward model "
+                            f"(critic reward_model or reward_model_ensemble), got critic {self.critic!r}")
+        for name in ("rm_refresh_samples", "rm_refresh_steps", "rm_refresh_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{name} must be >= 1, got {value}")
+        if self.rm_refresh_learning_rate <= 0 or self.rm_refresh_replay_ratio < 0:
+            problems.append("rm_refresh_learning_rate must be > 0 and rm_refresh_replay_ratio >= 0")
+        return problems
 
     @property
     def value_design(self) -> str:

@@ -118,7 +118,10 @@ def build_trainer(cfg: PPOConfig) -> NLGradientPPOTrainer:
             if cfg.critic == "none":  # scalar baseline: the score function is the whole reward
                 source = NoFeedback()
             else:
-                source = build_critic(cfg.critic, cfg.critic_kwargs, records=seen_by_source)
+                kwargs = dict(cfg.critic_kwargs)
+                if cfg.rm_refresh_every and cfg.critic == "reward_model":
+                    kwargs.setdefault("merge_adapter", False)  # a refresh trains the LoRA adapter, so keep it apart
+                source = build_critic(cfg.critic, kwargs, records=seen_by_source)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{exc} (check --critic and --critic_kwargs)") from None
         score_fn = None

@@ -11,7 +11,10 @@ One iteration (`NLGradientPPOTrainer.step`), top to bottom:
 7. ``num_ppo_epochs`` passes of shuffled minibatch updates: clipped policy loss + vf_coef * clipped value
    loss - entropy_coef * entropy, with gradient accumulation over micro-batches;
 8. adaptive KL coefficient, metrics (metrics.jsonl, optional TensorBoard/W&B), checkpoint every
-   ``save_steps``.
+   ``save_steps``; with ``rm_refresh_every``, the reward model is re-taught on annotated rollouts of this
+   iteration (`policy_optimization.rm_refresh`).
+
+An ensemble critic's members are aggregated per token in step 4 (`text2grad.core.ensemble`).
 
 The math is the shared core's (`text2grad.core.ppo_math`, `text2grad.core.rewards`); the trainer only moves tensors between those pure
 functions. It runs through `accelerate`, so the same code serves one CPU, one GPU, DDP, and DeepSpeed
@@ -54,6 +57,7 @@ from policy_optimization.distributed import (
     wrap_lora,
 )
 from policy_optimization.models import PolicyAndValue, ValueHead, ValueModel, disable_dropout
+from policy_optimization.rm_refresh import RewardModelRefresh, build_rm_refresh
 from policy_optimization.vllm_rollouts import VLLMRollouts, sampled_logprob_gap
 from policy_optimization.rollout import (
     SUM_KEYS,
@@ -72,9 +76,11 @@ from text2grad.core import run_dir
 from text2grad.core.config import config_to_dict, save_config
 from text2grad.core.generation import Generation, generate
 from text2grad.core.placement import misplaced
-from text2grad.core.rewards import ScoreRewards, compute_score_rewards
+from text2grad.core.ensemble import ensemble_score_rewards
+from text2grad.core.rewards import ScoreRewards
 from text2grad.core.ppo_math import (
     adaptive_kl_coef,
+    kl_controller_steps,
     entropy_from_logits,
     explained_variance,
     explained_variance_from_moments,
@@ -121,6 +127,8 @@ class NLGradientPPOTrainer:
             scalar/score_spread/mixed modes (`SEQUENCE_SCORE_MODES`; never called in the other modes). Default:
             the score from the feedback's quotes. It gets the feedback prompts.
         base_model_path: written as the base of the saved LoRA adapter (default: ``config.model_name_or_path``).
+        rm_refresh: the on-policy reward-model refresh (`policy_optimization.rm_refresh`); default: the one the
+            config's ``rm_refresh_*`` options ask for, if any.
     """
 
     def __init__(
@@ -135,6 +143,7 @@ class NLGradientPPOTrainer:
         *,
         score_fn: Callable[[Sequence[str], Sequence[str]], Sequence[float]] | None = None,
         base_model_path: str | None = None,
+        rm_refresh: RewardModelRefresh | None = None,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -225,6 +234,8 @@ class NLGradientPPOTrainer:
         self._trackers = False
         self._saved_step = -1
         self.vllm_rollouts = self._make_vllm_rollouts() if config.generation_backend == "vllm" else None
+        seen_by_critic = [{**r, "prompt": r.get("feedback_prompt", r["prompt"])} for r in self.dataset]
+        self.rm_refresh = rm_refresh or build_rm_refresh(config, critic, seen_by_critic)
 
     # ---------------------------------------------------------------------------------------------
     # The training loop
@@ -297,9 +308,9 @@ class NLGradientPPOTrainer:
         # 4. token-level score rewards on the exact sampled ids
         rollout = pack_rollout(generations, self.tokenizer.pad_token_id, acc.device)
         T = rollout.response_length
-        score = compute_score_rewards(
-            feedbacks, [g.response_ids for g in generations], self.tokenizer,
-            mode=cfg.reward_mode, length=T, scores=scores, finished=[g.finished for g in generations],
+        score = ensemble_score_rewards(  # = compute_score_rewards for one critic; an ensemble's members aggregated
+            feedbacks, [g.response_ids for g in generations], self.tokenizer, aggregation=cfg.ensemble_aggregation,
+            min_votes=cfg.ensemble_min_votes, std_coef=cfg.ensemble_std_coef, mode=cfg.reward_mode, length=T, scores=scores, finished=[g.finished for g in generations],
             scheme=cfg.reward_scheme, span_normalize=cfg.span_normalize, boundary=cfg.boundary,
             overlap=cfg.overlap, occurrence=cfg.occurrence, scalar_coef=cfg.scalar_coef,
             missing_eos_penalty=cfg.missing_eos_penalty, weighting=cfg.reward_weighting,
@@ -337,7 +348,8 @@ class NLGradientPPOTrainer:
         global_batch = cfg.batch_size
         kl_used = self.state.kl_coef
         if cfg.adaptive_kl:
-            self.state.kl_coef = adaptive_kl_coef(kl_used, stats["objective/kl"], cfg.target_kl, global_batch, cfg.kl_horizon)
+            steps = kl_controller_steps(cfg.kl_horizon_unit, global_batch)
+            self.state.kl_coef = adaptive_kl_coef(kl_used, stats["objective/kl"], cfg.target_kl, steps, cfg.kl_horizon)
         self.state.step += 1
         self.state.episodes += global_batch
         metrics = {
@@ -355,6 +367,9 @@ class NLGradientPPOTrainer:
             "time/update": t_update - t_forward,
             "time/total": time.perf_counter() - t_start,
         }
+        if self.rm_refresh is not None:  # every rm_refresh_every iterations: the reward model learns these rollouts
+            metrics.update(self.rm_refresh.after_iteration(self.state.step, feedback_prompts, responses, feedbacks,
+                                                           acc, self.output_dir))
         self._log(metrics, prompts, feedback_prompts, generations, feedbacks, score)
         return metrics
 
@@ -661,6 +676,9 @@ class NLGradientPPOTrainer:
             if resume_from is not None:
                 self.load_checkpoint(resume_from)
                 logger.info("resumed from %s at iteration %d", resume_from, self.state.step)
+            if self.rm_refresh is not None:  # the refreshed reward model as it was at that checkpoint
+                acc.wait_for_everyone()
+                self.rm_refresh.restore(self.output_dir, self.state.step, acc.is_main_process)
         acc.wait_for_everyone()
         if acc.is_main_process:
             save_config(cfg, self.output_dir / CONFIG_FILE)

@@ -27,6 +27,7 @@ import inspect
 import logging
 import math
 import os
+import random
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,14 +39,14 @@ from peft import LoraConfig, get_peft_model
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from reward_model.serialization import collate, encode_example, record_feedback
-from reward_model.train_config import CONFIG_FILENAME, RewardModelConfig
+from reward_model.train_config import CONFIG_FILENAME, MEMBER_PREFIX, RewardModelConfig
 from text2grad.core import run_dir
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, save_config
 from text2grad.core.data import DataError, load_records
 from text2grad.core.modeling import check_model_path, end_distributed, load_causal_lm, load_tokenizer
 
-__all__ = ["CONFIG_FILENAME", "build_dataset", "train", "main"]
+__all__ = ["CONFIG_FILENAME", "bootstrap_resample", "build_dataset", "ensemble_member_configs", "train", "main"]
 
 logger = logging.getLogger("reward_model.train")
 
@@ -68,12 +69,22 @@ class _Examples(torch.utils.data.Dataset):
         return self.examples[i]
 
 
+def bootstrap_resample(records: Sequence[Any], seed: int) -> list[Any]:
+    """As many records as given, drawn with replacement with ``seed`` (an ensemble member's own resample)."""
+    rng = random.Random(seed)
+    return [records[rng.randrange(len(records))] for _ in records]
+
+
 def build_dataset(
-    cfg: RewardModelConfig, tokenizer, source: str, split: str, limit: int | None = None
+    cfg: RewardModelConfig, tokenizer, source: str, split: str, limit: int | None = None,
+    bootstrap_seed: int | None = None,
 ) -> tuple[_Examples, int]:
-    """Load annotated records and tokenize them. Returns (dataset, number of records dropped for length)."""
+    """Load annotated records and tokenize them (a bootstrap resample of them when ``bootstrap_seed`` is given).
+    Returns (dataset, number of records dropped for length)."""
     required = REQUIRED_FIELDS if cfg.target_format == "cot" else tuple(f for f in REQUIRED_FIELDS if f != "critique")
     records = load_records(source, split=split, field_map=cfg.field_map, required=required, limit=limit)
+    if bootstrap_seed is not None and records:
+        records = bootstrap_resample(records, bootstrap_seed)
     examples, dropped = [], 0
     for rec in records:
         enc = encode_example(
@@ -266,7 +277,8 @@ def train(cfg: RewardModelConfig) -> dict[str, Any]:
     args = training_arguments(cfg)
     set_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.tokenizer_name_or_path or cfg.model_name_or_path, padding_side="right")
-    train_set, dropped = build_dataset(cfg, tokenizer, cfg.dataset_path, cfg.dataset_split, cfg.limit)
+    train_set, dropped = build_dataset(cfg, tokenizer, cfg.dataset_path, cfg.dataset_split, cfg.limit,
+                                       bootstrap_seed=cfg.seed if cfg.bootstrap else None)
     eval_set = None
     if cfg.eval_dataset_path:
         eval_set, eval_dropped = build_dataset(cfg, tokenizer, cfg.eval_dataset_path, cfg.eval_dataset_split)
@@ -333,12 +345,22 @@ def _strip_launcher_args(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def ensemble_member_configs(cfg: RewardModelConfig) -> list[RewardModelConfig]:
+    """The K member configs of ``ensemble_size`` K: ``<output_dir>/member-<k>``, seed ``seed + k`` (with
+    ``bootstrap``, the seed of its resample too); a single config (cfg itself) when K is 1."""
+    if cfg.ensemble_size == 1:
+        return [cfg]
+    return [dataclasses.replace(cfg, output_dir=str(Path(cfg.output_dir) / f"{MEMBER_PREFIX}{k}"), seed=cfg.seed + k,
+                                ensemble_size=1) for k in range(cfg.ensemble_size)]
+
+
 def train_reward_model(cfg: RewardModelConfig) -> int:
-    metrics = train(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:
-        loss = metrics.get("train_loss")
-        shown = f"{loss:.4f}" if isinstance(loss, float) and math.isfinite(loss) else loss
-        print(f"reward model saved to {cfg.output_dir} (train_loss={shown}, examples={metrics['train_examples']})")
+    for member in ensemble_member_configs(cfg):
+        metrics = train(member)
+        if int(os.environ.get("RANK", "0")) == 0:
+            loss = metrics.get("train_loss")
+            shown = f"{loss:.4f}" if isinstance(loss, float) and math.isfinite(loss) else loss
+            print(f"reward model saved to {member.output_dir} (train_loss={shown}, examples={metrics['train_examples']})")
     end_distributed()
     return EXIT_OK
 

@@ -9,7 +9,7 @@ from reward_model.serialization import DEFAULT_INSTRUCTION, NOCOT_INSTRUCTION, P
 from text2grad.core.config import ConfigError, config_field, range_problems
 from text2grad.core.model_config import ModelConfig
 
-__all__ = ["RewardModelConfig", "LLAMA_LINEAR_MODULES", "CONFIG_FILENAME"]
+__all__ = ["RewardModelConfig", "LLAMA_LINEAR_MODULES", "CONFIG_FILENAME", "MEMBER_PREFIX"]
 
 # Every linear projection of a Llama block: the default LoRA targets of both reward models.
 LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -17,6 +17,8 @@ LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 
 # The exact config, saved next to a trained reward model and each of its checkpoints (read back by inference/merge).
 CONFIG_FILENAME = "text2grad_config.yaml"
+# The members of an ensemble trained with ensemble_size K live in <output_dir>/member-0 ... member-<K-1>.
+MEMBER_PREFIX = "member-"
 
 @dataclass
 class RewardModelConfig(ModelConfig):
@@ -50,6 +52,17 @@ class RewardModelConfig(ModelConfig):
         "Rename dataset fields, {our_name: their_name}, e.g. {\"prompt\": \"post\"}.",
     )
     limit: int | None = config_field(None, "Use only the first N training records.")
+    ensemble_size: int = config_field(
+        1,
+        "Train K reward models into <output_dir>/member-0 ... member-<K-1> (seeds seed, seed+1, ...), one after the "
+        "other, for the critic reward_model_ensemble (K LoRA adapters on one shared base in memory). 1 = one model "
+        "in output_dir.",
+    )
+    bootstrap: bool = config_field(
+        False,
+        "Train on a bootstrap resample of the training records (as many, drawn with replacement, with this run's "
+        "seed), so the members of an ensemble see different data as well as different seeds.",
+    )
     output_dir: str = config_field(
         "outputs/reward_model",
         "Where checkpoints and the final adapter/model, tokenizer and config go.",
@@ -133,7 +146,7 @@ class RewardModelConfig(ModelConfig):
             self,
             positive=("learning_rate", "num_train_epochs", "per_device_train_batch_size", "per_device_eval_batch_size",
                       "gradient_accumulation_steps", "save_steps", "save_total_limit", "eval_steps", "logging_steps",
-                      "limit", "lora_alpha"),
+                      "limit", "lora_alpha", "ensemble_size"),
             non_negative=("weight_decay", "max_grad_norm"),
             share=("lora_dropout",),
         )

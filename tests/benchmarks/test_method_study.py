@@ -18,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks import method_study as ms  # noqa: E402
+from benchmarks import method_study_report as msr  # noqa: E402
 
 
 def _curve(vals, tests=None):
@@ -26,10 +27,10 @@ def _curve(vals, tests=None):
 
 
 def test_mean_ci95_is_the_t_interval():
-    m, h = ms.mean_ci95([1.0, 2.0, 3.0])
+    m, h = msr.mean_ci95([1.0, 2.0, 3.0])
     # t(0.975, 2) = 4.302653; sd = 1; n = 3
     assert m == 2.0 and h == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
-    assert math.isnan(ms.mean_ci95([0.5])[1]) and ms.mean_ci95([0.5])[0] == 0.5
+    assert math.isnan(msr.mean_ci95([0.5])[1]) and msr.mean_ci95([0.5])[0] == 0.5
 
 
 def test_selection_reads_the_end_of_training_on_validation_only():
@@ -43,8 +44,8 @@ def test_selection_reads_the_end_of_training_on_validation_only():
 def test_early_stopping_and_rollouts_to_target():
     curve = _curve([0.1, 0.5, 0.5, 0.2], tests=[0.0, 0.4, 0.45, 0.1])
     assert ms.early_stopped(curve) == {"iteration": 10, "val": 0.5, "test": 0.4}  # earliest of the tied best
-    assert ms.first_reaching(curve, 0.42) == 20 and ms.first_reaching(curve, 0.9) is None
-    assert ms.first_reaching(curve, -1.0) == 10  # iteration 0 (the start) never counts
+    assert msr.first_reaching(curve, 0.42) == 20 and msr.first_reaching(curve, 0.9) is None
+    assert msr.first_reaching(curve, -1.0) == 10  # iteration 0 (the start) never counts
 
 
 def _final(arm, method, finals, early, seeds=(0, 1, 2)):
@@ -65,21 +66,21 @@ def test_summary_and_sentences_follow_the_numbers():
     res = {**_final("oracle", "text2grad", [0.5, 0.6, 0.4], [0.3, 0.5, 0.5]),
            **_final("oracle", "scalar_collapsed", [0.3, 0.35, 0.45], [0.3, 0.3, 0.3]),
            **_final("learned", "scalar_bt", [0.2, 0.2, 0.2], [0.2, 0.2, 0.2])}
-    summ = ms.summarize_final(res, keys, [0, 1, 2], 16)
+    summ = msr.summarize_final(res, keys, [0, 1, 2], 16)
     t2g = summ["oracle/text2grad"]
     assert t2g["final_mean_ci"][0] == pytest.approx(0.5)
     assert t2g["reach"]["oracle"]["baseline"] == "oracle/scalar_collapsed"  # the best scalar baseline by final mean
     assert t2g["reach"]["oracle"]["rollouts"] == {0: 320, 1: 160, 2: 160}  # target 0.3667: iterations 20, 10, 10
-    cmp = ms.compare_to_best_scalar(summ, "oracle")
+    cmp = msr.compare_to_best_scalar(summ, "oracle")
     assert cmp["ahead_final"] == 2 and cmp["seeds"] == 3
-    lines = ms.interpret(summ, 0.2)
+    lines = msr.interpret(summ, 0.2)
     assert lines[0].startswith("With oracle feedback, Text2Grad ends training at 0.500 ± ")
     assert "0.133 ahead of the best scalar baseline (scalar PPO, critic's quotes collapsed" in lines[0]
     assert "ahead on 2 of 3 seeds" in lines[0] and "includes zero" in lines[0]
     assert lines[1] == ("The study's goal, Text2Grad ahead of that baseline at the end of training on at least 3 of 3 "
                         "seeds, is not met in the oracle arm.")
     # finals 0.5 / 0.367 (scalar_bt, 0.2, reads no critic and is left out): range 0.133 against half-width 0.248
-    lo, hi, widest = ms.final_spread(summ, "oracle")
+    lo, hi, widest = msr.final_spread(summ, "oracle")
     assert (lo, hi) == (pytest.approx(0.3667, abs=1e-4), pytest.approx(0.5)) and widest == pytest.approx(0.248, abs=1e-3)
     assert lines[2] == ("The methods that read the oracle arm's critic end between 0.367 and 0.500 (a range of 0.133), "
                         "less than the widest 95 % interval half-width among them (0.248): by these unpaired intervals "
@@ -91,13 +92,13 @@ def test_summary_and_sentences_follow_the_numbers():
     assert "wrong facts lost probability relative to the correct ones" in lines[6]
     for key, (recall, false) in {"oracle/text2grad": (0.4, 0.02), "oracle/scalar_collapsed": (0.38, 0.1)}.items():
         summ[key]["recall_false"] = [recall, false]
-    told = ms.interpret(summ, 0.2, (0.42, 1.23))[6]
+    told = msr.interpret(summ, 0.2, (0.42, 1.23))[6]
     assert told == ("At the end, Text2Grad's test summaries state 0.400 of the five facts correctly with 0.02 false facts "
                     "each, the baseline's 0.380 with 0.10 (the start policy: 0.420 and 1.23).")
 
     # the same study with Text2Grad worse: every sentence turns
     worse = {**res, **_final("oracle", "text2grad", [0.1, 0.1, 0.1], [0.1, 0.1, 0.1])}
-    lines = ms.interpret(ms.summarize_final(worse, keys, [0, 1, 2], 16), 0.2)
+    lines = msr.interpret(msr.summarize_final(worse, keys, [0, 1, 2], 16), 0.2)
     assert "behind the best scalar baseline" in lines[0] and "ahead on 0 of 3 seeds" in lines[0]
     assert "excludes zero" in lines[0]
     assert "on 0 of 3 seeds." in lines[5]
@@ -105,7 +106,7 @@ def test_summary_and_sentences_follow_the_numbers():
     # the same means with noisy seeds: the spread sentence turns; ahead on every seed: the goal is met
     tied = {**_final("oracle", "text2grad", [0.3, 0.5, 0.4], [0.3, 0.5, 0.4]),
             **_final("oracle", "scalar_collapsed", [0.29, 0.49, 0.39], [0.3, 0.3, 0.3])}
-    tied_lines = ms.interpret(ms.summarize_final(tied, keys[:2], [0, 1, 2], 16), 0.2)
+    tied_lines = msr.interpret(msr.summarize_final(tied, keys[:2], [0, 1, 2], 16), 0.2)
     assert tied_lines[1].endswith("is met in the oracle arm.")
     assert tied_lines[2].startswith("The methods that read the oracle arm's critic end between 0.390 and 0.400 (a "
                                     "range of 0.010), less than")
@@ -114,9 +115,9 @@ def test_summary_and_sentences_follow_the_numbers():
     # tight seeds far apart: they differ
     apart = {**_final("oracle", "text2grad", [0.6, 0.6, 0.6], [0.6, 0.6, 0.6]),
              **_final("oracle", "scalar_collapsed", [0.3, 0.3, 0.3], [0.3, 0.3, 0.3])}
-    assert ms.interpret(ms.summarize_final(apart, keys[:2], [0, 1, 2], 16), 0.2)[2].endswith(
+    assert msr.interpret(msr.summarize_final(apart, keys[:2], [0, 1, 2], 16), 0.2)[2].endswith(
         "(0.000): at the end of training at least two of them differ by more than their seed noise.")
-    md = ms.markdown({"final": ms.summarize_final(worse, keys, [0, 1, 2], 16), "sft": {"test": {"fact_score": 0.2}},
+    md = ms.markdown({"final": msr.summarize_final(worse, keys, [0, 1, 2], 16), "sft": {"test": {"fact_score": 0.2}},
                       "config": {"iterations": 20, "batch_size": 16}, "ablations": {}})
     assert "| oracle | Text2Grad (span rewards) | lr 0.0001, KL fixed, lambda 0 | 0.100 ± 0.000 |" in md
     json.dumps(summ, default=str)  # the study file is JSON
@@ -126,7 +127,7 @@ def test_ablation_sentences_compare_with_the_unchanged_setting():
     abl = {"none": {"final": (0.2, 0.05), "peak": (0.4, 0.02), "kl": (9.0, 1.0)},
            "span_normalize": {"final": (0.38, 0.03), "peak": (0.39, 0.02), "kl": (2.0, 0.5)},
            "entropy_bonus": {"final": (0.15, 0.05), "peak": (0.41, 0.02), "kl": (10.0, 1.0)}}
-    lines = ms.interpret_ablations(abl)
+    lines = msr.interpret_ablations(abl)
     assert lines[0] == "The unchanged setting ends at 0.200 ± 0.050 with KL 9.00 nats and peaks at 0.400 ± 0.020."
     assert lines[1] == "span_normalize: ends at 0.380 ± 0.030 (+0.180 vs unchanged), KL 2.00 (-7.00); it removes the late decline."
     assert "the late decline remains." in lines[2]
@@ -134,32 +135,124 @@ def test_ablation_sentences_compare_with_the_unchanged_setting():
 
 def test_decline_start_is_the_first_fall_after_the_peak():
     curve = [{"iteration": 15 * i, "test": {"fact_score": v}} for i, v in enumerate([0.2, 0.38, 0.36, 0.30, 0.39])]
-    assert ms.decline_start(curve) is None  # the late recovery is the peak
+    assert msr.decline_start(curve) is None  # the late recovery is the peak
     curve[-1]["test"]["fact_score"] = 0.1
-    assert ms.decline_start(curve) == 45  # 0.30 is the first point more than 0.05 below 0.38
+    assert msr.decline_start(curve) == 45  # 0.30 is the first point more than 0.05 below 0.38
     abl = {"none": {"final": (0.1, 0.0), "peak": (0.38, 0.0), "kl": (9.0, 0.0), "decline_start": [30, 45]},
            "oracle_critic": {"final": (0.3, 0.0), "peak": (0.4, 0.0), "kl": (40.0, 0.0), "decline_start": [75, None]}}
-    assert ms.interpret_ablations(abl)[1].endswith(
+    assert msr.interpret_ablations(abl)[1].endswith(
         "A fall of more than 0.05 below the peak starts at iteration 75, never per seed (unchanged: 30, 45).")
 
 
 def test_sweep_searches_only_the_given_knobs_and_picks_on_validation(monkeypatch):
     asked = []
 
-    def fake_run_all(ctx, specs, jobs):  # validation rises with lambda, and is best at the lowest learning rate
+    def fake_run_all(ctx, specs, jobs, train=True):  # validation rises with lambda, and is best at the lowest learning rate
         asked.extend(specs)
         return {s: {"curve": _curve([0.0, s.setting.lam - s.setting.lr * 100])} for s in specs}
 
     monkeypatch.setattr(ms, "run_all", fake_run_all)
     base = ms.Setting(1e-3, "fixed", 0.95)
     table = ms.sweep(None, [("oracle", "text2grad")], base, [1e-4, 3e-3], seed=7, jobs=1, knobs=("lambda",))
-    assert table["oracle/text2grad"]["chosen"] == {"lr": 1e-3, "kl": "fixed", "lam": 1.0}
+    assert table["oracle/text2grad"]["chosen"] == {"lr": 1e-3, "kl": "fixed", "lam": 1.0, "kl_coef": None}
     assert {s.setting.lam for s in asked} == {0.0, 0.95, 1.0} and {s.setting.lr for s in asked} == {1e-3}
     assert all(s.seed == 7 and s.phase == "sweep" for s in asked)
     asked.clear()
-    table = ms.sweep(None, [("oracle", "text2grad")], base, [1e-4, 3e-3], seed=7, jobs=1)
-    assert table["oracle/text2grad"]["chosen"] == {"lr": 1e-4, "kl": "fixed", "lam": 1.0}
+    table = ms.sweep(None, [("oracle", "text2grad")], base, [1e-4, 3e-3], seed=7, jobs=1, extensions=0)
+    assert table["oracle/text2grad"]["chosen"] == {"lr": 1e-4, "kl": "fixed", "lam": 1.0, "kl_coef": None}
     assert {s.setting.kl for s in asked} == {"fixed", "adaptive"}
+    assert {s.setting.kl_coef for s in asked if s.setting.kl == "fixed"} == {None, *ms.KL_COEFS}
+
+
+def test_the_sweep_grows_a_grid_past_a_choice_at_its_edge_until_it_is_interior(monkeypatch):
+    """Validation peaks at lr 9e-4 and at a fixed KL coefficient of 0.3 x 3 = 0.9 is not tried: lr grows 3e-4 -> 9e-4
+    (then 2.7e-3 is worse: 9e-4 is interior); the KL coefficient 0.3 is interior of {0.05, 0.1, 0.3, 1.0}."""
+    asked = []
+
+    def fake_run_all(ctx, specs, jobs, train=True):
+        asked.extend(specs)
+        score = lambda x: -abs(math.log(x.lr / 9e-4)) - (abs(math.log(x.kl_coef / 0.3)) if x.kl_coef else 2.0)  # noqa: E731
+        return {s: {"curve": _curve([0.0, score(s.setting)])} for s in specs}
+
+    monkeypatch.setattr(ms, "run_all", fake_run_all)
+    table = ms.sweep(None, [("learned", "scalar_sum")], ms.Setting(1e-4, "fixed", 0.95), [3e-5, 3e-4], seed=1, jobs=1,
+                     knobs=("lr", "kl"))
+    row = table["learned/scalar_sum"]
+    assert row["chosen"]["lr"] == pytest.approx(9e-4) and row["chosen"]["kl_coef"] == 0.3
+    assert sorted({round(s.setting.lr, 10) for s in asked}) == [3e-5, 1e-4, 3e-4, 9e-4, 2.7e-3]
+    assert row["edges"] == {"lambda": "only", "lr": "interior", "kl_coef": "interior"}
+    assert msr.edge_lines(table) == []
+    # a grid that may not grow further (no extensions left) is reported at its edge
+    asked.clear()
+    table = ms.sweep(None, [("learned", "scalar_sum")], ms.Setting(1e-4, "fixed", 0.95), [3e-5, 3e-4], seed=1, jobs=1,
+                     knobs=("lr",), extensions=0)
+    assert table["learned/scalar_sum"]["edges"]["lr"] == "highest"
+    assert msr.edge_lines(table) == ["learned/scalar_sum: the chosen lr is the highest value tried, so that choice "
+                                     "sits at a grid edge."]
+
+
+def test_grid_helpers():
+    assert ms.extend_grid([1e-4, 3e-4], 3e-4, 3.0) == pytest.approx(9e-4)
+    assert ms.extend_grid([1e-4, 3e-4], 1e-4, 3.0) == pytest.approx(1e-4 / 3)
+    assert ms.extend_grid([1e-4, 2e-4, 3e-4], 2e-4, 3.0) is None  # interior
+    assert ms.extend_grid([0.3, 1.0], 1.0, 3.0, hi=2.0) is None  # the step would leave the allowed range
+    assert ms.grid_position([0.0, 0.95, 1.0], 1.0) == "highest" and ms.grid_position([0.5], 0.5) == "only"
+
+
+def test_methods_read_the_right_reward_and_critic_free_methods_run_under_one_arm():
+    keys = ms.method_keys(["oracle", "learned"], ["text2grad", "scalar_sum", "scalar_bt", "scalar_task"])
+    assert ("learned", "scalar_bt") in keys and ("oracle", "scalar_bt") not in keys
+    assert ("oracle", "scalar_task") in keys and ("learned", "scalar_task") not in keys
+    assert ms.method_keys(["learned"], ["scalar_task"]) == []  # the oracle baseline only where the oracle arm is
+    ctx = ms.StudyContext(sft="sft", rl="rl.jsonl", val_records=[], test_records=[], rm="rm", dense_rm="dense_rm",
+                          scalar_rm="scalar_rm", iterations=90, eval_every=15, batch_size=16, response_length=40,
+                          kl_coef=0.1, target_kl=6.0, out="out")
+    cfg = lambda arm, m, s=ms.Setting(1e-4, "fixed", 0.0): ms._ppo_config(ctx, ms.RunSpec(arm, m, s, 0, "final"), "r")  # noqa: E731
+    assert cfg("learned", "scalar_sum").reward_mode == "scalar_sum" and cfg("learned", "scalar_sum").critic == "reward_model"
+    task = cfg("oracle", "scalar_task")
+    assert (task.reward_mode, task.critic, task.scalar_source) == ("scalar", "none", "text2grad.apps.quickstart.task:FactScore")
+    adaptive = cfg("learned", "text2grad", ms.Setting(1e-4, "adaptive", 0.0))
+    assert adaptive.adaptive_kl and (adaptive.kl_horizon, adaptive.kl_horizon_unit) == (10, "iterations")
+    assert cfg("learned", "text2grad", ms.Setting(1e-4, "fixed", 0.0, 0.3)).kl_coef == 0.3
+    assert ms.RunSpec("learned", "text2grad", ms.Setting(1e-4, "fixed", 0.0, 0.3), 0, "final").run_id == \
+        "final/learned-text2grad-lr0.0001-kl_fixed0.3-lam0-seed0"
+    assert ms.RunSpec("learned", "text2grad", ms.Setting(1e-4, "fixed", 0.0), 0, "final").run_id == \
+        "final/learned-text2grad-lr0.0001-kl_fixed-lam0-seed0"  # the run ids of earlier studies are kept
+
+
+def test_a_variant_is_its_method_with_its_fields_changed(monkeypatch):
+    monkeypatch.setitem(ms.VARIANTS, "whitened", lambda ctx: {"whiten_rewards": True})
+    ctx = ms.StudyContext(sft="sft", rl="rl.jsonl", val_records=[], test_records=[], rm="rm", dense_rm="dense_rm",
+                          scalar_rm="scalar_rm", iterations=90, eval_every=15, batch_size=16, response_length=40,
+                          kl_coef=0.1, target_kl=6.0, out="out")
+    s = ms.Setting(1e-4, "fixed", 0.0)
+    plain = ms._ppo_config(ctx, ms.RunSpec("learned", "text2grad", s, 0, "final"), "r")
+    varied = ms._ppo_config(ctx, ms.RunSpec("learned", "text2grad+whitened", s, 0, "final"), "r")
+    assert {k for k in vars(plain) if getattr(plain, k) != getattr(varied, k)} == {"whiten_rewards"}
+    assert ("learned", "scalar_sum+whitened") in ms.method_keys(["learned"], ["text2grad", "scalar_sum"], ["whitened"])
+    assert ms.method_label("text2grad+whitened") == "Text2Grad (span rewards) + whitened"
+    with pytest.raises(ValueError, match="unknown method 'text2grad\\+nothing'"):
+        ms.split_method("text2grad+nothing")
+
+
+@pytest.mark.parametrize("variant", ["ensemble", "refresh", "ensemble_refresh"])
+def test_the_defence_variants_are_valid_ppo_configs_changing_only_the_critic_side(variant):
+    ctx = ms.StudyContext(sft="sft", rl="rl.jsonl", val_records=[], test_records=[], rm="shared/rm/model",
+                          dense_rm="", scalar_rm="", iterations=90, eval_every=15, batch_size=16, response_length=40,
+                          kl_coef=0.1, target_kl=6.0, out="out", rm_ensemble="shared/ens/model",
+                          rm_replay="shared/rm/rm_train.jsonl")
+    s = ms.Setting(1e-4, "fixed", 0.0)
+    plain = ms._ppo_config(ctx, ms.RunSpec("learned", "text2grad", s, 0, "final"), "r")
+    varied = ms._ppo_config(ctx, ms.RunSpec("learned", f"text2grad+{variant}", s, 0, "final"), "r")
+    changed = {k for k in vars(plain) if getattr(plain, k) != getattr(varied, k)}
+    ensemble = {"critic", "critic_kwargs"} if "ensemble" in variant else set()
+    refresh = {"rm_refresh_every", "rm_refresh_critic", "rm_refresh_critic_kwargs", "rm_refresh_replay"} if "refresh" in variant else set()
+    assert changed == ensemble | refresh
+    if ensemble:
+        assert varied.critic == "reward_model_ensemble" and varied.critic_kwargs["path"] == "shared/ens/model"
+    if refresh:
+        assert varied.rm_refresh_replay == ["shared/rm/rm_train.jsonl"] and varied.rm_refresh_every == ms.REFRESH_EVERY
+    assert ("oracle", f"text2grad+{variant}") not in ms.method_keys(["oracle", "learned"], ["text2grad"], [variant])
 
 
 @pytest.mark.parametrize("ablation", list(ms.ABLATIONS))
@@ -204,9 +297,9 @@ def test_paper_comparison_reads_both_sides_and_says_why_only_where_they_differ()
 def test_a_sweep_from_another_start_policy_is_reported_with_both_scores():
     same = {"val": {"fact_score": 0.225}, "test": {"fact_score": 0.236}}
     other = {"val": {"fact_score": 0.225}, "test": {"fact_score": 0.170}}
-    assert ms.start_policy_lines({"sft": same, "sweep_sft": same}) == []
-    assert ms.start_policy_lines({"sft": same}) == []  # a study without a sweep of its own
-    assert ms.start_policy_lines({"sft": same, "sweep_sft": other})[1] == (
+    assert msr.start_policy_lines({"sft": same, "sweep_sft": same}) == []
+    assert msr.start_policy_lines({"sft": same}) == []  # a study without a sweep of its own
+    assert msr.start_policy_lines({"sft": same, "sweep_sft": other})[1] == (
         "The sweep's runs started from an SFT policy scoring 0.225 on validation and 0.170 on test; the final runs "
         "from one scoring 0.225 and 0.236.")
 
@@ -249,3 +342,179 @@ def test_a_killed_study_leaves_no_worker_running(tmp_path):
     else:
         os.kill(worker, signal.SIGKILL)
         pytest.fail("the pool's worker outlived the killed study process")
+
+
+# ------------------------------------------------------------------------------------------------
+# Paired statistics, several task instances, resuming from committed results
+# ------------------------------------------------------------------------------------------------
+
+
+def test_sign_test_and_paired_interval_by_hand():
+    # 5 of 5 positive: p = 2 * 0.5^5 = 0.0625; 4 of 5: 2 * (1 + 5) / 32 = 0.375; zeros are dropped
+    assert msr.sign_test([0.1, 0.2, 0.1, 0.3, 0.05]) == pytest.approx(0.0625)
+    assert msr.sign_test([0.1, 0.2, 0.1, 0.3, -0.05]) == pytest.approx(0.375)
+    assert msr.sign_test([0.1, 0.0, 0.2]) == pytest.approx(0.5)  # 2 of 2 non-zero
+    assert math.isnan(msr.sign_test([0.0, 0.0]))
+    p = msr.paired({0: 0.5, 1: 0.6, 2: 0.4}, {0: 0.3, 1: 0.35, 2: 0.45, 3: 0.9})  # seed 3 has no pair
+    # diffs 0.2, 0.25, -0.05: mean 0.1333, sd 0.1607, half-width 4.3027 * 0.1607 / sqrt(3) = 0.3993
+    assert p["n"] == 3 and p["ahead"] == 2 and p["mean"] == pytest.approx(0.13333, abs=1e-5)
+    assert p["interval"] == (pytest.approx(-0.2660, abs=1e-3), pytest.approx(0.5326, abs=1e-3))
+    assert p["sign_p"] == pytest.approx(1.0)
+    assert msr.paired_words(p) == ("+0.133 (95 % interval [-0.266, +0.533]; ahead on 2 of 3; exact two-sided sign "
+                                   "test p = 1)")
+
+
+def test_the_instance_sentence_prints_the_interval_and_says_when_the_baseline_did_not_learn():
+    keys = [("oracle", "text2grad"), ("oracle", "scalar_collapsed")]
+    res = {**_final("oracle", "text2grad", [0.5, 0.6, 0.4], [0.3, 0.5, 0.5]),
+           **_final("oracle", "scalar_collapsed", [0.3, 0.35, 0.45], [0.3, 0.3, 0.3])}
+    summ = msr.summarize_final(res, keys, [0, 1, 2], 16)
+    lines = msr.interpret(summ, 0.2)
+    assert ("the 95 % interval of the paired difference is [-0.266, +0.533] (exact two-sided sign test p = 1), which "
+            "includes zero") in lines[0]
+    assert not any("no better than the start policy" in x for x in lines)
+    lines = msr.interpret(summ, 0.4)  # the baseline's 0.367 is below a start of 0.4
+    assert lines[1] == ("The best scalar baseline ends no better than the start policy (0.367 ± 0.190 vs 0.400): no "
+                        "scalar baseline improved on the SFT policy here.")
+    # the validation curves and each seed's final KL are stored, so early stopping can be re-derived from study.json
+    assert summ["oracle/text2grad"]["val_curves"][0][-1] == {"iteration": 20, "val": pytest.approx(0.0)}
+    assert summ["oracle/text2grad"]["kl_final"] == {0: 2.0, 1: 2.0, 2: 2.0}
+
+
+def test_the_best_scalar_baseline_is_chosen_among_all_of_them():
+    keys = [("learned", "text2grad"), ("learned", "scalar_sum"), ("learned", "scalar_collapsed"), ("learned", "scalar_bt")]
+    res = {**_final("learned", "text2grad", [0.5, 0.5, 0.5], [0.5] * 3),
+           **_final("learned", "scalar_sum", [0.45, 0.45, 0.45], [0.4] * 3),
+           **_final("learned", "scalar_collapsed", [0.3, 0.3, 0.3], [0.3] * 3),
+           **_final("learned", "scalar_bt", [0.4, 0.4, 0.4], [0.4] * 3)}
+    summ = msr.summarize_final(res, keys, [0, 1, 2], 16)
+    assert msr.best_scalar(summ, "learned") == "learned/scalar_sum"
+    assert summ["learned/text2grad"]["reach"]["learned"]["baseline"] == "learned/scalar_sum"
+
+
+def _instance(t2g, base, kl=(2.0, 2.0), sft=0.2, decline=0.0):
+    """A study of one task instance with Text2Grad and scalar_sum finals (per-seed scores)."""
+    keys = [("learned", "text2grad"), ("learned", "scalar_sum")]
+    res = {**_final("learned", "text2grad", t2g, [0.3] * len(t2g), seeds=range(len(t2g))),
+           **_final("learned", "scalar_sum", base, [0.3] * len(base), seeds=range(len(base)))}
+    summ = msr.summarize_final(res, keys, list(range(len(t2g))), 16)
+    summ["learned/text2grad"]["kl_end"] = (kl[0], 0.0)
+    summ["learned/scalar_sum"]["kl_end"] = (kl[1], 0.0)
+    for curve in summ["learned/text2grad"]["val_curves"].values():
+        curve[-1]["val"] = max(p["val"] for p in curve) - decline
+    return {"final": summ, "sft": {"test": {"fact_score": sft, "n_false": 1.5}},
+            "config": {"iterations": 20, "batch_size": 16, "seeds": list(range(len(t2g))), "policy": "tiny"},
+            "machine": "cpu"}
+
+
+def test_instances_are_reported_each_and_pooled_and_their_disagreement_is_said():
+    studies = {0: _instance([0.5, 0.5, 0.6, 0.5, 0.5], [0.3, 0.4, 0.3, 0.3, 0.3]),
+               3: _instance([0.1, 0.2, 0.1, 0.1, 0.1], [0.3, 0.3, 0.3, 0.3, 0.3], sft=-0.28)}
+    lines, numbers = msr.pooled_lines(studies, "learned")
+    assert lines[0].startswith("Task instance 0 (SFT start 0.200, 1.50 false facts per summary), learned feedback: "
+                               "Text2Grad ends at 0.520")
+    assert "Goal met (ahead on >= 4 of 5 seeds: yes, no late decline (<= 0.02): yes, KL no larger: yes)." in lines[0]
+    assert "Goal not met (ahead on >= 4 of 5 seeds: no" in lines[1] and "SFT start -0.280" in lines[1]
+    assert lines[2] == ("The instances disagree: Text2Grad is ahead on average on instance(s) 0 and behind on 3, so "
+                        "the conclusion depends on the task instance.")
+    assert lines[3] == "The goal is met on instance(s) 0 only."
+    assert lines[4].startswith("Pooled over the 2 instances (10 seed pairs, each against its instance's best scalar "
+                               "baseline): +0.010 (95 % interval [")
+    assert numbers["pooled"]["ahead"] == 5
+    # a late decline or a larger KL fails the goal even when ahead on every seed
+    late = msr.pooled_lines({0: _instance([0.5] * 5, [0.3] * 5, decline=0.05)}, "learned")[0][0]
+    assert "no late decline (<= 0.02): no" in late and "Goal not met" in late
+    drift = msr.pooled_lines({0: _instance([0.5] * 5, [0.3] * 5, kl=(9.0, 3.0))}, "learned")[0][0]
+    assert "KL no larger: no" in drift and "Final KL 9.00 vs 3.00 nats" in drift
+    agree = msr.pooled_lines({0: studies[0], 1: studies[0]}, "learned")[0]
+    assert "The 2 instances agree in direction: Text2Grad is ahead on average on every one." in agree
+
+
+def test_the_pooled_report_and_frontier_plot_are_written(tmp_path):
+    studies = {0: _instance([0.5, 0.4], [0.3, 0.3]), 1: _instance([0.2, 0.1], [0.3, 0.3])}
+    pooled = {"learned": {"lines": msr.pooled_lines(studies, "learned")[0]}}
+    md = msr.pooled_markdown(studies, pooled, "python benchmarks/method_study.py --task_seeds 0 1")
+    assert "| 0 | 0.200 | 1.50 | [task_seed0/study.md](task_seed0/study.md) |" in md
+    assert "The instances disagree" in md and "[final score vs final KL](frontier.png)" in md
+    msr.frontier_plot(studies, tmp_path / "frontier.png")
+    assert (tmp_path / "frontier.png").stat().st_size > 10_000
+
+
+def _result(spec, val_end, test_end=None, kl=3.0):
+    curve = [{"iteration": 0, "val": {"fact_score": 0.1}, **({"test": {"fact_score": 0.12, "n_false": 1.5}}
+                                                                  if test_end is not None else {}), "kl": 0.0},
+             {"iteration": 2, "val": {"fact_score": val_end}, **({"test": {"fact_score": test_end, "fact_recall": 0.5,
+                                                                            "n_false": 1.0}} if test_end is not None else {}),
+              "kl": kl}]
+    out = {"spec": {**ms.asdict(spec), "run_id": spec.run_id}, "curve": curve, "final": curve[-1], "cpu": "test cpu"}
+    if test_end is not None:
+        out.update(early_stopped=ms.early_stopped(curve), true_label_shift={"good": {"mean": 0.1, "n": 3}})
+    return out
+
+
+def test_a_study_resumes_and_reports_from_committed_result_files(tmp_path):
+    """Runs finished on one machine are exported (result.json only), then a fresh folder is resumed from them: the
+    report-only pass trains nothing and reports each instance and the pooled comparison."""
+    base = ms.Setting(1e-4, "fixed", 0.95)
+    machine = tmp_path / "machine_a"
+    for ts, (t2g, other) in {0: ((0.5, 0.6), (0.3, 0.3)), 1: ((0.1, 0.1), (0.3, 0.2))}.items():
+        for m in ("text2grad", "scalar_sum"):
+            sweep_spec = ms.RunSpec("learned", m, base, 100, "sweep")
+            ms._write_json(machine / f"task_seed{ts}" / sweep_spec.run_id / "result.json", _result(sweep_spec, 0.3))
+            (machine / f"task_seed{ts}" / sweep_spec.run_id / "ppo").mkdir()  # a checkpoint folder: not exported
+            for seed, score in enumerate(t2g if m == "text2grad" else other):
+                spec = ms.RunSpec("learned", m, base, seed, "final")
+                ms._write_json(machine / f"task_seed{ts}" / spec.run_id / "result.json", _result(spec, score, score))
+    committed = tmp_path / "committed"
+    assert ms.copy_results(machine, committed) == 12
+    assert not list(committed.rglob("ppo"))
+    fresh = tmp_path / "fresh"
+    argv = ["--output_dir", str(fresh), "--resume_from", str(committed), "--task_seeds", "0", "1", "--preset", "ci",
+            "--arms", "learned", "--methods", "text2grad", "scalar_sum", "--seeds", "0", "1", "--sweep_knobs", "lambda",
+            "--lambdas", "0.95", "--iterations", "2", "--eval_every", "2", "--phases", "report",
+            "--export_to", str(committed)]
+    assert ms.main(argv) == 0
+    md = (fresh / "study.md").read_text()
+    assert "Task instance 0 (SFT start 0.120" in md and "Task instance 1" in md and "The instances disagree" in md
+    assert (committed / "study.md").read_text() == md and (committed / "task_seed1" / "study.md").is_file()
+    study = json.loads((fresh / "study.json").read_text())
+    assert study["instances"]["0"]["final"]["learned/text2grad"]["cpu"] == ["test cpu"]
+    assert not list(fresh.rglob("ppo")) and not (fresh / "task_seed0" / "shared" / "sft").exists()  # nothing trained
+
+
+def test_the_table10_reasons_follow_what_the_study_swept():
+    fixed = ms.PPOConfig(model_name_or_path="m", dataset_path="d.jsonl", output_dir="o", kl_coef=0.05, adaptive_kl=False)
+    rows = {r["field"]: r for r in msr.paper_comparison(fixed, knobs=("lambda", "lr"))}
+    assert rows["kl_coef"]["why"] == rows["adaptive_kl"]["why"] == ("a fixed coefficient (the preset's value, not "
+                                                                    "swept in this study)")
+    assert "kl_horizon" not in rows  # no controller, no horizon to compare
+    rows = {r["field"]: r for r in msr.paper_comparison(fixed, knobs=("lambda", "lr", "kl"))}
+    assert rows["kl_coef"]["why"].startswith("chosen per method on validation")
+    adaptive = ms.PPOConfig(model_name_or_path="m", dataset_path="d.jsonl", output_dir="o", adaptive_kl=True)
+    rows = {r["field"]: r for r in msr.paper_comparison(adaptive)}
+    assert rows["kl_horizon"]["study"] == 10 and rows["kl_horizon"]["paper"] == 10000 and not rows["kl_horizon"]["same"]
+    # a stored study's rows are corrected from its own knobs (the values stay as stored)
+    stored = {"config": {"sweep_knobs": ["lambda", "lr"]}, "sweep": {},
+              "paper_comparison": [{"field": "kl_coef", "study": 0.05, "paper": 0.2, "same": False, "why": "swept"},
+                                   {"field": "gamma", "study": 1.0, "paper": 1.0, "same": True, "why": ""}]}
+    assert msr.corrected_paper_rows(stored) == [
+        {"field": "kl_coef", "study": 0.05, "paper": 0.2, "same": False,
+         "why": "a fixed coefficient (the preset's value, not swept in this study)"},
+        {"field": "gamma", "study": 1.0, "paper": 1.0, "same": True, "why": ""}]
+
+
+def test_each_defence_variant_of_text2grad_gets_its_own_comparison(tmp_path):
+    studies = {0: _instance([0.5, 0.4], [0.3, 0.3]), 1: _instance([0.2, 0.1], [0.3, 0.3])}
+    for st in studies.values():  # a defended Text2Grad 0.2 above the plain one on every seed
+        row = json.loads(json.dumps(st["final"]["learned/text2grad"]))
+        row.update(method="text2grad+ensemble", final={int(k): v + 0.2 for k, v in row["final"].items()})
+        row["val_curves"] = {int(k): v for k, v in row["val_curves"].items()}
+        st["final"]["learned/text2grad+ensemble"] = row
+    study = ms.write_pooled_report(studies, tmp_path, "cmd")
+    lines = study["pooled"]["learned"]["lines"]
+    assert lines.index("Text2Grad + ensemble against the best scalar baseline:") > lines.index(
+        "The instances disagree: Text2Grad is ahead on average on instance(s) 0 and behind on 1, so the conclusion "
+        "depends on the task instance.")
+    assert "The 2 instances agree in direction: Text2Grad + ensemble is ahead on average on every one." in lines
+    assert set(study["pooled"]["learned"]["methods"]) == {"text2grad", "text2grad+ensemble"}
+    assert (tmp_path / "frontier.png").is_file() and "Text2Grad + ensemble" in (tmp_path / "study.md").read_text()

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from text2grad.core.ppo_math import (
 
     adaptive_kl_coef,
+    kl_controller_steps,
 
     entropy_from_logits,
 
@@ -164,6 +165,41 @@ def test_adaptive_kl():
     assert adaptive_kl_coef(0.2, observed_kl=12.0, target=6.0, n_steps=100, horizon=1000) == pytest.approx(0.2 * 1.02)
     assert adaptive_kl_coef(0.2, observed_kl=6.0, target=6.0, n_steps=100, horizon=1000) == pytest.approx(0.2)
     assert adaptive_kl_coef(0.2, observed_kl=0.0, target=6.0, n_steps=100, horizon=1000) == pytest.approx(0.2 * 0.98)
+    # inside the clip: 7.5 / 6 - 1 = 0.25 -> 0.2; 6.6 / 6 - 1 = 0.1 -> coef * (1 + 0.1 * 1 / 10) = 0.2 * 1.01
+    assert adaptive_kl_coef(0.2, observed_kl=6.6, target=6.0, n_steps=1, horizon=10) == pytest.approx(0.202)
+    assert adaptive_kl_coef(0.2, observed_kl=7.5, target=6.0, n_steps=1, horizon=10) == pytest.approx(0.204)
+
+
+def test_kl_controller_steps_per_iteration():
+    assert kl_controller_steps("iterations", 16) == 1
+    assert kl_controller_steps("episodes", 16) == 16
+    with pytest.raises(ValueError, match="iterations"):
+        kl_controller_steps("tokens", 16)
+
+
+def simulate_kl_controller(unit: str, horizon: int, iterations: int = 90, batch: int = 16, coef: float = 0.2,
+                           target: float = 6.0) -> list[tuple[float, float]]:
+    """(coefficient, KL) per iteration of a simulated run whose policy drifts to KL = 2.4 / coef nats: 12 nats at
+    the start coefficient 0.2, twice the 6-nat target; the target binds once coef reaches 0.4."""
+    out = []
+    for _ in range(iterations):
+        kl = 2.4 / coef
+        out.append((coef, kl))
+        coef = adaptive_kl_coef(coef, kl, target, kl_controller_steps(unit, batch), horizon)
+    return out
+
+
+def test_a_horizon_in_iterations_binds_the_target_within_a_short_run():
+    """90 iterations of 16 rollouts with the KL twice the target: the default horizon (10 iterations) doubles the
+    coefficient and brings the KL down to the target within the run; the episode horizon of TRL and the paper's
+    code (10,000 episodes), and even one as long as the run itself (1,440 episodes), leave it far above."""
+    run = simulate_kl_controller("iterations", 10)
+    first_bound = next(i for i, (_, kl) in enumerate(run) if kl <= 6.0 * 1.05)
+    assert first_bound < 60  # bound in the first two thirds of the run
+    assert run[-1][1] == pytest.approx(6.0, rel=0.05) and run[-1][0] == pytest.approx(0.4, rel=0.05)
+    for horizon in (10000, 90 * 16):
+        old = simulate_kl_controller("episodes", horizon)
+        assert old[-1][0] < 0.25 and old[-1][1] > 9.6  # the coefficient moved by < 25 %: KL still >= 1.6 x target
 
 
 # ------------------------------------------------------------------------------------------------

@@ -82,6 +82,46 @@ def test_scalar_mode_puts_one_normalized_score_at_the_last_token(batch):
     assert span_sequence_score(Feedback.failed("x")) == 0.0
 
 
+def test_scalar_sum_puts_the_count_of_quoted_tokens_at_the_last_token(batch):
+    """Hand-computed: row 0 has one poor quote of len(" Berlin") tokens, row 1 one good quote of
+    len(" wrote a novel") tokens; scalar_sum gives -len and +len at the last token (EOS), nothing elsewhere."""
+    tok, ids, spans, feedbacks = batch
+    out = compute_score_rewards(feedbacks, ids, tok, mode="scalar_sum", length=20, scalar_coef=5.0)
+    n0, n1 = len(ids[0]), len(ids[1])
+    expected = torch.zeros(2, 20)
+    expected[0, n0 - 1] = -float(spans[0][1] - spans[0][0])
+    expected[1, n1 - 1] = +float(spans[1][1] - spans[1][0])
+    assert torch.equal(out.rewards, expected)  # scalar_coef weighs sequence scores, not this sum
+    assert [s.score for s in out.samples] == [expected[0, n0 - 1].item(), expected[1, n1 - 1].item()]
+    # the alignment was done (labels kept for the logs), unlike plain scalar mode
+    assert all(s.labels and s.n_quotes == 1 for s in out.samples)
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"scheme": "linear_decay"},
+    {"span_normalize": True},
+    {"occurrence": "first", "boundary": "all"},
+    {"finished": [False, True], "missing_eos_penalty": 0.7},
+])
+def test_scalar_sum_equals_the_sum_of_the_nl_gradient_rewards_on_the_same_feedback(bpe_tokenizer, options):
+    """The information-matched baseline: every response's last-token reward is exactly the total reward the method
+    gives it, under every span option (and the missing-EOS penalty lands the same way)."""
+    tok = bpe_tokenizer
+    ids = [enc(tok, "Alex moved to Berlin today and Alex wrote a long novel") + [tok.eos_token_id],
+           enc(tok, "The author wrote a novel in Paris and Paris again")]
+    fbs = [Feedback(good_spans=("Alex", "a long novel"), poor_spans=("Berlin",)),
+           Feedback(good_spans=("wrote a novel",), poor_spans=("Paris", "in Paris"))]
+    token = compute_score_rewards(fbs, ids, tok, mode="nl_gradient", length=40, **options)
+    summed = compute_score_rewards(fbs, ids, tok, mode="scalar_sum", length=40, **options)
+    assert torch.allclose(summed.rewards.sum(-1), token.rewards.sum(-1))
+    for b, row in enumerate(ids):
+        n = len(row)
+        assert float(summed.rewards[b, : n - 1].abs().sum()) == 0.0 and float(summed.rewards[b, n:].abs().sum()) == 0.0
+        assert summed.samples[b].labels == token.samples[b].labels
+    assert float(token.rewards[0].abs().sum()) > 0 and float(token.rewards[1].abs().sum()) > 0  # not a 0 == 0 check
+
+
 def test_score_spread_mode_spreads_the_score_over_unlabelled_tokens(batch):
     tok, ids, spans, feedbacks = batch
     out = compute_score_rewards(feedbacks, ids, tok, mode="score_spread", length=20)
@@ -163,7 +203,7 @@ def test_failures_give_zero_span_reward_and_are_counted(bpe_tokenizer):
     assert [s.score for s in derived.samples] == [0.0, 0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("mode", ["nl_gradient", "scalar", "dense", "score_spread", "mixed"])
+@pytest.mark.parametrize("mode", ["nl_gradient", "scalar", "dense", "score_spread", "mixed", "scalar_sum"])
 def test_empty_response_earns_no_score_in_any_mode_but_pays_the_missing_eos_penalty(bpe_tokenizer, mode):
     tok = bpe_tokenizer
     blank = enc(tok, "   ")
@@ -197,7 +237,7 @@ def test_length_alone_does_not_pay(bpe_tokenizer):
     fb = Feedback(good_spans=("wrote a novel",))
     short = enc(tok, "The author wrote a novel") + [tok.eos_token_id]
     long = enc(tok, "The author wrote a novel and the author kept writing for many more words") + [tok.eos_token_id]
-    for mode in ("nl_gradient", "mixed", "dense", "score_spread", "scalar"):
+    for mode in ("nl_gradient", "mixed", "dense", "score_spread", "scalar", "scalar_sum"):
         out = compute_score_rewards([fb, fb], [short, long], tok, mode=mode)
         totals = out.rewards.sum(-1)
         assert torch.isclose(totals[0], totals[1]), mode

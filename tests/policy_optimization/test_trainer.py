@@ -169,18 +169,22 @@ def test_nonfinite_loss_is_caught_during_the_update(make_trainer, tmp_path, monk
 
 @pytest.mark.parametrize(
     "options",
-    [{"whiten_rewards": True}, {"entropy_coef": 0.05}, {"kl_estimator": "k3"}, {"gradient_accumulation_steps": 2}],
-    ids=["whiten_rewards", "entropy_coef", "k3", "grad_accum"],
+    [{"whiten_rewards": True}, {"entropy_coef": 0.05}, {"kl_estimator": "k3"}, {"gradient_accumulation_steps": 2},
+     {"kl_horizon_unit": "iterations"}],
+    ids=["whiten_rewards", "entropy_coef", "k3", "grad_accum", "horizon_in_iterations"],
 )
 def test_less_used_options_train_and_the_kl_controller_follows_its_formula(make_trainer, tmp_path, options):
-    # A short horizon so the controller visibly moves kl_coef in one iteration.
+    # A short horizon so the controller visibly moves kl_coef in one iteration; in episodes one iteration is the
+    # batch (4 rollouts) of controller steps, in iterations it is one.
+    options = {"kl_horizon_unit": "episodes", **options}
     trainer = make_trainer(CallableFeedbackSource(first_and_last_words), adaptive_kl=True, kl_horizon=10, **options)
     trainer.train()
     first, second = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for m in (first, second):
         for k, v in m.items():
             assert v is None or math.isfinite(v), (k, v)
-    expected = adaptive_kl_coef(first["objective/kl_coef"], first["objective/kl"], 6.0, 4, 10)
+    steps = 4 if options["kl_horizon_unit"] == "episodes" else 1
+    expected = adaptive_kl_coef(first["objective/kl_coef"], first["objective/kl"], 6.0, steps, 10)
     assert first["objective/kl_coef"] == 0.05 and expected != pytest.approx(0.05)
     assert second["objective/kl_coef"] == pytest.approx(expected, rel=1e-12)
     if not options.get("whiten_rewards"):

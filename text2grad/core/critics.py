@@ -9,17 +9,21 @@ older name for config and API compatibility.
 
 The same names select a critic in the annotation run, PPO and GRPO (``--critic`` in each):
 
-=====================  ===============================================================================
-``reward_model``       the trained generative reward model; kwargs ``path`` (or ``model_name_or_path``)
-                       plus `reward_model.inference.GenerativeRewardModel` options.
-``llm``                an OpenAI-compatible model (`annotation.llm.LLMCritic`; key from the environment).
-``code_tests``         unit tests run in the sandbox (`annotation.code_critic.CodeTestCritic`); the tests come
-                       from each record's ``tests_field`` (default ``"test"``).
-``reference``          agreement with a reference summary (`annotation.critics.ReferenceSummaryCritic`),
-                       from each record's ``reference_field`` (default ``"reference"``).
-``pkg.module:Name``    any class built with the kwargs that has a ``feedback`` method, or a function
-                       ``fn(prompt, response) -> Feedback | dict`` (wrapped in `CallableFeedbackSource`).
-=====================  ===============================================================================
+=========================  ===============================================================================
+``reward_model``           the trained generative reward model; kwargs ``path`` (or ``model_name_or_path``)
+                           plus `reward_model.inference.GenerativeRewardModel` options.
+``llm``                    an OpenAI-compatible model (`annotation.llm.LLMCritic`; key from the environment).
+``code_tests``             unit tests run in the sandbox (`annotation.code_critic.CodeTestCritic`); the tests come
+                           from each record's ``tests_field`` (default ``"test"``).
+``reference``              agreement with a reference summary (`annotation.critics.ReferenceSummaryCritic`),
+                           from each record's ``reference_field`` (default ``"reference"``).
+``ensemble``               any critics as one ensemble (`text2grad.core.ensemble.EnsembleCritic`); kwargs
+                           ``members: [{critic: NAME, critic_kwargs: {...}}, ...]``.
+``reward_model_ensemble``  K generative reward models as LoRA adapters on one shared base model
+                           (`reward_model.ensemble.RewardModelEnsemble`); kwargs ``paths`` (the adapters) or ``path``.
+``pkg.module:Name``        any class built with the kwargs that has a ``feedback`` method, or a function
+                           ``fn(prompt, response) -> Feedback | dict`` (wrapped in `CallableFeedbackSource`).
+=========================  ===============================================================================
 
 The registry holds ``"module:Name"`` strings, not classes, because the ground floor may not import the
 phase packages that implement the critics (tests/test_layering.py). `load_object` is therefore the one
@@ -70,6 +74,8 @@ CRITICS: dict[str, str] = {
     "llm": "annotation.llm:LLMCritic",
     "code_tests": "annotation.code_critic:CodeTestCritic",
     "reference": "annotation.critics:ReferenceSummaryCritic",
+    "ensemble": "text2grad.core.ensemble:EnsembleCritic",
+    "reward_model_ensemble": "reward_model.ensemble:RewardModelEnsemble.from_critic_kwargs",
 }
 
 

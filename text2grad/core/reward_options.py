@@ -15,6 +15,9 @@ Reward modes (what each computes: `text2grad.core.rewards`):
                    every part of the response (the paper's dense-annotation ablation)
 ``score_spread``   span token rewards plus the sequence score spread evenly over the unlabelled tokens
 ``mixed``          span token rewards plus the sequence score at the last token
+``scalar_sum``     the sum of the span token rewards ``nl_gradient`` would give the response, placed at its
+                   last token: the same information as the method with sequence-level credit (the
+                   information-matched scalar baseline)
 =================  =====================================================================================
 """
 
@@ -37,9 +40,11 @@ __all__ = [
     "OVERLAPS",
     "Occurrence",
     "OCCURRENCES",
+    "Aggregation",
+    "AGGREGATIONS",
 ]
 
-RewardMode = Literal["nl_gradient", "scalar", "dense", "score_spread", "mixed"]
+RewardMode = Literal["nl_gradient", "scalar", "dense", "score_spread", "mixed", "scalar_sum"]
 REWARD_MODES: tuple[str, ...] = get_args(RewardMode)
 # Modes whose reward uses the critic's span labels.
 SPAN_MODES: tuple[str, ...] = tuple(m for m in REWARD_MODES if m != "scalar")
@@ -58,3 +63,7 @@ Overlap = Literal["poor", "good"]  # the label that wins where a good and a poor
 OVERLAPS: tuple[str, ...] = get_args(Overlap)
 Occurrence = Literal["all", "first"]  # label every occurrence of a repeated quote, or the first
 OCCURRENCES: tuple[str, ...] = get_args(Occurrence)
+
+# How an ensemble critic's members are combined per token (`text2grad.core.ensemble`).
+Aggregation = Literal["vote", "mean_minus_std"]
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)

@@ -25,6 +25,11 @@ Modes (``c`` = ``scalar_coef``)::
     score_spread  r_t = delta_t on span tokens, c * s / n_0 on each of the n_0 other tokens
                   (every token carries reward; the unlabelled share sums to c * s whatever the length)
     mixed         r_t = delta_t, plus c * s at the last token    (span rewards + outcome reward)
+    scalar_sum    r_t = sum_u delta_u at the last token, 0 elsewhere
+                  (the information-matched baseline: exactly the token rewards nl_gradient gives this
+                  response, same alignment, scheme, weighting and normalisation, summed and credited to the
+                  sequence; it tests whether Text2Grad's gain comes from token-level credit or from what the
+                  reward says)
 
 ``ScoreRewards.stats()`` reports ``tokens/labelled_share``: the share of response tokens with a +-1 label
 (`labelled_token_share`); the paper reports ~30 % for CoT span labels and ~70 % for its dense ablation.
@@ -167,7 +172,7 @@ class SampleReward:
     labels: list[int] = field(default_factory=list)  # per token; empty in scalar mode (no alignment is done)
     n_quotes: int = 0  # quotes that went through span alignment (0 in scalar mode)
     n_unmatched: int = 0
-    score: float = 0.0  # the sequence score s used by scalar/score_spread/mixed (0 in nl_gradient and dense)
+    score: float = 0.0  # the sequence score s of scalar/score_spread/mixed; scalar_sum: the summed span rewards
 
 
 @dataclass
@@ -254,6 +259,7 @@ def compute_score_rewards(
     missing_eos_penalty: float | None = None,
     weighting: TokenWeightingName = "none",
     pos_tagger: Callable[[str], list[tuple[str, str]]] | None = None,
+    span_rewards: Sequence[torch.Tensor] | None = None,
 ) -> ScoreRewards:
     """Per-token score rewards for a batch of generated responses.
 
@@ -273,6 +279,9 @@ def compute_score_rewards(
         scalar_coef: weight c of the sequence score.
         weighting: "pos_importance" multiplies span rewards by POS weights (1.0 nouns/verbs, 0.2 others).
         pos_tagger: ``fn(text) -> [(word, Penn tag)]`` for "pos_importance" (default: TextBlob's Pattern tagger).
+        span_rewards: per response, its span token rewards delta_t already computed (shape (T_b,); e.g. an
+            ensemble's aggregate, `text2grad.core.ensemble`): no quote is aligned, the signs are the labels, and
+            the mode is built from them as from aligned spans.
 
     Returns:
         `ScoreRewards` with rewards and mask of shape (B, T), zero on padding.
@@ -285,6 +294,8 @@ def compute_score_rewards(
         raise ValueError(f"got {len(feedbacks)} feedbacks for {len(response_ids)} responses")
     if scores is not None and len(scores) != len(response_ids):
         raise ValueError(f"got {len(scores)} scores for {len(response_ids)} responses")
+    if span_rewards is not None and len(span_rewards) != len(response_ids):
+        raise ValueError(f"got {len(span_rewards)} span reward rows for {len(response_ids)} responses")
     lengths = [len(ids) for ids in response_ids]
     T = max(lengths, default=0) if length is None else length
     if T < max(lengths, default=0):
@@ -302,6 +313,11 @@ def compute_score_rewards(
             info.status = "empty"
         elif not fb.ok:
             info.status = "feedback_error"
+        elif mode != "scalar" and span_rewards is not None:
+            delta = span_rewards[b].detach().float().cpu()[:n]
+            info.labels = [int(x) for x in torch.sign(delta).tolist()]
+            if not any(info.labels):
+                info.status = "no_matched_span"
         elif mode != "scalar":
             decoded, offsets = decode_with_offsets(tokenizer, ids)
             result = feedback_token_labels(fb, decoded, offsets, occurrence=occurrence, overlap=overlap, boundary=boundary)
@@ -320,6 +336,11 @@ def compute_score_rewards(
                 info.score = float(external)
             elif scores is None and info.status != "feedback_error":
                 info.score = span_sequence_score(fb)
+        if mode == "scalar_sum":
+            info.score = float(delta.sum())
+            delta = torch.zeros(n)
+            if n:
+                delta[n - 1] = info.score
         if n:
             rewards[b, :n] = delta
             s = scalar_coef * info.score

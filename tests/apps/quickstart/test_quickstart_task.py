@@ -12,6 +12,7 @@ from text2grad.apps.quickstart.task import (
     PROBLEM_PHRASES,
     SLOTS,
     FactCritic,
+    FactScore,
     TaskConfig,
     check_summary,
     critique_summary,
@@ -183,3 +184,15 @@ def test_noisy_summary_follows_the_error_rate_and_can_repeat_a_clause():
     assert all(t.startswith(" ") and t.endswith(".") for t in texts)
     flagged = [critique_summary(r["facts"], t) for r, t in zip(recs, texts)]
     assert sum("Repeats" in fb.critique for fb in flagged) > len(recs) // 2
+
+
+def test_fact_score_is_the_task_metric_as_a_ppo_scalar_source():
+    """The oracle scalar baseline's reward: exactly fact_scores' fact_score, None for a post it does not know."""
+    from policy_optimization.scores import build_score_fn
+
+    score = build_score_fn("text2grad.apps.quickstart.task:FactScore", {"records": [{"prompt": PROMPT, "facts": FACTS}]})
+    wrong = " Maya (27), a chef in Lisbon, wants to quit their job."  # 3 of 5 right, 2 false: (3 - 2) / 5
+    assert score([PROMPT, PROMPT, "an unknown post"], [GOOD, wrong, GOOD]) == [1.0, pytest.approx(0.2), None]
+    assert score([PROMPT], [wrong])[0] == fact_scores(FACTS, wrong)["fact_score"]
+    with pytest.raises(ValueError, match="2 prompts but 1 responses"):
+        FactScore(records=[{"prompt": PROMPT, "facts": FACTS}])([PROMPT, PROMPT], [GOOD])

@@ -500,6 +500,24 @@ class FactCritic:
         return critique_summary(facts, response)
 
 
+class FactScore(FactCritic):
+    """The task's own metric as a sequence score: ``fn(prompts, responses) -> fact_score`` per pair (`fact_scores`).
+
+    A PPO ``scalar_source`` (``text2grad.apps.quickstart.task:FactScore`` with ``scalar_source_kwargs
+    {"data_path": ...}``): the oracle scalar baseline, rewarded with exactly what the evaluation measures. A prompt
+    of no known post scores ``None`` (counted by the trainer as a failed score), never an invented value.
+    """
+
+    def __call__(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float | None]:
+        if len(prompts) != len(responses):
+            raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses")
+        out: list[float | None] = []
+        for prompt, response in zip(prompts, responses):
+            facts = self.facts_for(prompt)
+            out.append(None if facts is None else fact_scores(facts, response)["fact_score"])
+        return out
+
+
 # --------------------------------------------------------------------------------------------------
 # The metric
 # --------------------------------------------------------------------------------------------------

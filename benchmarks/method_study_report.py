@@ -1,0 +1,686 @@
+"""What the method study compares and how it reports it: the methods, their tuned settings, the statistics, and
+every table, sentence and plot of study.md (each interpreting sentence is generated from the numbers).
+
+Pure functions over result dictionaries (no model, no training): `benchmarks/method_study.py` runs the study and
+calls these; tests/benchmarks/test_method_study.py checks them on hand-made results.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import matplotlib
+import yaml
+from scipy.stats import binomtest
+from scipy.stats import t as student_t
+
+from policy_optimization.ppo_config import PPOConfig
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("text2grad", "scalar_sum", "scalar_collapsed", "dense", "scalar_bt", "scalar_task")
+ARMS = ("oracle", "learned")
+LABELS = {"sft": "SFT policy (start)", "text2grad": "Text2Grad (span rewards)",
+          "scalar_sum": "scalar PPO, Text2Grad's token rewards summed",
+          "scalar_collapsed": "scalar PPO, critic's quotes collapsed", "dense": "dense-label PPO",
+          "scalar_bt": "scalar PPO, Bradley-Terry RM", "scalar_task": "scalar PPO, the task's fact score (oracle)"}
+REWARD_MODE = {"text2grad": "nl_gradient", "scalar_sum": "scalar_sum", "scalar_collapsed": "scalar", "dense": "dense",
+               "scalar_bt": "scalar", "scalar_task": "scalar"}
+# Methods whose whole reward is one number at the last token; the headline compares Text2Grad with the best of them.
+SCALAR_METHODS = ("scalar_sum", "scalar_collapsed", "scalar_bt", "scalar_task")
+# Methods that read no critic: each is run under one arm only (the Bradley-Terry model is learned from preference
+# pairs; the task's own score is the oracle's).
+CRITIC_FREE = {"scalar_bt": "learned", "scalar_task": "oracle"}
+LAMBDAS = (0.0, 0.95, 1.0)
+KL_COEFS = (0.05, 0.1, 0.3, 1.0)  # the fixed-coefficient sweep, beside the adaptive controller
+
+@dataclass(frozen=True)
+class Setting:
+    """The tuned knobs of one method: learning rate, KL control and GAE lambda."""
+
+    lr: float
+    kl: str  # "fixed" (kl_coef constant) or "adaptive" (the controller toward target_kl, horizon in iterations)
+    lam: float
+    kl_coef: float | None = None  # None: the preset's fixed coefficient (fixed), 0.2 (adaptive: its start)
+
+    def label(self) -> str:
+        coef = "" if self.kl_coef is None else f" {self.kl_coef:g}"
+        return f"lr {self.lr:g}, KL {self.kl}{coef}, lambda {self.lam:g}"
+
+    @property
+    def kl_tag(self) -> str:
+        return self.kl if self.kl_coef is None else f"{self.kl}{self.kl_coef:g}"
+
+
+def method_label(name: str) -> str:
+    method, _, variant = name.partition("+")
+    return LABELS[method] + (f" + {variant}" if variant else "")
+
+
+# --------------------------------------------------------------------------------------------------
+# Statistics and selection (pure)
+# --------------------------------------------------------------------------------------------------
+
+
+def mean_ci95(xs: Sequence[float]) -> tuple[float, float]:
+    """(mean, half-width of the 95 % t-interval of the mean); half-width nan for fewer than 2 values."""
+
+    n = len(xs)
+    if n == 0:
+        return float("nan"), float("nan")
+    m = statistics.fmean(xs)
+    if n < 2:
+        return m, float("nan")
+    return m, float(student_t.ppf(0.975, n - 1) * statistics.stdev(xs) / math.sqrt(n))
+
+
+def end_score(curve: Sequence[Mapping[str, Any]], split: str = "val", last: int = 2) -> float:
+    """The sweep's criterion: the mean fact score on ``split`` of the last ``last`` evaluation points."""
+    pts = [p[split]["fact_score"] for p in curve if split in p][-last:]
+    return statistics.fmean(pts) if pts else float("nan")
+
+
+def early_stopped(curve: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The evaluation point with the best validation fact score (the start included; the earliest on ties)."""
+    best = max(curve, key=lambda p: (p["val"]["fact_score"], -p["iteration"]))
+    return {"iteration": best["iteration"], "val": best["val"]["fact_score"],
+            "test": best["test"]["fact_score"] if "test" in best else float("nan")}
+
+
+def first_reaching(curve: Sequence[Mapping[str, Any]], target: float, split: str = "test") -> int | None:
+    """The first evaluated iteration (> 0) whose ``split`` fact score is >= target, or None."""
+    return next((p["iteration"] for p in curve if p["iteration"] > 0 and split in p
+                 and p[split]["fact_score"] >= target - 1e-12), None)
+
+
+def choose(candidates: Mapping[Setting, float]) -> Setting:
+    """The setting with the highest criterion (the first listed on ties: the base setting is listed first)."""
+    return max(candidates, key=lambda s: (candidates[s], -list(candidates).index(s)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Summary and report (every interpreting sentence is generated from the numbers)
+# --------------------------------------------------------------------------------------------------
+
+
+def summarize_final(results: Mapping[Any, Mapping[str, Any]], keys, seeds: Sequence[int], batch_size: int) -> dict[str, Any]:
+    """Per (arm, method): final / early-stopped test fact scores (mean, 95 % half-width, per seed), the iteration
+    early stopping chose, KL at the end, rollouts to reach the best scalar baseline's final score, and the true-label
+    log-prob shifts."""
+    by_key: dict[str, dict[int, Mapping[str, Any]]] = {}
+    for spec, res in results.items():
+        if spec.phase == "final":
+            by_key.setdefault(f"{spec.arm}/{spec.method}", {})[spec.seed] = res
+    out: dict[str, Any] = {}
+    for a, m in keys:
+        runs = by_key.get(f"{a}/{m}", {})
+        if not runs:
+            continue
+        final = {s: r["final"]["test"]["fact_score"] for s, r in runs.items()}
+        early = {s: r["early_stopped"]["test"] for s, r in runs.items()}
+        shift = {k: statistics.fmean(r["true_label_shift"][k]["mean"] for r in runs.values() if k in r["true_label_shift"])
+                 for k in ("good", "poor_first", "poor_inside", "neutral")
+                 if any(k in r["true_label_shift"] for r in runs.values())}
+        out[f"{a}/{m}"] = {
+            "arm": a, "method": m, "seeds": sorted(runs), "setting": runs[next(iter(runs))]["spec"]["setting"],
+            "final": final, "final_mean_ci": mean_ci95(list(final.values())),
+            "early": early, "early_mean_ci": mean_ci95(list(early.values())),
+            "early_iteration": {s: r["early_stopped"]["iteration"] for s, r in runs.items()},
+            "kl_end": mean_ci95([r["final"].get("kl") or 0.0 for r in runs.values()]),
+            "curves": {s: [{"iteration": p["iteration"], "test": p["test"]["fact_score"]} for p in r["curve"]]
+                       for s, r in runs.items()},
+            # the validation curves, so early-stopping choices can be re-derived from study.json
+            "val_curves": {s: [{"iteration": p["iteration"], "val": p["val"]["fact_score"]} for p in r["curve"]]
+                           for s, r in runs.items()},
+            "kl_final": {s: r["final"].get("kl") or 0.0 for s, r in runs.items()},
+            "cpu": sorted({r.get("cpu", "not recorded") for r in runs.values()}),
+            "true_label_shift": shift,
+            "recall_false": [statistics.fmean(r["final"]["test"].get(k, float("nan")) for r in runs.values())
+                             for k in ("fact_recall", "n_false")],
+        }
+    for arm in {a for a, _ in keys}:
+        # every plain scalar baseline of this arm, and the critic-free ones (they read no arm's critic)
+        scalars = [k for k in out if k.split("/")[1].partition("+")[0] in SCALAR_METHODS
+                   and (k.startswith(arm + "/") or k.split("/")[1] in CRITIC_FREE)]
+        if not scalars:
+            continue
+        best = max(scalars, key=lambda k: out[k]["final_mean_ci"][0])
+        target = out[best]["final_mean_ci"][0]
+        for k in [k for k in out if k.startswith(arm + "/")]:
+            reach = {s: first_reaching([{"iteration": p["iteration"], "test": {"fact_score": p["test"]}} for p in c], target)
+                     for s, c in out[k]["curves"].items()}
+            out[k].setdefault("reach", {})[arm] = {"baseline": best, "target": target,
+                                                  "rollouts": {s: (None if it is None else it * batch_size) for s, it in reach.items()}}
+    return out
+
+
+GOAL_SHARE = 0.8  # the study's bar: Text2Grad ahead at the end on >= 4 of 5 seeds
+
+
+def final_spread(summary: Mapping[str, Any], arm: str) -> tuple[float, float, float] | None:
+    """(lowest, highest) mean final test score among the methods that read ``arm``'s critic (scalar_bt reads none),
+    and the widest 95 % half-width among them; None with fewer than two such methods."""
+    rows = [r for k, r in summary.items() if k.startswith(arm + "/") and r["method"] not in CRITIC_FREE]
+    if len(rows) < 2:
+        return None
+    means = [r["final_mean_ci"][0] for r in rows]
+    widths = [r["final_mean_ci"][1] for r in rows if r["final_mean_ci"][1] == r["final_mean_ci"][1]]
+    return min(means), max(means), max(widths, default=0.0)
+
+
+FLAT = 0.02  # a mean test curve that moves more than this over its last evaluation interval has not flattened
+
+
+def last_step(row: Mapping[str, Any]) -> tuple[tuple[int, int], float]:
+    """((first, last) iteration of the last evaluation interval, change of the seeds' mean test score over it)."""
+    curves = list(row["curves"].values())
+    its = [p["iteration"] for p in curves[0]]
+    mean = lambda i: statistics.fmean(c[i]["test"] for c in curves)  # noqa: E731
+    return (its[-2], its[-1]), mean(-1) - mean(-2)
+
+
+def compare_to_best_scalar(summary: Mapping[str, Any], arm: str) -> dict[str, Any] | None:
+    """Text2Grad vs the best scalar baseline of ``arm`` (by mean final test score), seed by seed."""
+    t2g = summary.get(f"{arm}/text2grad")
+    if t2g is None or "reach" not in t2g or arm not in t2g["reach"]:
+        return None
+    base_key = t2g["reach"][arm]["baseline"]
+    base = summary[base_key]
+    seeds = sorted(set(t2g["final"]) & set(base["final"]), key=int)
+    diffs = [t2g["final"][s] - base["final"][s] for s in seeds]
+    early = [t2g["early"][s] - base["early"][s] for s in seeds]
+    return {"baseline": base_key, "seeds": len(seeds), "ahead_final": sum(d > 0 for d in diffs),
+            "diff_final": mean_ci95(diffs), "ahead_early": sum(d > 0 for d in early), "diff_early": mean_ci95(early),
+            "pair_final": paired({s: t2g["final"][s] for s in seeds}, {s: base["final"][s] for s in seeds})}
+
+
+def _pm(mc: Sequence[float]) -> str:
+    m, h = mc
+    return f"{m:.3f}" if h != h else f"{m:.3f} ± {h:.3f}"
+
+
+def interpret(summary: Mapping[str, Any], sft_test: float, sft_recall_false: tuple[float, float] = (float("nan"), float("nan"))) -> list[str]:
+    """Sentences read from the numbers: who is ahead at the end and when early-stopped, on how many seeds, whether
+    the interval of the difference excludes zero, the poor-token shift, and the rollouts to the baseline."""
+    lines = []
+    for arm in ARMS:
+        cmp = compare_to_best_scalar(summary, arm)
+        if cmp is None:
+            continue
+        t2g = summary[f"{arm}/text2grad"]
+        base_label = method_label(cmp["baseline"].split("/")[1])
+        d, h = cmp["diff_final"]
+        where = "level with" if abs(d) < 0.0005 else "ahead of" if d > 0 else "behind"
+        lo, hi = d - h, d + h
+        interval = (f"the 95 % interval of the paired difference is [{lo:+.3f}, {hi:+.3f}]" if h == h else
+                    "one seed gives no interval of the paired difference")
+        sign_p = sign_test(cmp["pair_final"]["diffs"]) if "pair_final" in cmp else float("nan")
+        sign = "" if sign_p != sign_p else f" (exact two-sided sign test p = {sign_p:.3g})"
+        sure = (f"{interval}{sign}, which excludes zero" if h == h and abs(d) > h else
+                f"{interval}{sign}, which includes zero, so this is not a reliable difference")
+        lines.append(
+            f"With {arm} feedback, Text2Grad ends training at {_pm(t2g['final_mean_ci'])} (SFT start {sft_test:.3f}), "
+            + ("" if where == "level with" else f"{abs(d):.3f} ") + f"{where} the best scalar baseline ({base_label}, {_pm(summary[cmp['baseline']]['final_mean_ci'])}); "
+            f"it is ahead on {cmp['ahead_final']} of {cmp['seeds']} seeds, and {sure}.")
+        if summary[cmp["baseline"]]["final_mean_ci"][0] <= sft_test:
+            lines.append(f"The best scalar baseline ends no better than the start policy ({_pm(summary[cmp['baseline']]['final_mean_ci'])} "
+                         f"vs {sft_test:.3f}): no scalar baseline improved on the SFT policy here.")
+        need = math.ceil(GOAL_SHARE * cmp["seeds"])
+        lines.append(
+            f"The study's goal, Text2Grad ahead of that baseline at the end of training on at least {need} of "
+            f"{cmp['seeds']} seeds, is {'met' if cmp['ahead_final'] >= need else 'not met'} in the {arm} arm.")
+        spread = final_spread(summary, arm)
+        if spread is not None:
+            lo, hi, widest = spread
+            lines.append(
+                f"The methods that read the {arm} arm's critic end between {lo:.3f} and {hi:.3f} (a range of {hi - lo:.3f}), "
+                + ("less than the widest 95 % interval half-width among them (" if hi - lo < widest else
+                   "more than the widest 95 % interval half-width among them (")
+                + f"{widest:.3f}): "
+                + ("by these unpaired intervals they cannot be told apart at the end of training (the paired "
+                   "comparison above is the sharper test)." if hi - lo < widest else
+                   "at the end of training at least two of them differ by more than their seed noise."))
+        (t_last, t_step), (b_last, b_step) = last_step(t2g), last_step(summary[cmp["baseline"]])
+        lines.append(
+            f"Over the last evaluation interval (iterations {t_last[0]}-{t_last[1]}) Text2Grad's mean test score moved by "
+            f"{t_step:+.3f}, the baseline's by {b_step:+.3f}"
+            + (": Text2Grad's curve had not flattened when training ended." if abs(t_step) > FLAT else "."))
+        de, he = cmp["diff_early"]
+        lines.append(
+            f"Early-stopped on validation, Text2Grad scores {_pm(t2g['early_mean_ci'])} against "
+            f"{_pm(summary[cmp['baseline']]['early_mean_ci'])} ({'+' if de >= 0 else '-'}{abs(de):.3f}; ahead on "
+            f"{cmp['ahead_early']} of {cmp['seeds']} seeds).")
+        reach = t2g["reach"][arm]["rollouts"]
+        got = [v for v in reach.values() if v is not None]
+        lines.append(
+            f"Text2Grad reached that baseline's mean final score ({t2g['reach'][arm]['target']:.3f}) on {len(got)} of "
+            f"{len(reach)} seeds" + (f", after {statistics.median(got):.0f} rollouts (median)." if got else "."))
+        base = summary[cmp["baseline"]]
+        (r1, f1), (r2, f2) = t2g.get("recall_false", (math.nan,) * 2), base.get("recall_false", (math.nan,) * 2)
+        if all(x == x for x in (r1, f1, r2, f2)):
+            lines.append(
+                f"At the end, Text2Grad's test summaries state {r1:.3f} of the five facts correctly with {f1:.2f} false "
+                f"facts each, the baseline's {r2:.3f} with {f2:.2f} (the start policy: {sft_recall_false[0]:.3f} and "
+                f"{sft_recall_false[1]:.2f}).")
+        shift = t2g["true_label_shift"]
+        if "poor_first" in shift:
+            pf, g = shift["poor_first"], shift.get("good", float("nan"))
+            lines.append(
+                f"On the SFT policy's test summaries, the first tokens of truly wrong facts changed by {pf:+.3f} nats "
+                f"under Text2Grad ({'down' if pf < 0 else 'up'}), truly correct facts by {g:+.3f}"
+                + (", so the wrong facts lost probability relative to the correct ones." if pf < g else
+                   ", so the wrong facts did not lose probability relative to the correct ones."))
+    return lines
+
+
+def interpret_ablations(abl: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """For each ablation: its end-of-training test score and KL against the unchanged setting."""
+    if "none" not in abl:
+        return []
+    ref = abl["none"]
+    lines = [f"The unchanged setting ends at {_pm(ref['final'])} with KL {ref['kl'][0]:.2f} nats and peaks at "
+             f"{_pm(ref['peak'])}."]
+    for name, a in abl.items():
+        if name == "none":
+            continue
+        d = a["final"][0] - ref["final"][0]
+        dk = a["kl"][0] - ref["kl"][0]
+        lines.append(f"{name}: ends at {_pm(a['final'])} ({d:+.3f} vs unchanged), KL {a['kl'][0]:.2f} ({dk:+.2f}); "
+                     + ("it removes the late decline." if a["final"][0] >= a["peak"][0] - 0.02 and d > 0 else
+                        "the late decline remains." if a["final"][0] < a["peak"][0] - 0.02 else
+                        "no decline, but no gain either.")
+                     + _decline_words(a.get("decline_start"), ref.get("decline_start")))
+    return lines
+
+
+def decline_start(curve: Sequence[Mapping[str, Any]], drop: float = 0.05) -> int | None:
+    """The first evaluated iteration after the test peak whose test fact score is more than ``drop`` below the
+    peak, or None if the curve never falls that far."""
+    scores = [p["test"]["fact_score"] for p in curve]
+    top = max(range(len(scores)), key=lambda i: (scores[i], -i))
+    return next((curve[i]["iteration"] for i in range(top + 1, len(scores)) if scores[i] < scores[top] - drop), None)
+
+
+def _decline_words(starts: Sequence[int | None] | None, ref: Sequence[int | None] | None) -> str:
+    """' A fall of more than 0.05 below the peak starts at iteration 75, 90 per seed (unchanged: 30, 30).'"""
+    if not starts or not ref:
+        return ""
+    fmt = lambda xs: ", ".join("never" if x is None else str(x) for x in xs)  # noqa: E731
+    return f" A fall of more than 0.05 below the peak starts at iteration {fmt(starts)} per seed (unchanged: {fmt(ref)})."
+
+
+def summarize_ablations(results: Mapping[Any, Mapping[str, Any]]) -> dict[str, Any]:
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for spec, res in results.items():
+        if spec.phase == "ablation":
+            groups.setdefault(spec.ablation, []).append(res)
+    return {name: {"final": mean_ci95([r["final"]["test"]["fact_score"] for r in rs]),
+                   "peak": mean_ci95([max(p["test"]["fact_score"] for p in r["curve"]) for r in rs]),
+                   "kl": mean_ci95([r["final"].get("kl") or 0.0 for r in rs]), "seeds": len(rs),
+                   "decline_start": [decline_start(r["curve"]) for r in sorted(rs, key=lambda r: r["spec"]["seed"])],
+                   "poor_first": mean_ci95([r["true_label_shift"].get("poor_first", {}).get("mean", float("nan")) for r in rs])}
+            for name, rs in groups.items()}
+
+
+def sweep_markdown(study: Mapping[str, Any]) -> list[str]:
+    """The sweep's table: every setting tried per (arm, method) with its validation score, the chosen one in bold."""
+    lines = [f"Sweep (seed {study['config'].get('sweep_seed')}, validation fact score averaged over the last two "
+             "evaluation points; the chosen setting in bold):", "", "| arm / method | settings tried: validation score |",
+             "|---|---|"]
+    for key, row in study["sweep"].items():
+        tried = []
+        for t in row["tried"]:
+            cell = f"{Setting(**t['setting']).label()}: {t['val_end']:.3f}"
+            tried.append(f"**{cell}**" if t["setting"] == row["chosen"] else cell)
+        lines.append(f"| {key} | " + "; ".join(tried) + " |")
+    return lines
+
+
+def start_policy_lines(study: Mapping[str, Any]) -> list[str]:
+    """A sentence when the sweep's runs started from another SFT policy than the final runs (a study resumed on
+    another machine: the SFT run is retrained there), with both policies' scores; nothing when they are the same."""
+    then, now = study.get("sweep_sft"), study["sft"]
+    if not then or all(math.isclose(then[s]["fact_score"], now[s]["fact_score"], abs_tol=1e-9) for s in ("val", "test")):
+        return []
+    return ["", f"The sweep's runs started from an SFT policy scoring {then['val']['fact_score']:.3f} on validation and "
+                f"{then['test']['fact_score']:.3f} on test; the final runs from one scoring {now['val']['fact_score']:.3f} "
+                f"and {now['test']['fact_score']:.3f}."]
+
+
+def markdown(study: Mapping[str, Any]) -> str:
+    summ, sft = study["final"], study["sft"].get("test", {}).get("fact_score", float("nan"))
+    knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
+    cfg = study["config"]
+    lines = [f"Policy: {cfg.get('policy', 'tiny Llama')}. Test fact score ({cfg.get('n_test', 100)} posts, greedy) after "
+             f"{cfg['iterations']} iterations x "
+             f"{study['config']['batch_size']} rollouts; mean ± 95 % interval over seeds. SFT start: {sft:.3f}. "
+             f"Settings chosen on validation over: {', '.join(knobs) if knobs else 'nothing (base setting)'}.", "",
+             "| arm | method | chosen setting (validation) | final | early-stopped (iteration chosen) | KL at end | "
+             "poor-first / good token shift (true labels) | rollouts to best scalar's final |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+    for key, r in summ.items():
+        s = r["setting"]
+        its = ", ".join(str(v) for v in r["early_iteration"].values())
+        reach = r.get("reach", {}).get(r["arm"], {}).get("rollouts", {})
+        shift = r["true_label_shift"]
+        lines.append(
+            f"| {r['arm'] + (' (reads no critic)' if r['method'] in CRITIC_FREE else '')} | {method_label(r['method'])} | "
+            f"{Setting(**s).label()} | {_pm(r['final_mean_ci'])} | {_pm(r['early_mean_ci'])} ({its}) | {_pm(r['kl_end'])} | "
+            f"{shift.get('poor_first', float('nan')):+.3f} / {shift.get('good', float('nan')):+.3f} | "
+            + (", ".join("-" if v is None else str(v) for v in reach.values()) or "") + " |")
+    lines += start_policy_lines(study)
+    sft_all = study["sft"].get("test", {})
+    lines += ["", *interpret(summ, sft, (sft_all.get("fact_recall", float("nan")), sft_all.get("n_false", float("nan"))))]
+    if study.get("sweep"):
+        lines += ["", *sweep_markdown(study)]
+    if study.get("paper_comparison"):
+        rows = study["paper_comparison"]
+        lines += ["", f"PPO settings against the paper's (SLF5K, Table 10, as in configs/slf5k/ppo.yaml), for "
+                  f"{study['paper_comparison_for']}; {sum(r['same'] for r in rows)} of {len(rows)} fields agree:", "",
+                  "| field | this study | paper | why it differs |", "|---|---|---|---|"]
+        lines += [f"| {r['field']} | {r['study']} | {r['paper']} | {'same' if r['same'] else r['why']} |" for r in rows]
+    if study.get("ablations"):
+        lines += ["", "| ablation (learned-arm Text2Grad, quickstart setting) | final | peak | KL at end | poor-first shift |",
+                  "|---|---:|---:|---:|---:|"]
+        for name, a in study["ablations"].items():
+            lines.append(f"| {name} | {_pm(a['final'])} | {_pm(a['peak'])} | {_pm(a['kl'])} | {_pm(a['poor_first'])} |")
+        lines += ["", *interpret_ablations(study["ablations"])]
+    return "\n".join(lines)
+
+
+# The PPO fields set by the paper's Table 10 (configs/slf5k/ppo.yaml transcribes it for SLF5K), with why the study
+# differs where it does.
+PAPER_FIELDS: dict[str, str] = {
+    "learning_rate": "{lr}; the paper's value is for an 8B LoRA policy",
+    "lr_scheduler_type": "constant, so every sweep run ends at the step size it is judged by",
+    "batch_size": "the study's rollouts per iteration (its budget is iterations x batch)",
+    "num_ppo_epochs": "2 epochs of 2 minibatches: the CPU budget of a study of many runs",
+    "num_mini_batches": "",
+    "kl_coef": "{kl_coef}",
+    "adaptive_kl": "{adaptive_kl}",
+    "target_kl": "",
+    "kl_horizon": "the adaptive controller's horizon in this run's iterations, so its target can bind within the run",
+    "kl_horizon_unit": "",
+    "lam": "{lam}",
+    "gamma": "",
+    "cliprange": "",
+    "vf_coef": "",
+    "entropy_coef": "",
+    "value_learning_rate": "the policy's learning rate (the study does not tune the value head separately)",
+    "response_length": "the task's summaries are short",
+    "temperature": "",
+    "use_lora": "the tiny Llama is fully fine-tuned; SmolLM2 gets a LoRA (r 16) as the paper's 8B policy",
+    "lora_r": "",
+    "missing_eos_penalty": "no penalty: the task's summaries end by themselves well within response_length",
+}
+
+
+def paper_reasons(knobs: Sequence[str]) -> dict[str, str]:
+    """Why the swept fields differ from the paper's: chosen on validation where the study swept them (``knobs``),
+    else the preset's value."""
+    kept = "the preset's value, not swept in this study"
+    return {
+        "lr": "swept per method on validation" if "lr" in knobs else kept,
+        "lam": "swept per method on validation" if "lambda" in knobs else kept,
+        "kl_coef": ("chosen per method on validation among fixed coefficients and the adaptive controller's start"
+                    if "kl" in knobs else f"a fixed coefficient ({kept})"),
+        "adaptive_kl": ("chosen per method on validation: a fixed coefficient or the adaptive controller"
+                        if "kl" in knobs else f"a fixed coefficient ({kept})"),
+    }
+
+
+def paper_comparison(cfg: PPOConfig, paper_yaml: Path = ROOT / "configs" / "slf5k" / "ppo.yaml",
+                     knobs: Sequence[str] = ("lambda", "lr", "kl")) -> list[dict[str, Any]]:
+    """The study's PPO values next to the paper's (SLF5K, Table 10) for every field of `PAPER_FIELDS`; the reasons
+    for the swept fields say whether the study swept them (``knobs``) or kept the preset's value."""
+    paper = yaml.safe_load(paper_yaml.read_text())
+    reasons = paper_reasons(knobs)
+    rows = []
+    for name, why in PAPER_FIELDS.items():
+        if name.startswith("kl_horizon") and not cfg.adaptive_kl:
+            continue  # a fixed coefficient has no controller: its horizon is no setting of the study
+        ours, theirs = getattr(cfg, name), paper.get(name, getattr(PPOConfig, name, None))
+        if name == "value_learning_rate" and ours is None:
+            ours = cfg.learning_rate
+        if name == "lora_r" and not cfg.use_lora:
+            ours = None
+        same = ours == theirs or (isinstance(ours, float) and isinstance(theirs, float) and math.isclose(ours, theirs))
+        rows.append({"field": name, "study": ours, "paper": theirs, "same": same,
+                     "why": "" if same else why.format(**reasons)})
+    return rows
+
+
+def plot(summary: Mapping[str, Any], png: Path) -> None:
+
+    arms = sorted({r["arm"] for r in summary.values()})
+    fig, axes = plt.subplots(1, len(arms), figsize=(6 * len(arms), 4), squeeze=False)
+    for ax, arm in zip(axes[0], arms):
+        for key, r in summary.items():
+            if r["arm"] != arm and r["method"] not in CRITIC_FREE:
+                continue
+            curves = list(r["curves"].values())
+            its = [p["iteration"] for p in curves[0]]
+            stats = [mean_ci95([c[i]["test"] for c in curves]) for i in range(len(its))]
+            mean = [m for m, _ in stats]
+            half = [0.0 if h != h else h for _, h in stats]
+            ax.plot(its, mean, label=method_label(r["method"]))
+            ax.fill_between(its, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)], alpha=0.2)
+        ax.set_title(f"{arm} feedback")
+        ax.set_xlabel("PPO iteration")
+        ax.set_ylabel("test fact score")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------------
+# Paired statistics, grid edges, and the report over several task instances
+# --------------------------------------------------------------------------------------------------
+
+
+def sign_test(diffs: Sequence[float]) -> float:
+    """Exact two-sided sign test of ``diffs`` (paired differences; zeros dropped): the binomial probability, under
+    a median difference of 0, of a split at least as uneven as the observed one. nan without non-zero differences."""
+    nonzero = [d for d in diffs if d != 0]
+    if not nonzero:
+        return float("nan")
+    return float(binomtest(sum(d > 0 for d in nonzero), len(nonzero), 0.5).pvalue)
+
+
+def paired(a: Mapping[Any, float], b: Mapping[Any, float]) -> dict[str, Any]:
+    """Paired comparison of two methods' per-seed scores (the seeds both have): the differences a - b, how many
+    are > 0, their mean with its 95 % t-interval as (low, high), and the exact sign test's p-value."""
+    seeds = [s for s in a if s in b]
+    diffs = [a[s] - b[s] for s in seeds]
+    m, h = mean_ci95(diffs)
+    return {"n": len(diffs), "diffs": diffs, "ahead": sum(d > 0 for d in diffs), "mean": m,
+            "interval": (m - h, m + h) if h == h else (float("nan"), float("nan")), "sign_p": sign_test(diffs)}
+
+
+def paired_words(p: Mapping[str, Any]) -> str:
+    """'+0.031 (95 % interval [-0.012, +0.074]; ahead on 4 of 5; exact sign test p = 0.375)'."""
+    lo, hi = p["interval"]
+    interval = f"95 % interval [{lo:+.3f}, {hi:+.3f}]" if lo == lo else "no interval from one pair"
+    sign = "" if p["sign_p"] != p["sign_p"] else f"; exact two-sided sign test p = {p['sign_p']:.3g}"
+    return f"{p['mean']:+.3f} ({interval}; ahead on {p['ahead']} of {p['n']}{sign})"
+
+
+def best_scalar(summary: Mapping[str, Any], arm: str) -> str | None:
+    """The scalar baseline (`SCALAR_METHODS`, variants included) with the highest mean final test score among those
+    that read ``arm``'s critic or no critic at all."""
+    keys = [k for k, r in summary.items() if r["method"].partition("+")[0] in SCALAR_METHODS
+            and (r["arm"] == arm or r["method"] in CRITIC_FREE)]
+    return max(keys, key=lambda k: summary[k]["final_mean_ci"][0], default=None)
+
+
+def edge_lines(sweep_table: Mapping[str, Any]) -> list[str]:
+    """One sentence per (arm, method) whose chosen value of a swept knob sits at an edge of the values tried."""
+    lines = []
+    for key, row in sweep_table.items():
+        edges = {k: v for k, v in row.get("edges", {}).items() if v in ("lowest", "highest")}
+        if edges:
+            why = {"lambda": " (lambda's range is [0, 1]: its edges cannot be passed)"}
+            lines.append(f"{key}: the chosen " + ", ".join(f"{k} is the {v} value tried{why.get(k, '')}"
+                                                          for k, v in edges.items())
+                         + ", so that choice sits at a grid edge.")
+    return lines
+
+
+def instance_comparison(study: Mapping[str, Any], arm: str, method: str = "text2grad") -> dict[str, Any] | None:
+    """One task instance: Text2Grad against its best scalar baseline at the end of training, the goal's three
+    conditions (ahead on >= 80 % of seeds; final within 0.02 of its own best validation point, i.e. no late decline;
+    final KL no larger than the baseline's), and the start policy."""
+    summ = study.get("final", {})
+    t2g, base_key = summ.get(f"{arm}/{method}"), best_scalar(summ, arm)
+    if t2g is None or base_key is None:
+        return None
+    base = summ[base_key]
+    pair = paired(t2g["final"], base["final"])
+    decline = {}
+    for seed, curve in t2g.get("val_curves", {}).items():
+        best_val = max(p["val"] for p in curve)
+        decline[seed] = best_val - curve[-1]["val"]
+    sft = study["sft"].get("test", {})
+    return {
+        "baseline": base_key, "pair": pair, "t2g": t2g["final_mean_ci"], "base": base["final_mean_ci"],
+        "kl": (t2g["kl_end"][0], base["kl_end"][0]), "sft": sft.get("fact_score", math.nan), "sft_false": sft.get("n_false", math.nan),
+        "late_decline": decline, "no_late_decline": bool(decline) and all(d <= 0.02 for d in decline.values()),
+        "ahead_goal": pair["ahead"] >= math.ceil(GOAL_SHARE * pair["n"]) if pair["n"] else False,
+        "kl_goal": t2g["kl_end"][0] <= base["kl_end"][0],
+        "base_above_start": base["final_mean_ci"][0] > sft.get("fact_score", float("nan")),
+    }
+
+
+def pooled_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
+                 method: str = "text2grad") -> tuple[list[str], dict[str, Any]]:
+    """Per instance and pooled sentences for ``method`` (Text2Grad or one of its variants) against the best scalar
+    baseline of ``arm``, and the numbers they were generated from."""
+    per = {ts: c for ts, st in studies.items() if (c := instance_comparison(st, arm, method)) is not None}
+    if not per:
+        return [], {}
+    variant = method.partition("+")[2]
+    name = "Text2Grad" + (f" + {variant}" if variant else "")
+    lines = [] if not variant else [f"{name} against the best scalar baseline:"]
+    for ts, c in per.items():
+        met = c["ahead_goal"] and c["no_late_decline"] and c["kl_goal"]
+        worst = max(c["late_decline"].values(), default=float("nan"))
+        lines.append(
+            f"Task instance {ts} (SFT start {c['sft']:.3f}, {c['sft_false']:.2f} false facts per summary), {arm} "
+            f"feedback: {name} ends at {_pm(c['t2g'])}, the best scalar baseline ({method_label(c['baseline'].split('/')[1])}) "
+            f"at {_pm(c['base'])}; paired difference {paired_words(c['pair'])}. Final KL {c['kl'][0]:.2f} vs "
+            f"{c['kl'][1]:.2f} nats; {name}'s largest fall from its best validation point to its last is {worst:.3f}. "
+            f"Goal {'met' if met else 'not met'} ("
+            + ", ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in (
+                (f"ahead on >= {math.ceil(GOAL_SHARE * c['pair']['n'])} of {c['pair']['n']} seeds", c["ahead_goal"]),
+                ("no late decline (<= 0.02)", c["no_late_decline"]), ("KL no larger", c["kl_goal"])))
+            + ")." + ("" if c["base_above_start"] else
+                      " The best scalar baseline ends no better than the start policy: no scalar baseline learned here."))
+    signs = {ts: (c["pair"]["mean"] > 0) - (c["pair"]["mean"] < 0) for ts, c in per.items()}
+    ahead = [ts for ts, v in signs.items() if v > 0]
+    behind = [ts for ts, v in signs.items() if v < 0]
+    if ahead and behind:
+        lines.append(f"The instances disagree: {name} is ahead on average on instance(s) {', '.join(map(str, ahead))} "
+                     f"and behind on {', '.join(map(str, behind))}, so the conclusion depends on the task instance.")
+    elif len(per) > 1:
+        lines.append(f"The {len(per)} instances agree in direction: {name} is "
+                     f"{'ahead' if ahead else 'behind' if behind else 'level'} on average on every one.")
+    goal = [ts for ts, c in per.items() if c["ahead_goal"] and c["no_late_decline"] and c["kl_goal"]]
+    if len(per) > 1 and 0 < len(goal) < len(per):
+        lines.append(f"The goal is met on instance(s) {', '.join(map(str, goal))} only.")
+    pooled = paired({(ts, s): v for ts, c in per.items() for s, v in zip(range(c["pair"]["n"]), c["pair"]["diffs"])},
+                    {(ts, s): 0.0 for ts, c in per.items() for s in range(c["pair"]["n"])})
+    if len(per) > 1:
+        lines.append(f"Pooled over the {len(per)} instances ({pooled['n']} seed pairs, each against its instance's best "
+                     f"scalar baseline): {paired_words(pooled)}.")
+    return lines, {"instances": per, "pooled": pooled}
+
+
+def frontier_plot(studies: Mapping[Any, Mapping[str, Any]], png: Path) -> None:
+    """Final test score against final KL (nats) per method (colour) and task instance (marker): seeds as small
+    points, their mean as a large one. A method that wins only by drifting further sits to the right."""
+    markers = "osD^vP*X"
+    methods = sorted({r["method"] for st in studies.values() for r in st.get("final", {}).values()})
+    colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
+    arms = sorted({r["arm"] for st in studies.values() for r in st.get("final", {}).values()}) or ["learned"]
+    fig, axes = plt.subplots(1, len(arms), figsize=(6.5 * len(arms), 4.5), squeeze=False)
+    for ax, arm in zip(axes[0], arms):
+        for i, (ts, st) in enumerate(studies.items()):
+            for r in st.get("final", {}).values():
+                if r["arm"] != arm:
+                    continue
+                kls = r.get("kl_final", {})
+                xs = [kls[s] for s in r["final"] if s in kls]
+                ys = [r["final"][s] for s in r["final"] if s in kls]
+                ax.scatter(xs, ys, s=12, alpha=0.4, color=colours[r["method"]], marker=markers[i % len(markers)])
+                ax.scatter([r["kl_end"][0]], [r["final_mean_ci"][0]], s=70, color=colours[r["method"]],
+                           marker=markers[i % len(markers)], edgecolors="black",
+                           label=f"{method_label(r['method'])}, instance {ts}")
+        ax.set_title(f"{arm} feedback: final score vs final KL")
+        ax.set_xlabel("KL from the start policy at the end (nats per response)")
+        ax.set_ylabel("test fact score at the end")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[str, Any], command: str) -> str:
+    """study.md of a study over several task instances: each instance's start and table (linked), then the
+    per-instance and pooled sentences for each arm, and the grid-edge notes."""
+    first = next(iter(studies.values()))
+    cfg = first["config"]
+    lines = [f"Task instances {', '.join(map(str, studies))}; policy: {cfg.get('policy')}; {cfg['iterations']} iterations "
+             f"x {cfg['batch_size']} rollouts per run; seeds {', '.join(map(str, cfg['seeds']))}; every method tuned on "
+             f"validation per instance. Machine: {first.get('machine')}. Command: `{command}`.", "",
+             "| task instance | SFT start (test fact score) | false facts per summary | report |", "|---|---:|---:|---|"]
+    for ts, st in studies.items():
+        sft = st["sft"].get("test", {})
+        lines.append(f"| {ts} | {sft.get('fact_score', float('nan')):.3f} | {sft.get('n_false', float('nan')):.2f} | "
+                     f"[task_seed{ts}/study.md](task_seed{ts}/study.md) |")
+    for arm in ARMS:
+        if pooled.get(arm, {}).get("lines"):
+            lines += ["", f"**{arm} feedback, at the end of training**", "", *pooled[arm]["lines"]]
+    edges = [f"instance {ts}, {line}" for ts, st in studies.items() for line in edge_lines(st.get("sweep", {}))]
+    lines += ["", "Grid edges: " + (" ".join(edges) if edges else "every chosen learning rate and fixed KL coefficient "
+                                    "is interior to the values tried.")]
+    lines += ["", "Plots: [curves per instance](task_seed{0}/curves.png), [final score vs final KL](frontier.png)."
+              .replace("{0}", str(next(iter(studies))))]
+    return "\n".join(lines)
+
+
+def corrected_paper_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The stored Table-10 rows of ``study`` with each reason re-derived from the knobs the study swept (the values
+    themselves are the study's, as stored)."""
+    knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])}
+                   or study.get("config", {}).get("sweep_knobs", []))
+    reasons = paper_reasons(knobs)
+    return [{**r, "why": "" if r["same"] else PAPER_FIELDS.get(r["field"], r["why"]).format(**reasons)}
+            for r in study.get("paper_comparison", [])]
+
+
+def regenerate(folder: Path) -> str:
+    """study.md of a one-instance study folder regenerated from its study.json alone (no runs needed), with the
+    Table-10 reasons re-derived from the knobs the study swept; study.json's rows are corrected too."""
+    path = Path(folder) / "study.json"
+    study = json.loads(path.read_text())
+    if study.get("paper_comparison"):
+        study["paper_comparison"] = corrected_paper_rows(study)
+        path.write_text(json.dumps(study, indent=1, default=str))
+    md = markdown(study)
+    (Path(folder) / "study.md").write_text(md + "\n")
+    return md
+
+
+if __name__ == "__main__":
+    for folder in sys.argv[1:] or [ROOT / "benchmarks" / "results" / "method_study"]:
+        regenerate(Path(folder))
+        print(f"regenerated {folder}/study.md")

@@ -1,0 +1,282 @@
+"""On-policy reward-model refresh (iterated RLHF): the learned critic is re-taught on what the policy writes now.
+
+A reward model trained on offline annotations is only right near the responses it saw; PPO moves the policy
+away from them and then exploits the model's mistakes there (Gao et al. 2022, "Scaling Laws for Reward Model
+Overoptimization"). Iterated RLHF closes the loop: every few iterations the annotating critic labels a
+sample of the current rollouts and the reward model is fine-tuned on them (Ouyang et al. 2022 collected
+comparisons on the current policy's outputs between rounds; Bai et al. 2022, "iterated online RLHF").
+
+With ``rm_refresh_every N`` (`PPOConfig`), after every N-th iteration:
+
+1. the iteration's (prompt, response) pairs of all processes are gathered and ``rm_refresh_samples`` of them are
+   picked with a seeded generator (the same pick on every process);
+2. the main process asks the annotating critic (``rm_refresh_critic`` + ``rm_refresh_critic_kwargs``, any critic
+   of the registry: an LLM, unit tests, a fact checker) for feedback on them and shares the annotations;
+   ``rm_refresh/agreement_*`` logs how well the reward model's own feedback on those same rollouts (the
+   feedback PPO just trained on) agreed with the annotator's, before the refresh;
+3. the main process fine-tunes the reward model (its LoRA adapter, every member's adapter of an ensemble,
+   or all weights of a model without LoRA) for ``rm_refresh_steps`` steps on the new annotations plus
+   ``rm_refresh_replay_ratio`` times as many replayed earlier ones (``rm_refresh_replay`` files and every
+   earlier refresh's annotations), then sends the new weights to every process;
+4. ``<output_dir>/rm_refresh/step-<N>/`` receives the annotations (``annotations.jsonl``, reward-model training
+   records) and the refreshed weights; a resumed run reloads the newest refresh at or before its checkpoint.
+
+Counts for comparisons at equal annotation budgets: ``rm_refresh/annotations`` (this iteration),
+``rm_refresh/annotations_total`` (the run so far) and ``rm_refresh/replay_pool`` (offline + earlier records).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from accelerate.utils import broadcast_object_list, gather_object
+from peft import PeftModel
+from safetensors.torch import load_file, save_file
+
+from reward_model.ensemble import RewardModelEnsemble
+from reward_model.inference import GenerativeRewardModel
+from reward_model.metrics import evaluate_feedback
+from reward_model.serialization import collate, encode_example, record_feedback
+from text2grad.core.critics import build_critic
+from text2grad.core.data import load_records
+from text2grad.core.feedback import Feedback
+
+__all__ = ["REFRESH_DIR", "RewardModelRefresh", "agreement", "build_rm_refresh", "fine_tune", "pick_rollouts"]
+
+logger = logging.getLogger(__name__)
+
+REFRESH_DIR = "rm_refresh"
+WEIGHTS_FILE = "refreshed.safetensors"
+ANNOTATIONS_FILE = "annotations.jsonl"
+
+
+# --------------------------------------------------------------------------------------------------
+# Small pieces
+# --------------------------------------------------------------------------------------------------
+
+
+def pick_rollouts(responses: Sequence[str], n: int | None, seed: int, step: int) -> list[int]:
+    """Indices of up to ``n`` non-empty responses (all when ``n`` is None), drawn with a generator seeded by
+    (seed, step), sorted: the same pick on every process."""
+    candidates = [i for i, r in enumerate(responses) if r.strip()]
+    if n is None or n >= len(candidates):
+        return candidates
+    return sorted(random.Random(f"{seed}-{step}").sample(candidates, n))
+
+
+def agreement(predicted: Sequence[Feedback], reference: Sequence[Feedback], responses: Sequence[str], tokenizer) -> dict[str, float]:
+    """Token-label agreement of ``predicted`` (the reward model) with ``reference`` (the annotator) on the same
+    responses (`reward_model.metrics.evaluate_feedback`): F1 of the good and poor labels and label accuracy."""
+    if not responses:
+        return {}
+    metrics, _ = evaluate_feedback(predicted, reference, responses, tokenizer)
+    return {"agreement_f1_good": metrics.tokens["positive"].f1, "agreement_f1_poor": metrics.tokens["negative"].f1,
+            "agreement_accuracy": metrics.label_accuracy}
+
+
+def trainable_groups(critic) -> list[tuple[str | None, list[torch.nn.Parameter]]]:
+    """(adapter name or None, the parameters a refresh trains) for each model a refresh fine-tunes: each
+    member's LoRA parameters of an ensemble, the adapter of a LoRA reward model, or every weight of a plain one."""
+    model = critic.model
+    if isinstance(model, PeftModel):
+        adapters = critic.adapters if isinstance(critic, RewardModelEnsemble) else [model.active_adapter]
+        return [(name, [p for n, p in model.named_parameters() if "lora_" in n and f".{name}." in n]) for name in adapters]
+    return [(None, list(model.parameters()))]
+
+
+def fine_tune(model: torch.nn.Module, params: Sequence[torch.nn.Parameter], examples: Sequence[Mapping[str, Any]],
+              pad_token_id: int, *, steps: int, batch_size: int, learning_rate: float, seed: int) -> dict[str, float]:
+    """``steps`` AdamW steps of causal-LM loss on the targets of encoded ``examples`` (`encode_example` dicts),
+    batches drawn without replacement (reshuffled when used up) with ``seed``; only ``params`` are trained.
+    Returns the first and last batch's loss."""
+    if not examples:
+        return {}
+    device = next(model.parameters()).device
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    chosen = {id(p) for p in params}
+    for p, _ in flags:
+        p.requires_grad_(id(p) in chosen)
+    optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
+    rng, order, losses = random.Random(seed), [], []
+    model.train()
+    try:
+        for _ in range(steps):
+            if len(order) < batch_size:
+                order += rng.sample(range(len(examples)), len(examples))
+            rows, order = order[:batch_size], order[batch_size:]
+            batch = {k: v.to(device) for k, v in collate([examples[i] for i in rows], pad_token_id).items()}
+            loss = model(**batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+    finally:
+        model.eval()
+        for p, flag in flags:
+            p.requires_grad_(flag)
+    return {"loss_first": losses[0], "loss_last": losses[-1]}
+
+
+# --------------------------------------------------------------------------------------------------
+# The refresh
+# --------------------------------------------------------------------------------------------------
+
+
+class RewardModelRefresh:
+    """Re-teach the PPO critic (a reward model) on annotated on-policy rollouts every ``every`` iterations.
+
+    Args:
+        critic: the PPO critic: a `GenerativeRewardModel` (transformers backend) or a `RewardModelEnsemble`.
+        annotator: any critic (``feedback(prompts, responses)``) whose labels the reward model learns.
+        every, samples, replay_paths, replay_ratio, steps, batch_size, learning_rate, seed: the ``rm_refresh_*``
+            options of `PPOConfig`.
+    """
+
+    def __init__(self, critic, annotator, *, every: int, samples: int | None, replay_paths: Sequence[str],
+                 replay_ratio: float, steps: int, batch_size: int, learning_rate: float, seed: int) -> None:
+        rm = critic.reward_model if isinstance(critic, RewardModelEnsemble) else critic
+        if not isinstance(rm, GenerativeRewardModel) or rm.model is None:
+            raise ValueError("rm_refresh fine-tunes the PPO critic, so the critic must be a generative reward model "
+                             "(critic reward_model or reward_model_ensemble) on the transformers backend (not vLLM); "
+                             f"got {type(critic).__name__}")
+        if not callable(getattr(annotator, "feedback", None)):
+            raise TypeError("the annotating critic (rm_refresh_critic) has no feedback(prompts, responses) method")
+        self.critic, self.rm, self.annotator = critic, rm, annotator
+        self.every, self.samples, self.replay_ratio = every, samples, replay_ratio
+        self.steps, self.batch_size, self.learning_rate, self.seed = steps, batch_size, learning_rate, seed
+        self.offline = [r for path in replay_paths for r in load_records(path, required=("prompt", "response"))]
+        self.annotated: list[dict[str, Any]] = []  # on-policy annotations of the refreshes so far
+        self.max_length = rm.max_input_length or 1024
+
+    # ---- the iteration hook --------------------------------------------------------------------------
+    def after_iteration(self, step: int, prompts: Sequence[str], responses: Sequence[str],
+                        feedbacks: Sequence[Feedback], accelerator, output_dir: Path) -> dict[str, float]:
+        """Refresh after iterations ``every``, ``2 * every``, ...; returns the ``rm_refresh/*`` metrics."""
+        counts = {"rm_refresh/annotations": 0.0, "rm_refresh/annotations_total": float(len(self.annotated))}
+        if step % self.every:
+            return counts
+        t0 = time.perf_counter()
+        pairs = list(zip(prompts, responses, [fb.to_dict() | {"error": fb.error} for fb in feedbacks]))
+        if accelerator.num_processes > 1:
+            pairs = gather_object(pairs)
+        picked = [pairs[i] for i in pick_rollouts([p[1] for p in pairs], self.samples, self.seed, step)]
+        shared = [self._annotate(picked, step) if accelerator.is_main_process else None]
+        if accelerator.num_processes > 1:
+            broadcast_object_list(shared, from_process=0)
+        new, stats = shared[0]
+        losses = self._fine_tune(new, step) if accelerator.is_main_process and new else {}
+        self._share_weights(accelerator)
+        self.annotated.extend(new)
+        if accelerator.is_main_process:
+            self._save(output_dir / REFRESH_DIR / f"step-{step}", new)
+        return {**counts, **stats, **{f"rm_refresh/{k}": v for k, v in losses.items()},
+                "rm_refresh/annotations": float(len(new)), "rm_refresh/annotations_total": float(len(self.annotated)),
+                "rm_refresh/replay_pool": float(len(self.offline) + len(self.annotated) - len(new)),
+                "time/rm_refresh": time.perf_counter() - t0}
+
+    def _annotate(self, picked: Sequence[tuple[str, str, dict]], step: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """The annotator's training records on the picked pairs, and the agreement of the reward model's
+        feedback on them with the annotator's (before the refresh)."""
+        prompts, responses = [p[0] for p in picked], [p[1] for p in picked]
+        labels = list(self.annotator.feedback(prompts, responses)) if picked else []
+        ok = [k for k, fb in enumerate(labels) if fb.ok]
+        before = [Feedback.failed(d["error"]) if d["error"] else Feedback.from_dict(d) for _, _, d in picked]
+        stats = {f"rm_refresh/{k}": v for k, v in agreement([before[k] for k in ok], [labels[k] for k in ok],
+                                                            [responses[k] for k in ok], self.rm.tokenizer).items()}
+        stats["rm_refresh/annotator_errors"] = float(len(picked) - len(ok))
+        records = [{"prompt": prompts[k], "response": responses[k], **labels[k].to_dict(), "iteration": step} for k in ok]
+        return records, stats
+
+    def _fine_tune(self, new: Sequence[Mapping[str, Any]], step: int) -> dict[str, float]:
+        """Fine-tune each trainable group on the new records plus replayed earlier ones."""
+        rng = random.Random(f"{self.seed}-replay-{step}")
+        pool = self.offline + self.annotated
+        replay = rng.sample(pool, min(len(pool), round(self.replay_ratio * len(new))))
+        examples = [e for e in (self._encode(r) for r in list(new) + replay) if e is not None]
+        groups = trainable_groups(self.critic)
+        results: dict[str, float] = {}
+        for k, (adapter, params) in enumerate(groups):
+            if adapter is not None:
+                self.rm.model.set_adapter(adapter)
+            # an ensemble's members each learn from their own bootstrap resample, so they stay different
+            data = examples if len(groups) == 1 else [examples[i] for i in random.Random(f"{self.seed}-{step}-{k}").choices(
+                range(len(examples)), k=len(examples))]
+            out = fine_tune(self.rm.model, params, data, self.rm.tokenizer.pad_token_id, steps=self.steps,
+                            batch_size=self.batch_size, learning_rate=self.learning_rate, seed=self.seed + step + k)
+            for key, v in out.items():  # the members' mean
+                results[key] = results.get(key, 0.0) + v / len(groups)
+        return results
+
+    def _encode(self, record: Mapping[str, Any]) -> dict[str, list[int]] | None:
+        enc = encode_example(self.rm.tokenizer, str(record["prompt"]), str(record["response"]), record_feedback(dict(record)),
+                             max_length=self.max_length, instruction=self.rm.instruction, prompt_format=self.rm.prompt_format)
+        return None if enc is None else enc.as_dict()
+
+    # ---- weights: every process the same, saved and restored -------------------------------------------
+    def _refreshed_parameters(self) -> dict[str, torch.nn.Parameter]:
+        trained = {id(p) for _, params in trainable_groups(self.critic) for p in params}
+        return {n: p for n, p in self.rm.model.named_parameters() if id(p) in trained}
+
+    def _share_weights(self, accelerator) -> None:
+        if accelerator.num_processes == 1:
+            return
+        with torch.no_grad():
+            for p in self._refreshed_parameters().values():
+                torch.distributed.broadcast(p.data, src=0)
+
+    def _save(self, folder: Path, new: Sequence[Mapping[str, Any]]) -> None:
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        with open(tmp / ANNOTATIONS_FILE, "w", encoding="utf-8") as f:
+            for record in new:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        save_file({n: p.detach().cpu().contiguous() for n, p in self._refreshed_parameters().items()}, str(tmp / WEIGHTS_FILE))
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.replace(folder)
+
+    def restore(self, output_dir: Path, step: int, is_main: bool) -> int | None:
+        """Continue a run resumed at ``step``: reload the annotations of every refresh at or before it and the
+        newest refreshed weights (returns that refresh's iteration, or None). A fresh run (``step`` 0) removes
+        an earlier run's refreshes (main process only)."""
+        root = output_dir / REFRESH_DIR
+        if step == 0:
+            if is_main:
+                shutil.rmtree(root, ignore_errors=True)
+            return None
+        done = sorted((int(p.name.split("-")[1]), p) for p in root.glob("step-*") if p.name.split("-")[1].isdigit()
+                      and (p / WEIGHTS_FILE).is_file()) if root.is_dir() else []
+        done = [(s, p) for s, p in done if s <= step]
+        self.annotated = [r for _, p in done for r in load_records(str(p / ANNOTATIONS_FILE))] if done else []
+        if not done:
+            return None
+        weights = load_file(str(done[-1][1] / WEIGHTS_FILE))
+        params = self._refreshed_parameters()
+        if set(weights) != set(params):
+            raise ValueError(f"{done[-1][1]} holds refreshed weights of another reward model: its parameter names "
+                             "differ from the critic's; resume with the run's own critic_kwargs")
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(weights[name].to(p.device, p.dtype))
+        return done[-1][0]
+
+
+def build_rm_refresh(config, critic, records: Sequence[Mapping[str, Any]]) -> RewardModelRefresh | None:
+    """The refresh a `PPOConfig` asks for (None without ``rm_refresh_every``): the annotating critic is built
+    from the registry and bound to ``records`` (the prompts as the critic sees them)."""
+    if not config.rm_refresh_every:
+        return None
+    annotator = build_critic(config.rm_refresh_critic, config.rm_refresh_critic_kwargs, records=records)
+    return RewardModelRefresh(
+        critic, annotator, every=config.rm_refresh_every, samples=config.rm_refresh_samples,
+        replay_paths=config.rm_refresh_replay, replay_ratio=config.rm_refresh_replay_ratio, steps=config.rm_refresh_steps,
+        batch_size=config.rm_refresh_batch_size, learning_rate=config.rm_refresh_learning_rate, seed=config.seed,
+    )
