@@ -44,6 +44,7 @@ def _metrics(run) -> list[dict]:
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ppo_with_a_two_member_ensemble_rewards_only_the_agreed_tokens(make_trainer, tmp_path):
     members = [CallableFeedbackSource(first_and_last_words), CallableFeedbackSource(first_word_good)]
     runs = {
