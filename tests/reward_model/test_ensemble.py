@@ -7,10 +7,13 @@ import torch
 import yaml
 from tests.reward_model.rm_testlib import RECORDS, train_args
 
+from policy_optimization.rm_refresh import fine_tune, trainable_groups
 from reward_model.ensemble import RewardModelEnsemble, member_paths
+from reward_model.serialization import encode_example
 from reward_model.train import bootstrap_resample, main
 from text2grad.core.critics import build_critic
 from text2grad.core.ensemble import EnsembleCritic, EnsembleFeedback
+from text2grad.core.feedback import Feedback
 from text2grad.core.modeling import load_causal_lm
 
 
@@ -90,3 +93,20 @@ def test_a_missing_ensemble_is_a_clear_error(tmp_path):
         member_paths(tmp_path)
     with pytest.raises(ValueError, match="needs path"):
         RewardModelEnsemble.from_critic_kwargs()
+
+
+def test_a_refresh_trains_each_members_adapter_and_nothing_else(lora_ensemble):
+    ensemble = RewardModelEnsemble.from_critic_kwargs(path=str(lora_ensemble), max_new_tokens=4, dtype="fp32")
+    groups = trainable_groups(ensemble)
+    assert [name for name, _ in groups] == ["member-0", "member-1"]
+    ids = [{id(p) for p in params} for _, params in groups]
+    assert ids[0] and ids[1] and not ids[0] & ids[1]
+    model, tok = ensemble.model, ensemble.reward_model.tokenizer
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    examples = [encode_example(tok, r["prompt"], r["response"], Feedback.from_dict(r), max_length=256,
+                               instruction=ensemble.reward_model.instruction).as_dict() for r in RECORDS]
+    model.set_adapter("member-1")
+    losses = fine_tune(model, groups[1][1], examples, tok.pad_token_id, steps=2, batch_size=2, learning_rate=1e-2, seed=0)
+    assert set(losses) == {"loss_first", "loss_last"}
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(".member-1." in n and "lora_" in n for n in changed)  # the shared base is untouched
