@@ -154,7 +154,8 @@ class RewardModelRefresh:
         self.steps, self.batch_size, self.learning_rate, self.seed = steps, batch_size, learning_rate, seed
         self.offline = [r for path in replay_paths for r in load_records(path, required=("prompt", "response"))]
         self.annotated: list[dict[str, Any]] = []  # on-policy annotations of the refreshes so far
-        self.max_length = rm.max_input_length or 1024
+        # what the reward model reads (its input bound) and writes (its generation bound)
+        self.max_length = (rm.max_input_length or 1024) + rm.max_new_tokens
 
     # ---- the iteration hook --------------------------------------------------------------------------
     def after_iteration(self, step: int, prompts: Sequence[str], responses: Sequence[str],
@@ -200,9 +201,14 @@ class RewardModelRefresh:
         rng = random.Random(f"{self.seed}-replay-{step}")
         pool = self.offline + self.annotated
         replay = rng.sample(pool, min(len(pool), round(self.replay_ratio * len(new))))
-        examples = [e for e in (self._encode(r) for r in list(new) + replay) if e is not None]
+        encoded = [self._encode(r) for r in list(new) + replay]
+        examples = [e for e in encoded if e is not None]
+        if len(examples) < len(encoded):
+            logger.warning("refresh at iteration %d: %d of %d records do not fit in %d tokens (the reward model's "
+                           "max_input_length + max_new_tokens) and are left out", step, len(encoded) - len(examples),
+                           len(encoded), self.max_length)
+        results: dict[str, float] = {"too_long": float(len(encoded) - len(examples))}
         groups = trainable_groups(self.critic)
-        results: dict[str, float] = {}
         for k, (adapter, params) in enumerate(groups):
             if adapter is not None:
                 self.rm.model.set_adapter(adapter)

@@ -11,6 +11,7 @@ import pytest
 from annotation.code_critic import CodeTestCritic
 from annotation.critics import ReferenceSummaryCritic
 from annotation.llm import LLMCritic
+from reward_model.ensemble import RewardModelEnsemble
 from reward_model.inference import GenerativeRewardModel
 from text2grad.core.critics import (
     CRITICS,
@@ -21,6 +22,7 @@ from text2grad.core.critics import (
     feedback_per_pair,
     load_object,
 )
+from text2grad.core.ensemble import EnsembleCritic
 from text2grad.core.feedback import Feedback
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,6 +107,8 @@ def test_every_registered_name_resolves_to_the_critic_that_implements_it():
         "llm": LLMCritic,
         "code_tests": CodeTestCritic,
         "reference": ReferenceSummaryCritic,
+        "ensemble": EnsembleCritic,
+        "reward_model_ensemble": RewardModelEnsemble.from_critic_kwargs,
     }
 
 

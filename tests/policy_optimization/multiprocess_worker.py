@@ -131,6 +131,9 @@ def main(argv: list[str]) -> int:
     (out / f"placement-rank{rank}.json").write_text(json.dumps(placement(trainer)))
     gaps = record_own_logprob_gaps() if cfg.generation_backend == "vllm" else []
     trainer.train()
+    if trainer.rm_refresh is not None:  # what this rank's reward model holds after the refreshes
+        weights = [p.detach().double().sum().item() for p in trainer.rm_refresh.rm.model.parameters()]
+        (out / f"rm-rank{rank}.json").write_text(json.dumps(weights))
     if cfg.generation_backend == "vllm":
         (out / f"vllm-rank{rank}.json").write_text(json.dumps(vllm_record(trainer, gaps)))
     end_distributed()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from policy_optimization.checkpoints import check_process_count
 from policy_optimization.train import main as train_main
@@ -275,3 +275,22 @@ def test_zero3_ppo_samples_with_one_vllm_engine_per_process(world, tmp_path, mon
         assert m["vllm/logprob_abs_diff_max"] == pytest.approx(max(own))
     adapter = load_file(str(out / "policy" / "adapter_model.safetensors"))
     assert any(float(t.abs().sum()) > 0 for name, t in adapter.items() if "lora_B" in name)  # the policy moved
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_reward_model_refresh_gives_every_process_the_same_refreshed_weights(world, tmp_path):
+    """The main process annotates the rollouts of both processes and fine-tunes the reward model; the other process
+    receives the same weights (without the broadcast it would keep the untrained ones)."""
+    out = tmp_path / "run"
+    flags = ["--critic", "reward_model", "--critic_kwargs", json.dumps({"path": str(world / "model"), "max_new_tokens": 8}),
+             "--feedback_prompt_template", "{prompt}", "--max_feedback_error_rate", "1.0", "--save_steps", "0",
+             "--rm_refresh_every", "1", "--rm_refresh_critic", "tests.policy_optimization.po_testlib:first_and_last_words",
+             "--rm_refresh_steps", "2", "--rm_refresh_batch_size", "2", "--rm_refresh_learning_rate", "1e-2"]
+    launch(tmp_path, DDP, ppo_flags(world, out, *flags), ACCELERATE_USE_CPU="true")
+    ranks = [json.loads((out / f"rm-rank{k}.json").read_text()) for k in (0, 1)]
+    untrained = [p.detach().double().sum().item() for p in AutoModelForCausalLM.from_pretrained(world / "model").parameters()]
+    assert ranks[0] == ranks[1]
+    assert ranks[0] != untrained
+    (metrics,) = read_metrics(out)
+    assert metrics["rm_refresh/annotations_total"] == metrics["samples/batch"] == 4.0  # both processes' rollouts

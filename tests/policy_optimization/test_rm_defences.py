@@ -1,0 +1,156 @@
+"""Defences against reward-model exploitation in PPO: an ensemble critic aggregated per token, and the on-policy
+reward-model refresh (the reward model learns the annotating critic's labels on the current rollouts)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tests.policy_optimization.po_testlib import first_and_last_words
+
+from policy_optimization.ppo_config import PPOConfig
+from policy_optimization.rm_refresh import REFRESH_DIR, WEIGHTS_FILE, agreement, pick_rollouts
+from reward_model.inference import GenerativeRewardModel
+from text2grad.core.critics import CallableFeedbackSource
+from text2grad.core.ensemble import EnsembleCritic
+from text2grad.core.feedback import Feedback
+from text2grad.core.modeling import build_tiny_llama
+
+INSTRUCTION = "Quote the good and poor parts of the response."
+
+
+def first_word_good(prompt: str, response: str) -> Feedback:
+    """The annotating critic of the refresh tests: the response's first word is good."""
+    words = response.split()
+    return Feedback(good_spans=(words[0],)) if words else Feedback()
+
+
+def first_word_of_three_good_last_poor(prompt: str, response: str) -> Feedback:
+    """What a 2-of-2 vote of `first_and_last_words` and `first_word_good` leaves, computed by hand."""
+    words = response.split()
+    if len(words) < 3:  # first_and_last_words quotes nothing there, so the first word has one good vote of two
+        return Feedback()
+    return Feedback(good_spans=(words[0],), poor_spans=(words[-1],))
+
+
+def _metrics(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+# --------------------------------------------------------------------------------------------------
+# Ensemble critic
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ppo_with_a_two_member_ensemble_rewards_only_the_agreed_tokens(make_trainer, tmp_path):
+    members = [CallableFeedbackSource(first_and_last_words), CallableFeedbackSource(first_word_good)]
+    runs = {
+        "ensemble": EnsembleCritic(members),
+        "by_hand": CallableFeedbackSource(first_word_of_three_good_last_poor),
+        "one_member": CallableFeedbackSource(first_and_last_words),
+    }
+    results = {}
+    for name, critic in runs.items():
+        trainer = make_trainer(critic, output_dir=tmp_path / name, num_iterations=1, ensemble_aggregation="vote",
+                               log_samples=4, response_length=12)
+        trainer.train()
+        results[name] = (_metrics(tmp_path / name)[0],
+                         [json.loads(line)["rewarded_tokens"] for line in (tmp_path / name / "samples.jsonl").read_text().splitlines()])
+    ensemble, by_hand, one = results["ensemble"], results["by_hand"], results["one_member"]
+    assert ensemble[1] == by_hand[1]  # the same tokens, the same rewards, sample by sample
+    assert ensemble[0]["reward/score_mean"] == pytest.approx(by_hand[0]["reward/score_mean"])
+    assert ensemble[0]["tokens/nonzero_reward"] == by_hand[0]["tokens/nonzero_reward"] > 0
+    assert ensemble[1] != one[1]  # the dissenting member removed +1s
+
+
+def test_ensemble_options_are_checked():
+    with pytest.raises(ValueError, match="ensemble_min_votes"):
+        PPOConfig(num_iterations=1, ensemble_min_votes=0)
+    with pytest.raises(ValueError, match="ensemble_aggregation"):
+        PPOConfig(num_iterations=1, ensemble_aggregation="median")
+
+
+# --------------------------------------------------------------------------------------------------
+# On-policy refresh
+# --------------------------------------------------------------------------------------------------
+
+
+def _reward_model(tokenizer) -> GenerativeRewardModel:
+    """An untrained tiny reward model (it writes no valid feedback before a refresh)."""
+    model = build_tiny_llama(tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=3)
+    return GenerativeRewardModel(model, tokenizer, instruction=INSTRUCTION, prompt_format="plain", max_new_tokens=48,
+                                 max_input_length=128)
+
+
+REFRESH = dict(
+    rm_refresh_critic="tests.policy_optimization.test_rm_defences:first_word_good", rm_refresh_steps=60,
+    rm_refresh_batch_size=4, rm_refresh_learning_rate=1e-2, rm_refresh_replay_ratio=0.0, max_feedback_error_rate=1.0,
+    response_length=8,
+)
+
+
+def _annotated_pairs(run, step: int):
+    records = [json.loads(line) for line in (run / REFRESH_DIR / f"step-{step}" / "annotations.jsonl").read_text().splitlines()]
+    return [r["prompt"] for r in records], [r["response"] for r in records], [Feedback.from_dict(r) for r in records]
+
+
+@pytest.mark.slow
+def test_refresh_teaches_the_reward_model_the_annotators_labels_on_policy_samples(make_trainer, bpe_tokenizer, tmp_path):
+    f1 = {}
+    for every in (1, 0):  # with the refresh, and the same run without it
+        rm = _reward_model(bpe_tokenizer)
+        run = tmp_path / f"every-{every}"
+        trainer = make_trainer(rm, output_dir=run, num_iterations=1, rm_refresh_every=every, **REFRESH)
+        if every == 0:  # the control's reward model is judged on the refreshed run's rollouts
+            trainer.train()
+            prompts, responses, labels = _annotated_pairs(tmp_path / "every-1", 1)
+        else:
+            trainer.train()
+            prompts, responses, labels = _annotated_pairs(run, 1)
+            logged = _metrics(run)[0]
+            assert logged["rm_refresh/annotations"] == logged["rm_refresh/annotations_total"] == len(responses) == 4
+            f1["before"] = logged["rm_refresh/agreement_f1_good"]
+        f1[every] = agreement(rm.feedback(prompts, responses), labels, responses, rm.tokenizer)["agreement_f1_good"]
+    assert f1["before"] == 0.0 and f1[0] == 0.0  # the untrained model writes no valid feedback at all
+    # after the refresh it writes the annotator's labels on the policy's own samples (random byte-level text from
+    # the tiny policy, so not every quote is reproduced: 0.79 on CPU)
+    assert f1[1] >= 0.3
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_with_the_refreshed_reward_model(make_trainer, bpe_tokenizer, tmp_path):
+    run = tmp_path / "run"
+    options = dict(REFRESH, rm_refresh_steps=2, rm_refresh_every=1, save_steps=1, save_total_limit=None, output_dir=run)
+    first = make_trainer(_reward_model(bpe_tokenizer), num_iterations=2, **options)
+    first.train()
+    assert [m["rm_refresh/annotations_total"] for m in _metrics(run)] == [4, 8]
+    saved = load_file(str(run / REFRESH_DIR / "step-2" / WEIGHTS_FILE))
+    fresh_rm = _reward_model(bpe_tokenizer)
+    assert not all(torch.equal(p, saved[n]) for n, p in fresh_rm.model.named_parameters())
+    resumed = make_trainer(fresh_rm, num_iterations=3, resume="auto", **options)
+    resumed._start_run()
+    assert resumed.state.step == 2
+    assert all(torch.equal(p, saved[n]) for n, p in fresh_rm.model.named_parameters())
+    resumed.train()
+    assert [m["rm_refresh/annotations_total"] for m in _metrics(run)] == [4, 8, 12]
+    assert (run / REFRESH_DIR / "step-3" / "annotations.jsonl").is_file()
+
+
+def test_pick_rollouts_is_seeded_and_skips_empty_responses():
+    responses = ["a", "", "b c", "d", "e f g", "  "]
+    assert pick_rollouts(responses, None, 0, 1) == [0, 2, 3, 4]
+    picked = pick_rollouts(responses, 2, 0, 1)
+    assert len(picked) == 2 and set(picked) <= {0, 2, 3, 4} and picked == pick_rollouts(responses, 2, 0, 1)
+    assert len({tuple(pick_rollouts(responses, 2, 0, s)) for s in range(20)}) > 1  # each refresh draws anew
+
+
+def test_refresh_options_are_checked(make_trainer):
+    with pytest.raises(ValueError, match="rm_refresh_critic"):
+        PPOConfig(num_iterations=1, rm_refresh_every=2)
+    with pytest.raises(ValueError, match="must be a reward model"):
+        PPOConfig(num_iterations=1, rm_refresh_every=2, rm_refresh_critic="llm", critic="reference")
+    with pytest.raises(ValueError, match="generative reward model"):
+        make_trainer(CallableFeedbackSource(first_word_good), rm_refresh_every=1, **{k: v for k, v in REFRESH.items()})
