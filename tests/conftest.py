@@ -28,6 +28,16 @@ CORPUS = [
 ] * 20
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` run where CUDA is visible and are skipped, saying why, everywhere else."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU: none is visible to torch {torch.__version__} here")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def stop_the_vllm_engine_at_the_end():
     """The vLLM tests share one engine for the whole session (tests/vllm_testlib.py); stop it while pytest still
