@@ -4,7 +4,7 @@
 # Llama (LoRA, bf16) with the overhead on the same responses, and vLLM vs transformers where vLLM imports.
 #
 #   bash scripts/gpu_check.sh                                   # writes runs/gpu_check/gpu_check.{json,log}
-#   bash scripts/gpu_check.sh --output_dir runs/gpu_check-h100 --steps ppo_1b gpu_tests --timeout_scale 2
+#   bash scripts/gpu_check.sh --output_dir runs/gpu_check-h100 --steps '["ppo_1b", "gpu_tests"]' --timeout_scale 2
 #
 # Exits 2 on a machine without CUDA, 1 when a step failed or ran past its time limit.
 set -euo pipefail

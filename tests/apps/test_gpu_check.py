@@ -85,7 +85,7 @@ def test_without_cuda_the_script_exits_2_saying_so(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--steps", "quickstart", "bogus"], "unknown step(s) ['bogus']: choose from quickstart, gpu_tests, ppo_1b, vllm"),
+    (["--steps", '["quickstart", "bogus"]'], "unknown step(s) ['bogus']: choose from quickstart, gpu_tests, ppo_1b, vllm"),
     (["--timeout_scale", "0"], "timeout_scale must be > 0, got 0.0"),
 ])
 def test_bad_arguments_exit_2_before_anything_runs(flags, message, capsys):
