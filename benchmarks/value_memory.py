@@ -171,7 +171,8 @@ def main() -> None:
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit(f"error: --device cuda, but torch {torch.__version__} sees no CUDA GPU (README: On a GPU node)")
+        print(f"error: --device cuda, but torch {torch.__version__} sees no CUDA GPU (README: On a GPU node)", file=sys.stderr)
+        sys.exit(2)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_MIXED_PRECISION": "bf16" if args.precision == "bf16" else "no"}
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
