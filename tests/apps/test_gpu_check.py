@@ -67,18 +67,19 @@ def test_the_default_steps_and_their_limits(tmp_path, monkeypatch):
     tests = next(s for s in steps if s.name == "gpu_tests")
     assert tests.argv[1:5] == ("-m", "pytest", "-m", "gpu")
 
-    def missing(name):
-        raise gpu_check.importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(gpu_check.importlib.metadata, "version", missing)
+    monkeypatch.setattr(gpu_check, "vllm_installed", lambda: False)
     vllm = next(s for s in default_steps(tmp_path) if s.name == "vllm")
-    assert vllm.skip and "vllm is not installed" in vllm.skip
+    assert vllm.skip == "vllm is not installed (the 'vllm' extra of env.sh installs it)"
+    monkeypatch.setattr(gpu_check, "vllm_installed", lambda: True)
+    vllm = next(s for s in default_steps(tmp_path) if s.name == "vllm")
+    assert vllm.skip is None and vllm.argv[1:] == ("benchmarks/vllm_generation.py", "--device", "cuda", "--iterations", "1", "--out",
+                                                    str(tmp_path / "vllm.json"))
 
 
 def test_without_cuda_the_script_exits_2_saying_so(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}  # hides any GPU of this machine
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--output_dir", str(tmp_path / "out")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: no CUDA GPU is visible to torch") and "README: On a GPU node" in proc.stderr
     assert not (tmp_path / "out").exists()  # nothing half-written

