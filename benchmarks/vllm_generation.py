@@ -19,6 +19,11 @@ vLLM runs twice: with ``lora_mode`` "merged" (the adapters folded into whole wei
 default on a CPU) and "adapter" (vLLM LoRA requests: the default on a GPU), each on its own engine. On a CPU a third
 engine, bound to the cores vLLM's own way (one kept for its scheduler), samples the batch-64 rollouts again.
 
+On a GPU (``--device cuda``, the default where one is visible) transformers generates on that GPU too, vLLM serves
+adapters as LoRA requests by default, and the peak GPU memory of the measuring process (the training models and
+transformers' generation; the engine runs in its own process with ``gpu_memory_utilization`` 0.3 of the GPU) is
+reported; about three minutes on one GPU with ``--iterations 1``.
+
 Needs the vllm extra (env.sh installs it by default on CPU-only Linux). The engine runs in a spawned process,
 hence the ``__main__`` guard.
 """
@@ -223,16 +228,24 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="Also write the figures to this JSON file (and the notes' "
                         "markdown next to it, .md).")
     parser.add_argument("--report_from", default=None, help="Only print the markdown of a JSON file an earlier run wrote.")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="auto: cuda when a GPU is visible; cpu hides the GPUs (from the engine too)")
     args = parser.parse_args()
     if args.report_from:
         print(report(json.loads(Path(args.report_from).read_text())), end="")
         return
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before anything initialises CUDA; the engine inherits it
+    elif args.device == "cuda" and not torch.cuda.is_available():
+        print(f"error: --device cuda, but torch {torch.__version__} sees no CUDA GPU (README: On a GPU node)", file=sys.stderr)
+        raise SystemExit(2)
     if not vllm_available():
         raise SystemExit("vllm is not importable: install the vllm extra (see env.sh)")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     path = smollm2_path()
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
     splits = generate_task(TaskConfig(seed=0, n_train=8, n_rl=64, n_eval=1))
     rl = splits["rl"]
     prompts = [apply_chat_template(tokenizer, r["prompt"]) for r in rl]
@@ -243,6 +256,7 @@ def main() -> None:
         "model": "SmolLM2-135M-Instruct, fp32",
         "date": time.strftime("%Y-%m-%d"), "load_before": list(os.getloadavg()),  # read by benchmarks/results_tables.py
         "command": " ".join(["python", "benchmarks/vllm_generation.py", *sys.argv[1:]]),
+        **({"gpu": torch.cuda.get_device_name(0)} if device.type == "cuda" else {}),
         "engine_startup_seconds": {}, "critiques": {"pairs": 32, "seconds": {}}, "ppo_iteration": {},
     }
 
@@ -304,6 +318,10 @@ def main() -> None:
     results["ppo_iteration"]["speedup"] = {b: hf / results["ppo_iteration"][b]["total"] for b in ("vllm-merged", "vllm-adapter")}
     results["critiques"]["speedup"] = {b: seconds["hf"] / seconds[b] for b in ("vllm-merged", "vllm-adapter")}
     print(f"PPO iteration speed-up over hf: {results['ppo_iteration']['speedup']}; critiques: {results['critiques']['speedup']}")
+    if device.type == "cuda":
+        results["peak_gpu_allocated_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        print(f"peak GPU memory of this process (not the engine's): {results['peak_gpu_allocated_mb']:.0f} MiB on "
+              f"{results['gpu']}", flush=True)
 
     print(report(results), end="")
     if args.out:

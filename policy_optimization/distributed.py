@@ -22,6 +22,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from trl.models.utils import add_hooks, remove_hooks
 
 from policy_optimization.ppo_config import PPOConfig
+from text2grad.core.placement import check_process_gpus
 
 __all__ = [
     "is_peft", "wrap_lora", "make_accelerator", "prepare_reference", "policy_for_generation", "policy_for_saving",
@@ -46,7 +47,9 @@ def wrap_lora(policy, config: PPOConfig):
 
 
 def make_accelerator(config: PPOConfig):
-    """An `accelerate.Accelerator` for the config (trackers, gloo for DeepSpeed on CPU)."""
+    """An `accelerate.Accelerator` for the config (trackers, gloo for DeepSpeed on CPU). A launch with more
+    processes than visible GPUs is refused first (`check_process_gpus`)."""
+    check_process_gpus()
     if config.report_to != "none":
         needed = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}[config.report_to]
         if not any(importlib.util.find_spec(name) for name in needed):

@@ -55,6 +55,7 @@ from text2grad.core.config import ConfigError, save_config
 from text2grad.core.critics import build_critic
 from text2grad.core.data import DataError
 from text2grad.core.modeling import end_distributed, load_causal_lm, load_tokenizer
+from text2grad.core.placement import check_process_gpus
 from text2grad.core.reward_options import Boundary, Occurrence, Overlap, RewardScheme
 from text2grad.core.rewards import compute_score_rewards, span_sequence_score
 from text2grad.core.feedback import Feedback
@@ -184,6 +185,7 @@ def train_grpo(cfg: GRPORunConfig) -> int:
         raise ConfigError("use_vllm with vllm_mode colocate needs a GPU: on CPU, TRL's weight sync into vLLM fails "
                          "(vLLM's CPU kernels keep no weight loaders). Drop --use_vllm on CPU, or use PPO's "
                          "--generation_backend vllm, which reloads weights the way vLLM's CPU build supports")
+    check_process_gpus()  # more processes than GPUs: exit 2 before any model loads
     tokenizer, items, source, reward_funcs, model = _setup(cfg)
     peft_config = None
     if cfg.use_lora:

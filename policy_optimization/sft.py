@@ -30,6 +30,7 @@ from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError
 from text2grad.core.data import DataError, load_records, record_id, render_template
 from text2grad.core.modeling import check_model_path, load_causal_lm, load_tokenizer
+from text2grad.core.placement import check_process_gpus
 from text2grad.core.run_dir import MetricsJsonl
 
 __all__ = ["main", "lora_config", "training_kwargs", "load_pairs"]
@@ -47,7 +48,9 @@ def lora_config(cfg: HFRunConfig):
 
 def training_kwargs(cfg: HFRunConfig) -> dict[str, Any]:
     """The transformers TrainingArguments fields both runs share. Under DeepSpeed on CPU processes
-    (``DS_ACCELERATOR=cpu``, how CI tests the ZeRO path) accelerate is told to use gloo first."""
+    (``DS_ACCELERATOR=cpu``, how CI tests the ZeRO path) accelerate is told to use gloo first. A launch with more
+    processes than visible GPUs is refused (`check_process_gpus`) before accelerate would crash on it."""
+    check_process_gpus()
     if cfg.deepspeed and os.environ.get("DS_ACCELERATOR") == "cpu" and not torch.cuda.is_available():
         _allow_deepspeed_on_cpu()
     return dict(

@@ -33,7 +33,7 @@ from text2grad.core.critics import build_critic
 from text2grad.core.data import DataError, load_records, record_id, render_template
 from text2grad.core.generation import apply_chat_template
 from text2grad.core.modeling import check_model_path, end_distributed, load_causal_lm, load_tokenizer
-from text2grad.core.placement import world_size
+from text2grad.core.placement import check_process_gpus, world_size
 from text2grad.core.rewards import NoFeedback
 
 __all__ = ["main", "build_prompt_records", "load_models"]
@@ -106,6 +106,7 @@ def build_trainer(cfg: PPOConfig) -> NLGradientPPOTrainer:
         raise ConfigError("set --model_name_or_path (a hub id or a local model directory)")
     if not cfg.dataset_path:
         raise ConfigError("set --dataset_path (a .jsonl/.json file, a saved dataset or a hub id)")
+    check_process_gpus()  # more processes than GPUs: exit 2 now, not a CUDA crash after the models load
     try:
         cfg.iterations()  # fails early if neither num_iterations nor total_episodes is set
         cfg.process_batch(world_size())  # batch_size must split evenly over the launched processes

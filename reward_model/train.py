@@ -45,6 +45,7 @@ from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, save_config
 from text2grad.core.data import DataError, load_records
 from text2grad.core.modeling import check_model_path, end_distributed, load_causal_lm, load_tokenizer
+from text2grad.core.placement import check_process_gpus
 
 __all__ = ["CONFIG_FILENAME", "bootstrap_resample", "build_dataset", "ensemble_member_configs", "train", "main"]
 
@@ -224,7 +225,9 @@ def shared_training_kwargs(args_cls, cfg: Any, *, warmup_ratio: float) -> dict[s
     """The `transformers.TrainingArguments` keywords that both reward models (this module's and
     `reward_model.scalar`'s `RewardConfig`) set the same way from their configs: optimisation, precision,
     DeepSpeed, checkpoints, logging, seed and the progress bar. ``args_cls`` is the arguments class the
-    keywords are for (transformers 4.x and 5 name warm-up and checkpointing differently)."""
+    keywords are for (transformers 4.x and 5 name warm-up and checkpointing differently). A launch with more
+    processes than visible GPUs is refused here (`check_process_gpus`), before accelerate would crash on it."""
+    check_process_gpus()
     return dict(
         output_dir=cfg.output_dir,
         per_device_train_batch_size=cfg.per_device_train_batch_size,

@@ -39,9 +39,15 @@ def _engine_module_rank(item: pytest.Item) -> int | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The vLLM-engine modules run one after the other, where the first of them was collected (each module's own
-    order kept), so that their shared engine can be closed after the last of them instead of idling through the
-    rest of the run (`pytest_runtest_teardown`)."""
+    """Tests marked ``gpu`` run where CUDA is visible and are skipped, saying why, everywhere else. The vLLM-engine
+    modules run one after the other, where the first of them was collected (each module's own order kept), so that
+    their shared engine can be closed after the last of them instead of idling through the rest of the run
+    (`pytest_runtest_teardown`)."""
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason=f"needs a CUDA GPU: none is visible to torch {torch.__version__} here")
+        for item in items:
+            if item.get_closest_marker("gpu") is not None:
+                item.add_marker(skip)
     ranks = [_engine_module_rank(item) for item in items]
     engine_positions = [i for i, rank in enumerate(ranks) if rank is not None]
     if not engine_positions:

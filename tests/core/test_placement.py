@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from policy_optimization.train import main as ppo_main
+from text2grad.core.cli import EXIT_USAGE, guarded
 from text2grad.core.placement import (
-    EnginePlacement, engine_placement, local_rank, local_world_size, misplaced, process_device, resolve_device,
-    set_device_resolver, visible_gpus, world_size,
+    EnginePlacement, PlacementError, check_device, check_process_gpus, engine_placement, local_rank, local_world_size,
+    misplaced, process_device, resolve_device, set_device_resolver, visible_gpus, world_size,
 )
 from text2grad.core.vllm_engine import place_engine
 
@@ -22,7 +24,7 @@ GIB = 1 << 30
         ({}, True, 8, torch.device("cuda", 0)),  # one process: the first GPU, not "the current device"
         ({"LOCAL_RANK": "0"}, True, 8, torch.device("cuda", 0)),
         ({"LOCAL_RANK": "5"}, True, 8, torch.device("cuda", 5)),  # rank 5 of a node with 8 GPUs: its own GPU
-        ({"LOCAL_RANK": "5"}, True, 1, torch.device("cuda", 0)),  # a scheduler gave each process one visible GPU
+        ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, True, 2, torch.device("cuda", 1)),
     ],
 )
 def test_process_device_maps_the_local_rank_to_its_own_gpu(env, available, count, expected):
@@ -30,8 +32,64 @@ def test_process_device_maps_the_local_rank_to_its_own_gpu(env, available, count
 
 
 def test_a_rank_beyond_the_visible_gpus_is_refused():
-    with pytest.raises(ValueError, match="local rank 4 has no GPU of its own: this machine shows 2 GPU"):
+    with pytest.raises(PlacementError, match=r"LOCAL_RANK=4 has no GPU of its own: this process sees 2 visible GPU\(s\) "
+                                             r"\(cuda:0..cuda:1; CUDA_VISIBLE_DEVICES=unset\)"):
         process_device({"LOCAL_RANK": "4"}, cuda_available=True, cuda_device_count=2)
+    with pytest.raises(PlacementError, match="LOCAL_RANK=5 has no GPU of its own"):  # one visible GPU per process:
+        # accelerate's barrier would still address cuda:<LOCAL_RANK> and crash ("invalid device ordinal")
+        process_device({"LOCAL_RANK": "5"}, cuda_available=True, cuda_device_count=1)
+
+
+ONE_GPU_TWO_PROCESSES = {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_more_processes_than_gpus_exit_2_naming_both_numbers_and_the_fix(capsys):
+    expected = (r"2 processes on this machine but 1 visible GPU\(s\) \(cuda:0; CUDA_VISIBLE_DEVICES='0'\): each process "
+                r"needs a GPU of its own. Launch at most 1 process\(es\) per machine \(accelerate launch --num_processes 1")
+    for rank in ("0", "1"):  # every rank refuses, not only the one without a GPU
+        with pytest.raises(PlacementError, match=expected):
+            check_process_gpus({**ONE_GPU_TWO_PROCESSES, "LOCAL_RANK": rank}, cuda_available=True, cuda_device_count=1)
+    with pytest.raises(PlacementError, match=r"8 processes on this machine but 4 visible GPU\(s\)"):
+        check_process_gpus({"LOCAL_SIZE": "8", "LOCAL_RANK": "0"}, cuda_available=True, cuda_device_count=4)  # deepspeed
+    assert guarded(lambda: check_process_gpus(ONE_GPU_TWO_PROCESSES, True, 1)) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("error: 2 processes on this machine but 1 visible GPU(s)") and 'CUDA_VISIBLE_DEVICES=""' in err
+    # what works is not refused: as many processes as GPUs, fewer, or CPU ranks (no CUDA visible)
+    check_process_gpus({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, cuda_available=True, cuda_device_count=2)
+    check_process_gpus({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}, cuda_available=True, cuda_device_count=8)
+    check_process_gpus(ONE_GPU_TWO_PROCESSES, cuda_available=False, cuda_device_count=0)
+
+
+def test_the_ppo_command_on_a_one_gpu_node_with_two_processes_exits_2_before_loading_a_model(monkeypatch, tmp_path, capsys):
+    for name, value in ONE_GPU_TWO_PROCESSES.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    code = ppo_main(["--model_name_or_path", str(tmp_path / "no-model"), "--dataset_path", str(tmp_path / "no.jsonl"),
+                     "--output_dir", str(tmp_path / "out")])
+    assert code == EXIT_USAGE
+    assert "error: 2 processes on this machine but 1 visible GPU(s)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "device, available, count, message",
+    [
+        ("cuda:1", True, 1, r"device cuda:1 does not exist: this process sees 1 visible GPU\(s\) \(cuda:0;"),
+        ("cuda:8", True, 8, r"device cuda:8 does not exist: this process sees 8 visible GPU\(s\) \(cuda:0..cuda:7;"),
+        ("cuda", False, 0, r"device 'cuda' asked for, but CUDA is not available to this process"),
+        ("cuda:0", False, 0, r"device 'cuda:0' asked for, but CUDA is not available .* use device cpu"),
+        ("gpu0", True, 1, r"device 'gpu0' is not a torch device"),
+    ],
+)
+def test_a_device_this_process_cannot_see_is_refused(device, available, count, message):
+    with pytest.raises(PlacementError, match=message):
+        check_device(device, {}, cuda_available=available, cuda_device_count=count)
+
+
+def test_a_device_that_exists_is_returned():
+    assert check_device("cuda:7", {}, cuda_available=True, cuda_device_count=8) == torch.device("cuda", 7)
+    assert check_device("cuda", {}, cuda_available=True, cuda_device_count=1) == torch.device("cuda")
+    assert check_device("cpu", {}, cuda_available=False, cuda_device_count=0) == torch.device("cpu")
 
 
 def test_ranks_and_world_size_from_the_launcher_environment():
@@ -88,7 +146,6 @@ def test_the_launcher_environment_gives_the_processes_per_machine_and_the_visibl
         (0, 8, [str(i) for i in range(8)], 0, "0"),
         (5, 8, [str(i) for i in range(8)], 5, "5"),  # the GPU its models train on (process_device: cuda:5)
         (2, 4, [str(i) for i in range(8)], 2, "2"),  # fewer processes than GPUs: the first ones
-        (6, 8, ["GPU-a"], 0, "GPU-a"),  # a scheduler gave each process its own single visible GPU
         (1, 2, ["GPU-a", "MIG-b"], 1, "MIG-b"),  # UUIDs as CUDA_VISIBLE_DEVICES names them
     ],
 )
@@ -138,6 +195,7 @@ def test_cpu_engines_split_the_kv_cache_budget_and_the_cores(rank, processes, co
         ((0, 2, [], -0.1, 1.0), r"must be in \(0, 1\], got -0.1"),
         ((3, 8, ["4", "5", "6", "7"], 0.3, 1.0),
          r"8 processes on this machine but 4 visible GPUs \(CUDA_VISIBLE_DEVICES=4,5,6,7\).*Launch at most 4 processes"),
+        ((1, 2, ["GPU-a"], 0.3, 1.0), r"2 processes on this machine but 1 visible GPUs .*Launch at most 1 processes"),
         ((2, 2, ["0", "1"], 0.3, 1.0), r"local rank 2 is not one of this machine's 2 process"),
         ((0, 2, [], None, 0.0), r"KV cache on a CPU .* must be > 0 GiB, got 0.0"),
     ],

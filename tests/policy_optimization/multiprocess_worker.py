@@ -7,6 +7,8 @@ process's models sits to ``<output_dir>/placement-rank<k>.json``, then trains. T
 device resolver that maps local rank k to ``cpu:k``: on a CPU the index is the only trace of which rank a device
 was meant for, so a model built for the wrong rank (e.g. every rank's copy on device 0) shows up.
 
+``--real_devices`` keeps the project's own placement instead (on a GPU node: ``cuda:<LOCAL_RANK>``).
+
 ``--seeded_rollouts`` samples each prompt on its own with a seed made from the prompt and the iteration, so a
 prompt gets the same response whichever process samples it (the trainer's sampling streams differ per process by
 design); the world-size comparison needs that.
@@ -122,7 +124,10 @@ def main(argv: list[str]) -> int:
     if "--seeded_rollouts" in argv:
         argv = [a for a in argv if a != "--seeded_rollouts"]
         NLGradientPPOTrainer._generate = seeded_generate
-    set_device_resolver(rank_device)
+    if "--real_devices" in argv:  # on GPUs: the project's own placement (cuda:<LOCAL_RANK>), not the CPU stand-in
+        argv = [a for a in argv if a != "--real_devices"]
+    else:
+        set_device_resolver(rank_device)
     cfg = parse_config(PPOConfig, argv)
     trainer = build_trainer(cfg)
     out = Path(cfg.output_dir)

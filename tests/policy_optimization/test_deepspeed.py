@@ -10,13 +10,13 @@ import subprocess
 import sys
 
 import pytest
-from tests.policy_optimization.test_training_scripts import ROOT, read_metrics, run_script, script_env
+from tests.policy_optimization.test_training_scripts import HIDE_GPUS, ROOT, read_metrics, run_script, script_env
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_process_deepspeed_zero2_and_zero3_ppo(tmp_path):
-    run_script("train_slf5k.sh", tmp_path / "z2", DEEPSPEED="zero2", PHASES="ppo", DS_ACCELERATOR="cpu")
+    run_script("train_slf5k.sh", tmp_path / "z2", DEEPSPEED="zero2", PHASES="ppo", DS_ACCELERATOR="cpu", **HIDE_GPUS)
     z2 = read_metrics(tmp_path / "z2" / "tiny" / "ppo")
     assert [m["episodes"] for m in z2] == [4, 8]  # batch_size 4 is the global batch: 2 processes x 2 rollouts
 
@@ -32,7 +32,7 @@ def test_two_process_deepspeed_zero2_and_zero3_ppo(tmp_path):
         "--response_length", "12", "--dtype", "auto", "--gradient_checkpointing", "false", "--progress_bar", "false",
         "--ds3_gather_for_generation", "false", "--output_dir", str(out3),
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=script_env(tmp_path, DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=ROOT, env=script_env(tmp_path, DS_ACCELERATOR="cpu", **HIDE_GPUS), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-5000:]
     z3 = read_metrics(out3)
     for a, b in zip(z2, z3):

@@ -2,7 +2,8 @@
 device, both reward models in the loop, the global batch, resume under DeepSpeed, and what a changed process
 count does on resume.
 
-Each launch starts 2 processes of `tests.policy_optimization.multiprocess_worker` on the tiny offline model."""
+Each launch starts 2 processes of `tests.policy_optimization.multiprocess_worker` on the tiny offline model, with the
+GPUs hidden (CPU ranks; the one-process runs they are compared with too), so the tests pass on a GPU machine as well."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from policy_optimization.checkpoints import check_process_count
 from policy_optimization.train import main as train_main
 from reward_model.scalar import CONFIG_FILENAME as SCALAR_CONFIG
 from reward_model.scalar_config import ScalarRMConfig
-from tests.policy_optimization.test_training_scripts import ROOT, read_metrics, script_env
+from tests.policy_optimization.test_training_scripts import HIDE_GPUS, ROOT, read_metrics, script_env
 from text2grad.apps.tiny import make_tiny_world
 from text2grad.core.config import save_config
 from text2grad.core.modeling import build_tiny_llama, load_tokenizer
@@ -56,7 +57,7 @@ def ppo_flags(world: Path, out: Path, *extra: str) -> list[str]:
 
 def launch(tmp_path: Path, launcher: list[str], flags: list[str], **env: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", *launcher, "-m", WORKER, *flags] if launcher else [sys.executable, "-m", WORKER, *flags]
-    proc = subprocess.run(cmd, cwd=ROOT, env=script_env(tmp_path, OMP_NUM_THREADS="1", **env), capture_output=True,
+    proc = subprocess.run(cmd, cwd=ROOT, env=script_env(tmp_path, OMP_NUM_THREADS="1", **HIDE_GPUS, **env), capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return proc
@@ -161,7 +162,7 @@ def test_two_machines_launched_one_command_each_with_the_multinode_config(world,
                str(ROOT / "configs" / "accelerate" / "multinode_deepspeed_zero3.yaml"), "--num_processes", "2",
                "--machine_rank", str(machine), "--main_process_ip", "127.0.0.1", "--main_process_port", port,
                "--mixed_precision", "no", "-m", WORKER, *flags]
-        env = script_env(tmp_path, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+        env = script_env(tmp_path, OMP_NUM_THREADS="1", **HIDE_GPUS, DS_ACCELERATOR="cpu")
         machines.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for proc in machines:
         _, err = proc.communicate(timeout=600)
@@ -178,7 +179,7 @@ def deepspeed_launch(tmp_path: Path, module: str, flags: list[str]) -> subproces
     port = str(30500 + os.getpid() % 1000)
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", port, "--no_local_rank",
            "--module", module, *flags]
-    proc = subprocess.run(cmd, cwd=ROOT, env=script_env(tmp_path, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu"),
+    proc = subprocess.run(cmd, cwd=ROOT, env=script_env(tmp_path, OMP_NUM_THREADS="1", **HIDE_GPUS, DS_ACCELERATOR="cpu"),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "dist_world_size=2" in proc.stdout + proc.stderr
@@ -209,7 +210,7 @@ def test_sft_zero3_dpo_zero2_and_grpo_zero3_as_two_processes(world, tmp_path):
            "--adapter", "none", "--dataset_path", str(world / "data" / "rl_prompts.jsonl"), "--critic", "reference",
            "--critic_kwargs", '{"reference_field": "reference"}', "--output_dir", str(grpo), "--num_generations", "2",
            "--max_completion_length", "12", "--dtype", "auto", "--use_chat_template", "false", *hf]
-    proc = subprocess.run(cmd, cwd=ROOT, env=script_env(tmp_path, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu"),
+    proc = subprocess.run(cmd, cwd=ROOT, env=script_env(tmp_path, OMP_NUM_THREADS="1", **HIDE_GPUS, DS_ACCELERATOR="cpu"),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert [m["step"] for m in read_metrics(sft) if "loss" in m] == [1, 2]

@@ -349,8 +349,8 @@ def test_rewarded_token_becomes_more_likely_and_an_untouched_one_barely_moves(tm
         model.eval()
         out = []
         for p in prompts:
-            ids = torch.tensor([tok.encode(p, add_special_tokens=False)])
-            out.append(torch.softmax(model(input_ids=ids).logits[0, -1].float(), -1))
+            ids = torch.tensor([tok.encode(p, add_special_tokens=False)], device=model.device)  # the trainer placed it
+            out.append(torch.softmax(model(input_ids=ids).logits[0, -1].float(), -1).cpu())
         return torch.stack(out).mean(0)
 
     before = next_token_probs()

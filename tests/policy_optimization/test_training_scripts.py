@@ -13,6 +13,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Processes launched as CPU ranks (gloo, DS_ACCELERATOR=cpu) must not see a GPU: on a GPU machine accelerate and
+# DeepSpeed would otherwise put them on cuda:<LOCAL_RANK> (more ranks than GPUs: "invalid device ordinal"), and a
+# comparison with a one-process run would compare a GPU run with a CPU one.
+HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""}
+
+
 def script_env(out: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(

@@ -48,7 +48,8 @@ def test_deepspeed_two_cpu_processes_train_save_reload(rm_world, tmp_path, zero_
         *train_args(rm_world, out, max_steps=4, save_steps=2, per_device_train_batch_size=1, learning_rate=1e-2,
                     deepspeed=str(REPO / "configs" / "deepspeed" / zero_config)),
     ]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(DS_ACCELERATOR="cpu"), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES=""),  # CPU ranks: GPUs hidden
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, _tail(proc)
     state = json.loads((out / "trainer_state.json").read_text())
     # 4 steps x 1 sequence per process x 2 processes = 8 sequences = 2 epochs of the 4 records;

@@ -114,11 +114,15 @@ def test_merge_matches_the_adapter(rm_world, lora_run, tmp_path):
     for name in ("config.json", "model.safetensors", "tokenizer.json", CONFIG_FILENAME):
         assert (merged / name).is_file(), name
     ids = torch.tensor([[5, 17, 42, 99, 7]])
-    with torch.no_grad():
-        expected = load_causal_lm(str(lora_run), merge_adapter=False)(ids).logits
-        got = load_causal_lm(str(merged))(ids).logits
+
+    @torch.no_grad()
+    def logits(model) -> torch.Tensor:  # on the model's device (the reward model is placed on this process's GPU)
+        return model(ids.to(model.device)).logits.float().cpu()
+
+    expected = logits(load_causal_lm(str(lora_run), merge_adapter=False))
+    got = logits(load_causal_lm(str(merged)))
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
-    base_logits = load_causal_lm(str(rm_world / "base"))(ids).logits
+    base_logits = logits(load_causal_lm(str(rm_world / "base")))
     assert (base_logits - expected).abs().max() > 1e-3  # the adapter changed something, so the check means something
     a = GenerativeRewardModel.from_pretrained(str(lora_run), max_new_tokens=12)
     b = GenerativeRewardModel.from_pretrained(str(merged), max_new_tokens=12)
@@ -128,8 +132,7 @@ def test_merge_matches_the_adapter(rm_world, lora_run, tmp_path):
     # The base model named explicitly with the adapter beside it (from_pretrained(base, adapter=...)).
     c = GenerativeRewardModel.from_pretrained(str(rm_world / "base"), adapter=str(lora_run), max_new_tokens=12)
     assert c.instruction == INSTRUCTION
-    with torch.no_grad():
-        torch.testing.assert_close(c.model(ids).logits, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits(c.model), expected, atol=1e-4, rtol=1e-4)
     assert [f.raw for f in c.feedback(prompts, responses)] == [f.raw for f in a.feedback(prompts, responses)]
 
 

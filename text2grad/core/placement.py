@@ -11,6 +11,12 @@ instead of writing ``"cuda"``.
 mapping is tested without a GPU; `set_device_resolver` lets a test or an unusual cluster layout replace it
 (e.g. one reward-model GPU per node).
 
+Layouts that cannot work are refused before any model loads, with a `PlacementError` (a `ConfigError`: every
+command prints ``error: ...`` and exits 2) naming the numbers and the fix: more processes on a machine than it has
+visible GPUs (`check_process_gpus`, which every trainer calls before its accelerator exists: accelerate would put
+two ranks on one GPU and then crash in its first barrier with "invalid device ordinal"), a ``LOCAL_RANK`` beyond the
+visible GPUs, and a ``cuda:N`` (or ``cuda`` without CUDA) that this process cannot see (`check_device`).
+
 A vLLM engine is placed by `engine_placement`, also pure: each process's engine on that process's own GPU with the
 configured share of it, or on a CPU machine a slice of the KV-cache budget (and of the CPU cores) per process.
 """
@@ -23,10 +29,17 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from text2grad.core.config import ConfigError
+
 __all__ = [
-    "EnginePlacement", "engine_placement", "local_rank", "local_world_size", "misplaced", "process_device",
-    "resolve_device", "set_device_resolver", "visible_gpus", "world_size",
+    "EnginePlacement", "PlacementError", "check_device", "check_process_gpus", "engine_placement", "local_rank",
+    "local_world_size", "misplaced", "process_device", "resolve_device", "set_device_resolver", "visible_gpus",
+    "world_size",
 ]
+
+
+class PlacementError(ConfigError):
+    """Processes, ranks or devices that this machine's GPUs cannot serve; the message names the numbers and the fix."""
 
 
 def local_rank(env: Mapping[str, str] | None = None) -> int | None:
@@ -81,28 +94,81 @@ def visible_gpus(env: Mapping[str, str] | None = None, cuda_available: bool | No
     return [name.strip() for name in listed.split(",") if name.strip()][:count]
 
 
+def _visible_description(env: Mapping[str, str] | None, count: int) -> str:
+    listed = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    names = f"cuda:0..cuda:{count - 1}" if count > 1 else "cuda:0" if count == 1 else "none"
+    return f"{count} visible GPU(s) ({names}; CUDA_VISIBLE_DEVICES={'unset' if listed is None else repr(listed)})"
+
+
+def check_process_gpus(env: Mapping[str, str] | None = None, cuda_available: bool | None = None,
+                       cuda_device_count: int | None = None) -> None:
+    """Refuse a launch this machine's GPUs cannot serve: more processes on the machine (``LOCAL_WORLD_SIZE`` /
+    ``LOCAL_SIZE``) than visible GPUs, or a ``LOCAL_RANK`` beyond them. Each process trains on a GPU of its own;
+    accelerate would put two ranks on one GPU and crash in its first barrier ("invalid device ordinal").
+
+    Nothing is checked without CUDA (processes on the CPU share its cores). ``env``, ``cuda_available`` and
+    ``cuda_device_count`` default to the real ones, so a test gives the counts of any machine.
+
+    Raises:
+        PlacementError: naming the process count, the rank and the visible GPUs, and how to launch instead.
+    """
+    available = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if not available:
+        return
+    count = torch.cuda.device_count() if cuda_device_count is None else cuda_device_count
+    processes, rank = local_world_size(env), local_rank(env) or 0
+    fix = (f"Launch at most {count} process(es) per machine (accelerate launch --num_processes {count}, torchrun "
+           f"--nproc_per_node {count}, deepspeed --num_gpus {count}), make more GPUs visible to every process (the "
+           "launcher gives each its own GPU by LOCAL_RANK), or hide the GPUs with CUDA_VISIBLE_DEVICES=\"\" to run "
+           "every process on the CPU")
+    if processes > count:
+        raise PlacementError(f"{processes} processes on this machine but {_visible_description(env, count)}: "
+                             f"each process needs a GPU of its own. {fix}")
+    if rank >= count:
+        raise PlacementError(f"LOCAL_RANK={rank} has no GPU of its own: this process sees "
+                             f"{_visible_description(env, count)}. {fix}")
+
+
+def check_device(device: str | torch.device, env: Mapping[str, str] | None = None, cuda_available: bool | None = None,
+                 cuda_device_count: int | None = None) -> torch.device:
+    """``device`` as a `torch.device` if this process can use it; a ``cuda`` without CUDA or a ``cuda:N`` beyond
+    the visible GPUs raises `PlacementError` naming what is visible (the counts default to the real ones)."""
+    try:
+        placed = torch.device(device)
+    except RuntimeError as exc:
+        raise PlacementError(f"device {device!r} is not a torch device ({exc}); use cpu, cuda or cuda:<index>") from None
+    if placed.type != "cuda":
+        return placed
+    available = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if not available:
+        raise PlacementError(
+            f"device {str(placed)!r} asked for, but CUDA is not available to this process (torch {torch.__version__}, "
+            f"CUDA_VISIBLE_DEVICES={(os.environ if env is None else env).get('CUDA_VISIBLE_DEVICES', 'unset')!r}): "
+            "use device cpu, or install a CUDA build of torch (README: On a GPU node)"
+        )
+    count = torch.cuda.device_count() if cuda_device_count is None else cuda_device_count
+    if placed.index is not None and placed.index >= count:
+        raise PlacementError(
+            f"device cuda:{placed.index} does not exist: this process sees {_visible_description(env, count)}. "
+            "Pick one of those, or leave the device unset for this process's own GPU (cuda:<LOCAL_RANK>)"
+        )
+    return placed
+
+
 def process_device(env: Mapping[str, str] | None = None, cuda_available: bool | None = None,
                    cuda_device_count: int | None = None) -> torch.device:
     """The device of this process's models: ``cuda:<LOCAL_RANK>`` under a launcher with CUDA, ``cuda:0`` in a
     single process with CUDA, else ``cpu``.
 
-    ``env``, ``cuda_available`` and ``cuda_device_count`` default to the real environment. A process that sees
-    exactly one GPU uses it (schedulers such as SLURM give each process its own ``CUDA_VISIBLE_DEVICES``). A
-    local rank beyond the visible GPUs is an error: the processes would share a GPU by accident.
+    ``env``, ``cuda_available`` and ``cuda_device_count`` default to the real environment. More processes on
+    the machine than visible GPUs, or a local rank beyond them, raise `PlacementError` (`check_process_gpus`):
+    the processes would share a GPU by accident.
     """
     available = torch.cuda.is_available() if cuda_available is None else cuda_available
     if not available:
         return torch.device("cpu")
-    rank = local_rank(env) or 0
-    count = torch.cuda.device_count() if cuda_device_count is None else cuda_device_count
-    if count == 1:
-        return torch.device("cuda", 0)
-    if rank >= count:
-        raise ValueError(
-            f"local rank {rank} has no GPU of its own: this machine shows {count} GPU(s) "
-            "(CUDA_VISIBLE_DEVICES). Launch at most one process per GPU (--num_processes / --nproc_per_node)."
-        )
-    return torch.device("cuda", rank)
+    check_process_gpus(env, available, cuda_device_count)
+    return torch.device("cuda", local_rank(env) or 0)
 
 
 def misplaced(process: torch.device, placed: Mapping[str, torch.device | None]) -> list[str]:
@@ -127,10 +193,10 @@ def set_device_resolver(resolver: Callable[[], torch.device] | None) -> None:
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    """``device`` if the caller chose one, else this process's own device (`process_device`, or the resolver
-    installed with `set_device_resolver`)."""
+    """``device`` if the caller chose one (checked by `check_device`: it must exist here), else this process's own
+    device (`process_device`, or the resolver installed with `set_device_resolver`)."""
     if device is not None:
-        return torch.device(device)
+        return check_device(device)
     return _resolver()
 
 
@@ -207,15 +273,14 @@ def engine_placement(
     this machine.
 
     On a GPU machine (``visible_gpus`` non-empty, as `visible_gpus` lists them) process k's engine goes on
-    visible GPU k, the GPU its models train on (`process_device`), and takes ``gpu_memory_utilization`` of it; a
-    process that sees exactly one GPU uses that one (a scheduler gave each process its own). On a CPU machine
+    visible GPU k, the GPU its models train on (`process_device`), and takes ``gpu_memory_utilization`` of it. On a CPU machine
     the engines share ``cpu_kv_cache_gb`` GiB of KV cache evenly, and, when ``cpu_cores`` lists at least one core
     per process, process k's engine gets the k-th contiguous slice of them, so the engines do not all bind their
     threads to the same cores; a process alone gets all of them (vLLM's own binding would keep one core for its
     scheduler: half of a 2-core machine, where decoding then ran 1.55x slower).
 
     Raises ValueError naming the setting to change: a share outside (0, 1], a non-positive KV budget, a rank
-    outside the machine's processes, or more processes than visible GPUs.
+    outside the machine's processes, or (`PlacementError`) more processes than visible GPUs.
     """
     if local_world_size < 1 or not 0 <= local_rank < local_world_size:
         raise ValueError(f"local rank {local_rank} is not one of this machine's {local_world_size} process(es) "
@@ -227,17 +292,14 @@ def engine_placement(
             "(weights + KV cache), e.g. 0.3, leaving the rest to the models that train on that GPU"
         )
     if visible_gpus:
-        if len(visible_gpus) == 1:
-            index = 0
-        elif local_world_size > len(visible_gpus):
-            raise ValueError(
+        if local_world_size > len(visible_gpus):
+            raise PlacementError(
                 f"{local_world_size} processes on this machine but {len(visible_gpus)} visible GPUs "
                 f"(CUDA_VISIBLE_DEVICES={','.join(visible_gpus)}): each process's vLLM engine needs a GPU of its own. "
                 f"Launch at most {len(visible_gpus)} processes per machine (--num_processes / --nproc_per_node) or "
                 "make more GPUs visible"
             )
-        else:
-            index = local_rank
+        index = local_rank
         return EnginePlacement(index, visible_gpus[index], gpu_memory_utilization, None, None, local_world_size > 1)
     if not cpu_kv_cache_gb > 0:
         raise ValueError(f"the vLLM KV cache on a CPU (vllm_cpu_kv_cache_gb / VLLM_CPU_KVCACHE_SPACE) must be > 0 GiB, "

@@ -7,15 +7,19 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.core.sandbox.sandbox_testlib import assert_clean, degraded  # noqa: F401 - degraded is a fixture
 from text2grad.core import sandbox
 from text2grad.core.sandbox import run_python
+from text2grad.core.sandbox.probe import blocked_dirs
 
 
 # --- ordinary programs ---------------------------------------------------------------------------------------
@@ -121,17 +125,34 @@ def layers(request, monkeypatch):
     sandbox.isolation(refresh=True)
 
 
-def test_writing_outside_its_directory_fails(tmp_path, layers):
-    """Every write target outside the run's directory lies in tmp_path, except /etc (tried only when the uid
-    switch makes it fail) and /tmp (tried only when a private tmpfs hides it); the test removes whatever
-    appears, asserts nothing leaked, and so never leaves a root-owned file behind whatever the layers."""
+@pytest.fixture
+def reachable_dir(tmp_path):
+    """A fresh directory that every uid can reach (each folder above it can be entered by others), removed after.
+
+    Not pytest's tmp_path: that lies under /tmp/pytest-of-<user>/ (mode 700), so a program running under the
+    sandbox's unprivileged uid cannot reach anything in it, and every write there fails whatever the files' own
+    permissions, the world-writable folder's included. The file permissions would go untested."""
+    parents = [tmp_path, Path(tempfile.gettempdir()), Path("/tmp"), Path("/var/tmp")]
+    parent = next((p for p in parents if p.is_dir() and not blocked_dirs([str(p)])), None)
+    if parent is None:
+        pytest.fail(f"no folder every uid can reach among {[str(p) for p in parents]}: make /tmp world-accessible")
+    path = Path(tempfile.mkdtemp(prefix="text2grad-sandbox-test-", dir=parent))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_writing_outside_its_directory_fails(reachable_dir, layers):
+    """Every write target outside the run's directory lies in a directory every uid can reach, except /etc (tried
+    only when the uid switch makes it fail) and /tmp (tried only when a private tmpfs hides it); the test removes
+    whatever appears, asserts nothing leaked, and so never leaves a root-owned file behind whatever the layers."""
     iso = sandbox.isolation()
-    victim = tmp_path / "victim.txt"
+    victim = reachable_dir / "victim.txt"
     victim.write_text("original")
     victim.chmod(0o644)  # readable by anyone, writable only by its owner
-    protected = tmp_path / "protected"  # like /etc: root's, not writable by others
+    protected = reachable_dir / "protected"  # like /etc: root's, not writable by others
     protected.mkdir(mode=0o755)
-    shared = tmp_path / "shared"  # like /tmp: world-writable, sticky
+    shared = reachable_dir / "shared"  # like /tmp: world-writable, sticky
     shared.mkdir()
     shared.chmod(0o1777)
     tag = f"{os.getpid()}-{secrets.token_hex(4)}"
@@ -152,15 +173,15 @@ for path in {targets!r}:
 open("inside.txt", "w").write("fine")
 print(len(errors), open("inside.txt").read(), os.getcwd())
 """
-    outside_tmp_path = [etc_target, tmp_target]
+    outside_reachable_dir = [etc_target, tmp_target]
     try:
         r = run_python(code, timeout_s=10)
-        leaked = [p for p in outside_tmp_path if os.path.exists(p)]
+        leaked = [p for p in outside_reachable_dir if os.path.exists(p)]
     finally:
-        for path in outside_tmp_path:
+        for path in outside_reachable_dir:
             if os.path.exists(path):
                 os.remove(path)
-    assert not any(os.path.exists(p) for p in outside_tmp_path)
+    assert not any(os.path.exists(p) for p in outside_reachable_dir)
     assert r.verdict == "passed", r.stderr
     errors, inside, workdir = r.stdout.split()
     assert inside == "fine" and not os.path.exists(workdir)  # the run's directory went with the run
@@ -173,7 +194,7 @@ print(len(errors), open("inside.txt").read(), os.getcwd())
         return
     assert victim.read_text() == "original"
     assert not (protected / "new.txt").exists()
-    if iso.namespaces:  # tmp_path itself is hidden; /tmp is a private tmpfs: that write "succeeds" into a throwaway mount
+    if iso.namespaces:  # the test's directory is hidden; /tmp is a private tmpfs: that write "succeeds" into a throwaway mount
         assert "namespaces" in r.layers and not (shared / "new.txt").exists()
     else:  # a world-writable directory is writable by anyone: the documented gap without namespaces
         assert (shared / "new.txt").stat().st_uid == r.sandbox_uid

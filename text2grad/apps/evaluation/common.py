@@ -23,6 +23,7 @@ from text2grad.core.cli import EXIT_OK
 from text2grad.core.cli import run_cli as run_shared_cli
 from text2grad.core.config import ConfigError
 from text2grad.core.generation_backend import TextGenerator, load_text_generator
+from text2grad.core.placement import check_device
 
 __all__ = [
     "load_policy",
@@ -37,8 +38,10 @@ __all__ = [
 
 
 def pick_device(device: str | None = None) -> str:
-    """``device`` if given, else "cuda" when a GPU is visible, else "cpu"."""
+    """``device`` if given (a ``cuda:N`` this process cannot see is refused: `check_device`), else "cuda" when a
+    GPU is visible, else "cpu"."""
     if device:
+        check_device(device)
         return device
 
     return "cuda" if torch.cuda.is_available() else "cpu"
