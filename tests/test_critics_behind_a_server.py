@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.reward_model.grounding_testlib import SPAN_LIST_OPENING, RowConstraints, forced_span_list
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from annotation.cli import main as annotate
@@ -30,12 +31,13 @@ from policy_optimization.models import ValueModel
 from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.trainer import NLGradientPPOTrainer
 from reward_model.inference import GenerativeRewardModel
-from reward_model.remote import RemoteError
+from reward_model.remote import RemoteCompletions, RemoteError
 from reward_model.serve import free_port
 from text2grad.apps.evaluation.judge import JudgeConfig, PairwiseItem, judge_pairwise, load_prompt, win_rate_summary
 from text2grad.core.critics import build_critic
-from text2grad.core.generation import generate
+from text2grad.core.generation import apply_chat_template, encode_prompt_ids, generate
 from text2grad.core.modeling import build_tiny_llama
+from text2grad.core.vllm_engine import request_constraint_xargs
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_server]
 
@@ -79,6 +81,30 @@ def test_remote_critiques_equal_the_local_backend_token_for_token(critic_server)
     assert [(o.text, o.finished) for o in remote_out] == [(o.text, o.finished) for o in local_out]
     feedback = remote.feedback(PROMPTS, RESPONSES)
     assert len(feedback) == 4 and remote.stats.requests == 4 and remote.stats.request_errors == 0
+
+
+def test_grounded_quotes_are_constrained_inside_the_server_as_in_process(critic_server):
+    """The server runs the project's per-request logits processor (serve-critic installs it): a constraint sent in a
+    request's vllm_xargs constrains that request as the transformers logits processor constrains a row. SmolLM2 was
+    not trained to write span JSON, so the test constraint forces the span list open, then hands over to the reward
+    model's grounded constraint (tests/reward_model/grounding_testlib.py)."""
+    tokenizer = AutoTokenizer.from_pretrained(str(critic_server.model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(critic_server.model_dir), dtype=torch.float32).eval()
+    sources = ["Oslo is the capital of Sweden.", "Water boils at 90 degrees."]
+    prompts = [apply_chat_template(tokenizer, f"Quote the wrong words in: {s}") for s in sources]
+    ids = encode_prompt_ids(tokenizer, prompts, add_special_tokens=False)
+    remote = RemoteCompletions(critic_server.base_url, critic_server.model)
+    served = remote.generate(ids, 24, extra_bodies=[
+        {"vllm_xargs": request_constraint_xargs("tests.reward_model.grounding_testlib:forced_span_list", source=s)}
+        for s in sources])
+    local = generate(model, tokenizer, prompts, max_new_tokens=24, batch_size=1, add_special_tokens=False,
+                     logits_processors=lambda rows, width: [RowConstraints([forced_span_list(tokenizer, sources[i])
+                                                                            for i in rows], width)])
+    assert [s.token_ids[: len(h.response_ids)] for s, h in zip(served, local)] == [h.response_ids for h in local]
+    assert all(s.text.startswith(SPAN_LIST_OPENING) for s in served)
+    # and through the reward model: grounded_spans sends the grounded constraint with every request
+    rm = _remote(critic_server, grounded_spans=True, max_new_tokens=16)
+    assert len(rm.feedback(PROMPTS[:2], RESPONSES[:2])) == 2 and rm.stats.request_errors == 0
 
 
 def test_a_ppo_iteration_runs_with_the_critic_behind_the_server(critic_server, bpe_tokenizer, tmp_path):

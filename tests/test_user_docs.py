@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-README_MAX_LINES = 260
+README_MAX_LINES = 262
 TEXT_FILE = re.compile(r"\.(md|py|ya?ml|sh|toml|txt|cfg|ini|jinja|html)$")
 NOT_CHECKED = ("tests/fixtures/",)
 INTERNAL_REFERENCE = re.compile(

@@ -36,6 +36,7 @@ def test_the_server_is_started_through_the_module_with_the_projects_logits_proce
     assert _value(cmd, "--logits-processors") == REQUEST_LOGITS_PROCESSOR
     assert _value(cmd, "--generation-config") == "vllm" and _value(cmd, "--max-model-len") == "2048"
     assert "--enable-lora" not in cmd and "--api-key" not in cmd
+    assert "--enforce-eager" in cmd and "--enforce-eager" not in server_command(cfg, ServedModel("m"), 9000, on_gpu=True)
 
 
 def test_a_lora_adapter_is_served_under_the_critics_name_on_its_base():
