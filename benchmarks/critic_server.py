@@ -1,10 +1,12 @@
 """A PPO iteration with the reward model in the PPO process vs behind vLLM's OpenAI server, side by side on one machine.
 
-    python benchmarks/critic_server.py [--iterations 2] [--out benchmarks/results/critic_server/critic_server.json]
+    python benchmarks/critic_server.py [--iterations 2] [--critique_tokens 128] [--setups ...]
+        [--out benchmarks/results/critic_server/critic_server.json]
 
 The same PPO iteration three times over, one after the other: SmolLM2-135M-Instruct as a LoRA policy (rank 16,
 batch 8, 2 minibatches x 2 epochs, 40 new tokens, sampled with transformers), and as the critic a LoRA reward model
-on SmolLM2 (rank 16, random adapter: it writes to its 128-token limit, the worst case and the same work everywhere):
+on SmolLM2 (rank 16, random adapter: it writes to its token limit, 128 by default, the worst case and the same work
+everywhere):
 
 - ``in-process hf``: the reward model on transformers in the PPO process (``backend: hf``);
 - ``in-process vllm``: on this process's vLLM engine (``backend: vllm``; on a CPU the adapter merged in its weights);
@@ -96,6 +98,9 @@ def report(results: dict) -> str:
         f"Measured {results['date']} on {results['machine']}; {results['model']}. Machine shared with other work: "
         "the 1-minute load average before and after each setup's iterations is in the last column.",
         "",
+        f"Critiques of up to {results['critique_tokens']} tokens; mean of {results['timed_iterations']} timed "
+        "iteration(s) per setup after one warm-up.",
+        "",
         "| critic | PPO iteration | of which feedback | of which rollouts | timed iterations | load average |",
         "|---|---|---|---|---|---|",
         *rows,
@@ -115,6 +120,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=2, help="Timed PPO iterations per setup (after one warm-up).")
     parser.add_argument("--out", default=None, help="Also write the figures to this JSON file (and the notes' "
                         "markdown next to it, .md).")
+    parser.add_argument("--critique_tokens", type=int, default=CRITIQUE_TOKENS,
+                        help="The reward model's max_new_tokens (its random adapter writes to the limit).")
     parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS,
                         help="Which critics to run (in-process hf and server at least, for the comparison).")
     parser.add_argument("--report_from", default=None, help="Only print the markdown of a JSON file an earlier run wrote.")
@@ -135,7 +142,8 @@ def main() -> None:
         "model": "SmolLM2-135M-Instruct policy (LoRA r16) and reward model (LoRA r16), fp32",
         "ppo_iteration": {},
     }
-    options = dict(max_new_tokens=CRITIQUE_TOKENS, dtype="fp32", tokenizer_name_or_path=str(path))
+    options = dict(max_new_tokens=args.critique_tokens, dtype="fp32", tokenizer_name_or_path=str(path))
+    results["critique_tokens"], results["timed_iterations"] = args.critique_tokens, args.iterations
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         adapter = make_adapter(path, work / "rm")
