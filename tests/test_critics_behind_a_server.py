@@ -182,8 +182,8 @@ def _slf5k_rows(path: Path) -> Path:
 
 def _annotate_args(server, data: Path, out: Path) -> list[str]:
     return ["--dataset", "slf5k", "--dataset_path", str(data), "--output", str(out), "--base_url", server.base_url,
-            "--model", server.model, "--max_tokens", "96", "--concurrency", "1", "--max_retries", "0",
-            "--progress_bar", "false"]
+            "--model", server.model, "--max_tokens", "64", "--concurrency", "1", "--max_retries", "0",
+            "--timeout_s", "1200", "--progress_bar", "false"]
 
 
 def _ids(path: Path) -> list[str]:
@@ -231,8 +231,8 @@ def test_annotation_with_structured_outputs_is_killed_and_resumed(critic_server,
 def test_the_pairwise_judge_in_both_orders(critic_server):
     items = [PairwiseItem(f"item-{k}", f"Summarize: {p.split(': ', 1)[1]}", r, "No idea.")
              for k, (p, r) in enumerate(zip(PROMPTS, RESPONSES))]
-    cfg = JudgeConfig(model=critic_server.model, base_url=critic_server.base_url, max_tokens=48, concurrency=4,
-                      max_retries=1)
+    cfg = JudgeConfig(model=critic_server.model, base_url=critic_server.base_url, max_tokens=32, concurrency=4,
+                      max_retries=1, timeout_s=1200)
     judgments = judge_pairwise(items, cfg, load_prompt("summarization_pairwise"), progress_bar=False, swap=True)
     assert [(j.id, j.candidate_position) for j in judgments] == [(i.id, pos) for i in items for pos in ("A", "B")]
     assert all(j.error is None and j.judge_output for j in judgments)  # every request answered
