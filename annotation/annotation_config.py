@@ -122,6 +122,13 @@ class AnnotationConfig:
     )
     azure_endpoint: str | None = config_field(None, "Azure OpenAI endpoint URL.")
     azure_api_version: str | None = config_field(None, "Azure OpenAI API version.")
+    structured_output: Literal["auto", "json_schema", "off"] = config_field(
+        "auto",
+        "Ask the server for JSON that follows a schema (response_format json_schema: the critique and the two "
+        "span lists, plus a reasoning field with --cot): json_schema always, auto only with --base_url (a local "
+        "server such as vLLM; the OpenAI API keeps the paper's free-form prompt), off never. A server that "
+        "refuses the schema (HTTP 400) gets the free-form request and today's parsing and repair instead.",
+    )
     temperature: float = config_field(0.0, "Sampling temperature of the annotator.")
     max_tokens: int = config_field(1024, "Maximum tokens in one annotator answer.")
     seed: int | None = config_field(
@@ -212,6 +219,11 @@ class AnnotationConfig:
     @property
     def report_path(self) -> Path:
         return Path(self.report) if self.report else Path(self.output + ".report.json")
+
+    @property
+    def wants_structured_output(self) -> bool:
+        """Whether requests carry the span JSON schema (`structured_output`)."""
+        return self.structured_output == "json_schema" or (self.structured_output == "auto" and bool(self.base_url))
 
     def resolved_field_map(self) -> dict[str, str]:
         """The dataset's default mapping with the user's --field_map over it."""

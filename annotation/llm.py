@@ -55,6 +55,7 @@ __all__ = [
     "make_openai_client",
     "mask_secrets",
     "estimate_tokens",
+    "feedback_schema",
     "backoff_delay",
     "retry_after_seconds",
 ]
@@ -258,8 +259,25 @@ def make_openai_client(cfg: AnnotationConfig) -> tuple[openai.AsyncOpenAI, str |
     return client, key
 
 
+def feedback_schema(reasoning: bool) -> dict[str, Any]:
+    """The JSON schema of an annotator's answer (``response_format`` json_schema): the critique and the two span
+    lists (at most 3 quotes each, as the prompts ask), after a ``reasoning`` field when the prompt asks the model to
+    reason first (CoT), since a schema-bound answer has no room for prose before the JSON."""
+    spans = {"type": "array", "items": {"type": "string"}, "maxItems": 3}
+    properties: dict[str, Any] = {"reasoning": {"type": "string"}} if reasoning else {}
+    properties.update({"critique": {"type": "string"}, "good_spans": spans, "poor_spans": spans})
+    schema = {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+    return {"type": "json_schema", "json_schema": {"name": "span_feedback", "schema": schema, "strict": True}}
+
+
 class ChatClient:
-    """Chat completions with our retry/backoff policy, budget and usage accounting (see the module doc)."""
+    """Chat completions with our retry/backoff policy, budget and usage accounting (see the module doc).
+
+    With ``cfg.wants_structured_output`` each request carries `feedback_schema` as its ``response_format``; the
+    first time the server refuses it (HTTP 400), the request is sent again without it, and if that succeeds the
+    client stops sending it (``structured`` becomes False and ``structured_refused`` holds the server's reason):
+    the answers are then parsed and repaired as free text.
+    """
 
     def __init__(
         self,
@@ -274,6 +292,9 @@ class ChatClient:
         self.secret = secret
         self.rng = random.Random(cfg.seed)
         self.connection_errors = 0  # connection attempts in a row that found no server (any answer resets it)
+        self.structured = cfg.wants_structured_output
+        self.structured_refused: str | None = None
+        self._schema = feedback_schema(reasoning=cfg.cot and cfg.critic != "human")
 
     def _mask(self, text: str) -> str:
         return mask_secrets(text, [self.secret])
@@ -282,14 +303,17 @@ class ChatClient:
         cfg = self.cfg
         extra: dict[str, Any] = {} if cfg.seed is None else {"seed": cfg.seed}
         attempt = 0
+        schema_refused: str | None = None  # the server's reason, while this request tries without the schema
         while True:
             self.meter.acquire()
+            structured = self.structured and schema_refused is None
             try:
                 response = await self.client.chat.completions.create(
                     model=cfg.model,
                     messages=messages,  # type: ignore[arg-type]
                     temperature=cfg.temperature,
                     max_tokens=cfg.max_tokens,
+                    **({"response_format": self._schema} if structured else {}),
                     **extra,
                 )
             except openai.APIStatusError as exc:
@@ -297,6 +321,9 @@ class ChatClient:
                 self.connection_errors = 0
                 status = exc.status_code
                 message = self._mask(f"HTTP {status} from {cfg.model}: {exc.message}")
+                if status == 400 and structured:  # maybe the schema: ask again without it, at once
+                    schema_refused = message
+                    continue
                 if status in FATAL_STATUS:
                     raise FatalAPIError(message, status) from None
                 if not (status in RETRYABLE_STATUS or status >= 500):
@@ -317,6 +344,10 @@ class ChatClient:
                         )) from None
             else:
                 self.connection_errors = 0
+                if schema_refused is not None and self.structured:
+                    self.structured, self.structured_refused = False, schema_refused
+                    logger.warning("the server refused the span JSON schema (%s); answers are parsed as free text "
+                                   "from now on", schema_refused)
                 text = (response.choices[0].message.content or "") if response.choices else ""
                 usage = response.usage
                 prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)

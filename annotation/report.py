@@ -50,6 +50,9 @@ class RunReport:
     output_records: int = 0
     failure_records: int = 0
     retry_failures: bool = False
+    # How answers were asked for: "json_schema" (structured outputs), "off" (free text, parsed and repaired), or
+    # "refused: <the server's reason>" (the server refused the schema; free text from then on).
+    structured_output: str = "off"
     # Totals over every run into this output (this one included), so a killed or resumed run's tokens and cost
     # are never lost: runs, requests, tokens_in, tokens_out, tokens_estimated_requests, estimated_cost_usd,
     # done, failed, elapsed_s.
@@ -105,6 +108,9 @@ class RunReport:
                 f"{self.skipped_failed} record(s) failed in an earlier run and were skipped (reasons in "
                 f"{self.failures}); rerun with --retry_failures true to try them again"
             )
+        if self.structured_output.startswith("refused"):
+            lines.append(f"the server {self.structured_output.replace('refused', 'refused the span JSON schema', 1)}; "
+                         "answers were parsed as free text")
         if self.stopped:
             lines.append(f"stopped early: {self.stopped}. Rerun the same command to continue.")
         if self.interrupted:

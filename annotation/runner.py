@@ -378,6 +378,10 @@ def run_annotation(cfg: AnnotationConfig, critic: RecordCritic | None = None) ->
         report.records_per_s = (report.done + report.failed) / report.elapsed_s if report.elapsed_s > 0 else 0.0
         report.not_finished = report.to_annotate - report.done - report.failed
         report.unmatched_span_rate = report.spans_unmatched / report.spans_total if report.spans_total else 0.0
+        chat = getattr(critic, "chat", None)
+        if isinstance(chat, ChatClient):
+            refused = chat.structured_refused
+            report.structured_output = f"refused: {refused}" if refused else "json_schema" if chat.structured else "off"
         report.accumulate(earlier)
         write_report(cfg.report_path, report)
 

@@ -19,6 +19,10 @@
 - ``backend="vllm"`` serves the same interface from vLLM (`text2grad.core.vllm_engine`, imported only when asked
   for; CPU or GPU): the same token ids in, the same cut at the end of the JSON, and grounded span decoding as the
   same per-step constraint run per request inside the engine (`text2grad.core.vllm_logits`).
+- ``backend="openai"`` sends the same token ids to an OpenAI-compatible server's completions endpoint
+  (`reward_model.remote`; ``text2grad serve-critic`` starts vLLM's server for a trained reward model): the same
+  greedy decoding, token limit and cut, concurrent requests with retries; a request that fails for good becomes
+  ``Feedback.failed`` for its pair (counted in `stats` as ``request_errors``).
 """
 
 from __future__ import annotations
@@ -34,19 +38,24 @@ import yaml
 from peft import PeftConfig
 
 from reward_model.decoding import grounded_span_processors
+from reward_model.remote import DEFAULT_API_KEY_ENV, RemoteCompletions
 from reward_model.serialization import DEFAULT_INSTRUCTION, PromptFormat, RMInput, fit_rm_input, parse_target
 from reward_model.train_config import CONFIG_FILENAME
 from text2grad.core.feedback import Feedback
-from text2grad.core.generation import generate
+from text2grad.core.generation import finish_generation, generate
 from text2grad.core.modeling import load_causal_lm, load_tokenizer, resolve_dtype
 from text2grad.core.placement import resolve_device
-from text2grad.core.vllm_engine import request_constraint, shared_engine, vllm_missing_message
+from text2grad.core.vllm_engine import request_constraint, request_constraint_xargs, shared_engine, vllm_missing_message
 
 __all__ = ["GenerativeRewardModel", "RewardModelStats", "json_complete", "cut_at_json", "CONFIG_FILENAME"]
 
 logger = logging.getLogger("reward_model.inference")
 
-Backend = Literal["hf", "vllm"]
+Backend = Literal["hf", "vllm", "openai"]
+BACKENDS = ("hf", "vllm", "openai")
+# Grounded span decoding over the server: the constraint travels in each request's vllm_xargs (JSON text) and runs
+# in the server's engine, which `text2grad serve-critic` starts with the project's logits processor.
+GROUNDED_FACTORY = "reward_model.decoding:grounded_request_constraint"
 
 
 def json_complete(text: str) -> bool:
@@ -85,6 +94,7 @@ class RewardModelStats:
     truncated: int = 0  # outputs that hit max_new_tokens before EOS / the end of the JSON
     repaired: int = 0  # outputs that parsed only after repair (e.g. truncated JSON closed)
     bad_inputs: int = 0  # pairs that could not be rendered (e.g. not strings)
+    request_errors: int = 0  # backend "openai": requests that failed for good (after retries)
 
     @property
     def malformed_rate(self) -> float:
@@ -98,6 +108,7 @@ class RewardModelStats:
 class _Output:
     text: str
     finished: bool
+    error: str | None = None  # backend "openai": why the request failed (no text then)
 
 
 def _read_training_config(*dirs: str | None) -> dict[str, Any]:
@@ -150,8 +161,8 @@ class GenerativeRewardModel:
         engine: Any = None,
         device: torch.device | None = None,
     ):
-        if backend not in ("hf", "vllm"):
-            raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if max_new_tokens <= 0 or batch_size <= 0:
             raise ValueError("max_new_tokens and batch_size must be positive")
         self.model = model
@@ -167,7 +178,7 @@ class GenerativeRewardModel:
         self.stop_at_json = stop_at_json
         self.grounded_spans = grounded_spans
         self.backend = backend
-        self.engine = engine  # the vLLM wrapper when backend == "vllm"
+        self.engine = engine  # the vLLM wrapper (backend "vllm") or the server client (`RemoteCompletions`, "openai")
         self.stats = RewardModelStats()
         if backend == "hf" and model is None:
             raise ValueError("the 'hf' backend needs a model")
@@ -192,6 +203,12 @@ class GenerativeRewardModel:
         backend: Backend = "hf",
         tokenizer_name_or_path: str | None = None,
         vllm_kwargs: dict[str, Any] | None = None,
+        base_url: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        api_key_env: str = DEFAULT_API_KEY_ENV,
+        server_kwargs: dict[str, Any] | None = None,
+        check_server: bool = True,
         **kwargs,
     ) -> "GenerativeRewardModel":
         """Load a trained reward model.
@@ -205,11 +222,21 @@ class GenerativeRewardModel:
             dtype: "auto", "bf16", "fp16" or "fp32".
             device: default: this process's own device (`text2grad.core.placement.resolve_device`:
                 ``cuda:<LOCAL_RANK>`` under a launcher, ``cuda:0`` alone, cpu without CUDA).
-            backend: "hf" (transformers) or "vllm".
+            backend: "hf" (transformers), "vllm" (in this process) or "openai" (an OpenAI-compatible server, e.g.
+                the one ``text2grad serve-critic`` starts: only the tokenizer and the saved prompt format are read
+                from ``path_or_hub_id``, no weights are loaded here).
             tokenizer_name_or_path: defaults to the adapter/model directory when it has tokenizer files.
             vllm_kwargs: extra arguments for ``vllm.LLM``, e.g. ``gpu_memory_utilization``: the share of its GPU
                 each process's engine takes (`text2grad.core.vllm_engine.VLLMEngine`; under a launcher every process
                 starts its own engine on its own GPU). Beside a training policy on the same GPU, leave it room.
+            base_url, model: backend "openai": the server's OpenAI URL (``http://host:port/v1``) and the name it
+                serves the reward model under.
+            api_key, api_key_env: backend "openai": the server's key, or the environment variable holding it
+                (default ``TEXT2GRAD_CRITIC_API_KEY``; in config files name the variable, not the key).
+            server_kwargs: backend "openai": `reward_model.remote.RemoteCompletions` options (concurrency,
+                timeout_s, max_retries, backoff_base_s, backoff_max_s).
+            check_server: backend "openai": ask the server's ``/models`` now, so an unreachable server or a model
+                name it does not serve fails here, before any training (`reward_model.remote.RemoteError`).
             **kwargs: GenerativeRewardModel options (max_new_tokens, batch_size, ...); they override
                 what the saved training config says.
         """
@@ -231,6 +258,12 @@ class GenerativeRewardModel:
         if trained.get("max_length"):
             options["max_input_length"] = int(trained["max_length"])
         options.update(kwargs)
+        if backend == "openai":
+            client = RemoteCompletions(base_url or "", model or "", api_key=api_key, api_key_env=api_key_env,
+                                       **(server_kwargs or {}))
+            if check_server:
+                client.check()
+            return cls(None, tokenizer, backend="openai", engine=client, **options)
         if backend == "vllm":  # under a launcher: this process's engine on its own GPU (vllm_engine.place_engine)
             base = path_or_hub_id
             if is_adapter_dir:
@@ -300,8 +333,22 @@ class GenerativeRewardModel:
                 top_p=self.top_p, grounded_sources=[responses[k] for k in order] if self.grounded_spans else None,
             )
             for k, (text, finished) in zip(order, generated):
-                cut = cut_at_json(text) if self.stop_at_json else None
-                results[k] = _Output(cut, True) if cut is not None else _Output(text, finished)
+                results[k] = self._cut(text, finished)
+        elif self.backend == "openai":
+            ids = [self.tokenizer(i.text, add_special_tokens=i.add_special_tokens)["input_ids"] for i in inputs]
+            extras = None
+            if self.grounded_spans:  # the constraint runs in the server's engine (serve-critic installs it)
+                extras = [{"vllm_xargs": request_constraint_xargs(GROUNDED_FACTORY, source=r)} for r in responses]
+            outputs = self.engine.generate(ids, self.max_new_tokens, do_sample=self.do_sample,
+                                           temperature=self.temperature, top_p=self.top_p, extra_bodies=extras)
+            for k, out in enumerate(outputs):
+                if out.error is not None:
+                    results[k] = _Output("", False, out.error)
+                    continue
+                text = out.text
+                if out.token_ids is not None:  # decoded here, as the in-process backends decode their ids
+                    text = finish_generation(self.tokenizer, ids[k], out.token_ids, self._eos_ids()).text
+                results[k] = self._cut(text, out.finished)
         else:
             for flag in (True, False):  # plain-template and chat-template inputs tokenize differently
                 group = [k for k in order if inputs[k].add_special_tokens is flag]
@@ -326,6 +373,14 @@ class GenerativeRewardModel:
                     results[k] = _Output(g.text, g.finished)
         return [results[k] for k in range(len(inputs))]
 
+    def _cut(self, text: str, finished: bool) -> _Output:
+        """An engine's output cut at the end of the span JSON (where the "hf" backend stops generating)."""
+        cut = cut_at_json(text) if self.stop_at_json else None
+        return _Output(cut, True) if cut is not None else _Output(text, finished)
+
+    def _eos_ids(self) -> list[int]:
+        return [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+
     def generate_feedback(self, prompts: Sequence[str], responses: Sequence[str]) -> list[Feedback]:
         """One `Feedback` per (prompt, response), in order. Malformed outputs are `Feedback.failed` and counted."""
         if len(prompts) != len(responses):
@@ -342,6 +397,11 @@ class GenerativeRewardModel:
                 results.append(Feedback.failed(item))
                 continue
             out = outputs[k]
+            if out.error is not None:
+                self.stats.request_errors += 1
+                self.stats.malformed += 1
+                results.append(Feedback.failed(out.error))
+                continue
             if not out.finished:
                 self.stats.truncated += 1
             parsed = parse_target(out.text)
@@ -377,7 +437,7 @@ class _VLLMEngine:
     ) -> list[tuple[str, bool]]:
         """``grounded_sources``: per input, the response its quotes must come from (grounded span decoding)."""
         constraints = None if grounded_sources is None else [
-            request_constraint("reward_model.decoding:grounded_request_constraint", source=source)
+            request_constraint(GROUNDED_FACTORY, source=source)
             for source in grounded_sources
         ]
         rows = self.engine.generate(

@@ -1,4 +1,4 @@
-"""A real HTTP server on loopback that speaks OpenAI chat-completions, scripted per request.
+"""A real HTTP server on loopback that speaks OpenAI chat-completions (and completions), scripted per request.
 
 Tests point the real ``openai`` client (or a CLI's ``--base_url``) at it and script what each request gets::
 
@@ -201,7 +201,7 @@ class FakeOpenAIServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                if not self._route().endswith("/chat/completions"):
+                if not self._route().endswith("/completions"):  # chat completions, or (legacy) completions
                     self._send_json(404, _error_body(404, f"no route {self.path}"))
                     return
                 try:
@@ -227,6 +227,10 @@ class FakeOpenAIServer:
                 elif reply.status == 200:
                     model = str(body.get("model", "fake-model"))
                     payload = chat_completion(reply.content, model, reply.prompt_tokens, reply.completion_tokens, reply.usage)
+                    if not self._route().endswith("/chat/completions"):  # a completions request: the text form
+                        message = payload["choices"][0].pop("message")
+                        payload["choices"][0]["text"] = message["content"]
+                        payload["object"] = "text_completion"
                     self._send_json(200, payload, reply.headers)
                 else:
                     self._send_json(reply.status, _error_body(reply.status, reply.content), reply.headers)

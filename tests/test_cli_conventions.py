@@ -24,6 +24,7 @@ from policy_optimization.sft_config import SFTRunConfig
 from reward_model.evaluate_config import EvalConfig
 from reward_model.merge_config import MergeConfig
 from reward_model.scalar_config import ScalarRMConfig
+from reward_model.serve_config import ServeCriticConfig
 from reward_model.train_config import RewardModelConfig
 import policy_optimization.train as ppo
 import reward_model.train as rm
@@ -47,6 +48,7 @@ COMMANDS = sorted(available())
 CONFIGS = {
     "quickstart": QuickstartConfig, "prepare-data": PrepareDataConfig, "annotate": AnnotationConfig,
     "train-rm": RewardModelConfig, "eval-rm": EvalConfig, "merge-rm": MergeConfig, "train-scalar-rm": ScalarRMConfig,
+    "serve-critic": ServeCriticConfig,
     "sft": SFTRunConfig, "train-policy": PPOConfig, "train-grpo": GRPORunConfig, "dpo": DPORunConfig,
     "code-pairs": CodePairsConfig, "eval-summarization": SummarizationEvalConfig, "eval-code": CodeEvalConfig,
     "eval-qa": QAEvalConfig, "compare-feedback": CompareConfig, "feedback-ui": FeedbackUIConfig,

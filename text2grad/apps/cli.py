@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train-rm": ("reward_model.train", "Phase 2: train the generative reward model (LoRA or full)."),
     "eval-rm": ("reward_model.evaluate", "Phase 2: evaluate a reward model on held-out annotations."),
     "merge-rm": ("reward_model.merge", "Phase 2: merge a LoRA reward model into its base model."),
+    "serve-critic": ("reward_model.serve", "Phase 2: serve a trained reward model from vLLM's OpenAI server (PPO critic backend openai)."),
     "train-scalar-rm": ("reward_model.scalar", "Phase 2 baseline: scalar Bradley-Terry reward model on preference pairs (PPO baseline)."),
     "sft": ("policy_optimization.sft", "Phase 3: supervised fine-tuning of the policy (TRL SFTTrainer)."),
     "train-policy": ("policy_optimization.train", "Phase 3: Text2Grad PPO (or the scalar/dense/score_spread/mixed modes)."),

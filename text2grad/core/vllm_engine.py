@@ -36,6 +36,7 @@ a CUDA torch); ``pip install 'text2grad[vllm]'`` for the CUDA build.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import shutil
@@ -56,7 +57,8 @@ from text2grad.core.placement import EnginePlacement, engine_placement, local_ra
 __all__ = [
     "VLLMEngine", "EngineKey", "EngineWeights", "LoraMode", "LORA_MODES", "resolve_lora_mode", "LORA_RANKS",
     "lora_rank_slot", "place_engine", "shared_engine", "close_shared_engine", "vllm_available",
-    "vllm_missing_message", "REQUEST_LOGITS_PROCESSOR", "request_constraint", "CPU_WORKER_SPIN_SECONDS",
+    "vllm_missing_message", "REQUEST_LOGITS_PROCESSOR", "request_constraint", "request_constraint_xargs",
+    "CPU_WORKER_SPIN_SECONDS",
 ]
 
 logger = logging.getLogger(__name__)
@@ -81,6 +83,13 @@ def request_constraint(factory: str, **kwargs: Any) -> dict[str, Any]:
     returns ``constrain(generated_ids, logits) -> logits``, applied before each token of that request is chosen
     (`text2grad.core.vllm_logits`)."""
     return {_REQUEST_LOGITS_ARG: {"factory": factory, "kwargs": kwargs}}
+
+
+def request_constraint_xargs(factory: str, **kwargs: Any) -> dict[str, str]:
+    """The same constraint as `request_constraint`, in the form vLLM's OpenAI server takes it: a request's
+    ``vllm_xargs`` (whose values must be flat), the spec as JSON text. The server must have been started with
+    ``--logits-processors`` `REQUEST_LOGITS_PROCESSOR` (``text2grad serve-critic`` does so)."""
+    return {_REQUEST_LOGITS_ARG: json.dumps(request_constraint(factory, **kwargs)[_REQUEST_LOGITS_ARG])}
 
 
 def vllm_available() -> bool:

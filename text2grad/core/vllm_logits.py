@@ -17,6 +17,7 @@ it.
 
 from __future__ import annotations
 
+import json
 from typing import Callable
 
 import torch
@@ -44,6 +45,8 @@ class RequestLogits(AdapterLogitsProcessor):
         spec = (params.extra_args or {}).get(_REQUEST_LOGITS_ARG)
         if spec is None:
             return None
+        if isinstance(spec, str):  # sent through the OpenAI server's vllm_xargs, whose values are flat: JSON text
+            spec = json.loads(spec)
         if self._tokenizer is None:  # loaded once per engine, on the first constrained request
             self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_name)
         return load_object(spec["factory"])(self._tokenizer, **spec.get("kwargs", {}))

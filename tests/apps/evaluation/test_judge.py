@@ -263,3 +263,21 @@ def test_length_controlled_passes_alpaca_eval_encoding(monkeypatch):
     assert [a["index"] for a in ann] == [10, 11, 12, 13]
     assert ann[0]["output_1"] == "base0" and ann[0]["output_2"] == "cand0"
     assert received["save_weights_dir"] is None  # never write into the installed package
+
+
+def test_swap_judges_every_item_in_both_orders_and_exposes_position_bias():
+    """A judge that always answers A: without the candidate's merit mattering, both orders of every item are asked,
+    the candidate wins exactly its first-position judgments, and the first/second split shows the bias."""
+    items = [PairwiseItem(f"q{i}", f"instruction {i}", f"candidate {i}", f"baseline {i}") for i in range(3)]
+    with FakeOpenAIServer(lambda body, n: "Verdict: A") as server:
+        judgments = judge_pairwise(items, _cfg(server), TEMPLATE, progress_bar=False, swap=True)
+        bodies = list(server.requests)
+    assert [(j.id, j.candidate_position) for j in judgments] == [(f"q{i}", p) for i in range(3) for p in ("A", "B")]
+    for item in items:  # each item was shown once with the candidate first and once with it second
+        shown = [_shown(b) for b in bodies if f"instruction {item.id[1:]}\n" in b["messages"][-1]["content"]]
+        assert sorted(shown) == sorted([(item.candidate, item.baseline), (item.baseline, item.candidate)])
+    assert [j.outcome for j in judgments] == ["win", "loss"] * 3
+    summary = win_rate_summary(judgments)
+    assert summary["win_rate"] == 0.5 and summary["n_items"] == 6
+    assert (summary["candidate_first_win_rate"], summary["candidate_second_win_rate"]) == (1.0, 0.0)
+    assert summary["a_preferred_rate"] == 1.0

@@ -319,10 +319,17 @@ def judge_pairwise(
     template: str,
     seed: int = 0,
     progress_bar: bool = True,
+    swap: bool = False,
 ) -> list[PairwiseJudgment]:
     """Ask the judge to compare candidate and baseline on every item (template placeholders:
-    ``{instruction}``, ``{output_a}``, ``{output_b}``); one judgment per item, in order."""
-    positions = [candidate_position(item.id, seed) for item in items]
+    ``{instruction}``, ``{output_a}``, ``{output_b}``); one judgment per item, in order.
+
+    ``swap``: judge every item in both orders instead of one drawn order: two judgments per item (the candidate
+    shown as A, then as B, both with the item's id), so each item's position bias cancels in the win rate and
+    `win_rate_summary`'s first/second-position rates compare the same items."""
+    pairs = [(item, pos) for item in items for pos in (("A", "B") if swap else (candidate_position(item.id, seed),))]
+    items = [item for item, _ in pairs]
+    positions = [pos for _, pos in pairs]
     conversations = []
     for item, pos in zip(items, positions):
         a, b = (item.candidate, item.baseline) if pos == "A" else (item.baseline, item.candidate)
