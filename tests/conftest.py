@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from text2grad.core.modeling import build_tiny_llama, train_tokenizer  # after the offline switches above
-from tests.critic_server import critic_server  # noqa: F401  (the session's vLLM server fixture)
+from tests.critic_server import critic_server  # noqa: F401  (the test run's vLLM server fixture)
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

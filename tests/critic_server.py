@@ -60,7 +60,7 @@ def start_critic_server(log_path: Path) -> RunningServer:
 
 @pytest.fixture(scope="session")
 def critic_server(tmp_path_factory):
-    """The session's vLLM server (see the module docs); skips where vllm is not importable."""
+    """The test run's vLLM server (see the module docs); skips where vllm is not importable."""
     external = os.environ.get(EXTERNAL_SERVER_ENV)
     if external:
         yield RunningServer(external.rstrip("/"), SERVED_NAME, smollm2_path(), 0.0, None)

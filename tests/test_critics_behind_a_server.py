@@ -158,7 +158,7 @@ def test_a_timeout_fails_each_pair_clearly(critic_server):
 
 
 def test_a_server_key_is_required_and_never_shown(critic_server, monkeypatch):
-    # the session's server runs without a key, so any key is accepted; the key must not leak into errors
+    # the test run's server runs without a key, so any key is accepted; the key must not leak into errors
     monkeypatch.setenv("CRITIC_KEY_FOR_TEST", "sk-test-secret-critic-key-123456")
     dead = f"http://127.0.0.1:{free_port('127.0.0.1')}/v1"
     rm = _remote(critic_server, base_url=dead, check_server=False, api_key_env="CRITIC_KEY_FOR_TEST",
