@@ -25,6 +25,9 @@ class _Item:
     def __repr__(self) -> str:
         return self.name
 
+    def get_closest_marker(self, name: str) -> None:  # no test here is marked (the gpu marker is looked up)
+        return None
+
 
 def _items() -> list[_Item]:
     plain, other = _module("plain", False), _module("other", False)
