@@ -215,6 +215,8 @@ SCRIPTS: list[tuple[str, str, str]] = [
      "log-prob change by label"),
     ("baselines.py", "the-papers-baselines-side-by-side-baselinespy", "the paper's baselines side by side"),
     ("vllm_generation.py", "vllm-vs-transformers-generation-vllm_generationpy", "vLLM vs transformers sampling"),
+    ("critic_server.py", "the-critic-in-process-vs-behind-a-server-critic_serverpy",
+     "a PPO iteration with the critic in-process vs behind vLLM's server"),
     ("method_study.py", "method-study-benchmarksmethod_studypy", "Text2Grad vs tuned baselines, oracle and learned feedback"),
 ]
 NO_RESULT_FILE = "no result file yet: figures in its section"
