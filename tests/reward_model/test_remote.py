@@ -36,7 +36,8 @@ def test_429_5xx_and_dropped_connections_are_retried_with_the_servers_wait():
         return script[n] if n < len(script) else ANSWER
 
     with FakeOpenAIServer(handler) as server:
-        client = RemoteCompletions(server.base_url, "critic", **{**FAST, "max_retries": 3})
+        # the cap on a wait must be above the server's 0.2 s, or Retry-After is (rightly) cut to the cap
+        client = RemoteCompletions(server.base_url, "critic", **{**FAST, "max_retries": 3, "backoff_max_s": 1.0})
         start = time.perf_counter()
         (out,) = client.generate([[1, 2]], 8)
     assert out.text == ANSWER and out.attempts == 4 and client.retries == 3
