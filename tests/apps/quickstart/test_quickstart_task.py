@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from policy_optimization.scores import build_score_fn
 from text2grad.core.critics import FeedbackSource
 from text2grad.apps.quickstart.task import (
     PROBLEM_PHRASES,
@@ -188,8 +189,6 @@ def test_noisy_summary_follows_the_error_rate_and_can_repeat_a_clause():
 
 def test_fact_score_is_the_task_metric_as_a_ppo_scalar_source():
     """The oracle scalar baseline's reward: exactly fact_scores' fact_score, None for a post it does not know."""
-    from policy_optimization.scores import build_score_fn
-
     score = build_score_fn("text2grad.apps.quickstart.task:FactScore", {"records": [{"prompt": PROMPT, "facts": FACTS}]})
     wrong = " Maya (27), a chef in Lisbon, wants to quit their job."  # 3 of 5 right, 2 false: (3 - 2) / 5
     assert score([PROMPT, PROMPT, "an unknown post"], [GOOD, wrong, GOOD]) == [1.0, pytest.approx(0.2), None]
