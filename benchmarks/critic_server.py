@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from benchmarks.vllm_generation import make_adapter  # the same random-LoRA reward model as that benchmark
 from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.trainer import NLGradientPPOTrainer
 from reward_model.inference import GenerativeRewardModel
@@ -49,20 +49,6 @@ from text2grad.core.vllm_engine import close_shared_engine, vllm_available
 RESPONSE_LENGTH = 40
 CRITIQUE_TOKENS = 128
 SETUPS = ("in-process hf", "in-process vllm", "server")
-
-
-def make_adapter(path: Path, out: Path, rank: int = 16) -> Path:
-    """A rank-16 LoRA reward model on SmolLM2 with small random weights, saved as training saves it."""
-    torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32),
-                           LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn_like(param) * 0.05)
-    model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(str(path)).save_pretrained(str(out))
-    return out
 
 
 def ppo_iterations(critic, path: Path, items: list[dict], iterations: int, work: Path) -> dict:
