@@ -528,6 +528,18 @@ def chosen_settings(sweep_table: Mapping[str, Any], keys, base: Setting) -> dict
     return {(a, m): Setting(**sweep_table[f"{a}/{m}"]["chosen"]) if f"{a}/{m}" in sweep_table else base for a, m in keys}
 
 
+def inherited_settings(sweep_table: Mapping[str, Any], keys) -> dict[str, str | None]:
+    """For ``--settings_from``: which row of another study's sweep each (arm, method) takes its setting from: its
+    own, else its method's for a variant ``m+v`` (the defence changes the critic, not the optimiser), else
+    scalar_collapsed's for scalar_sum (the same reward placement at the last token); None: the base setting."""
+    rows: dict[str, str | None] = {}
+    for a, m in keys:
+        method = split_method(m)[0]
+        candidates = (m, method, "scalar_collapsed" if method == "scalar_sum" else "")
+        rows[f"{a}/{m}"] = next((f"{a}/{c}" for c in candidates if c and f"{a}/{c}" in sweep_table), None)
+    return rows
+
+
 # --------------------------------------------------------------------------------------------------
 # Setup and main
 # --------------------------------------------------------------------------------------------------
@@ -698,6 +710,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="fixed KL coefficients the sweep tries beside the adaptive controller")
     parser.add_argument("--grid_extensions", type=int, default=2,
                         help="times the learning-rate and KL grids grow (x3) past a choice at their edge")
+    parser.add_argument("--settings_from", default=None,
+                        help="a study.json (e.g. benchmarks/results/method_study/study.json) whose sweep chose the "
+                             "settings the final runs use, instead of this study's own sweep: each method takes its "
+                             "own row, a variant its method's, scalar_sum scalar_collapsed's (the report says which)")
     parser.add_argument("--jobs", type=int, default=max(1, len(os.sched_getaffinity(0))), help="runs at a time (one thread each)")
     args = parser.parse_args(argv)
     command = "python benchmarks/method_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -805,6 +821,11 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
         study["sweep_sft"] = ctx.sft_scores  # the start policy the choices were made from
         _write_json(study_path, study)
     chosen = chosen_settings(study.get("sweep", {}), keys, base)
+    if args.settings_from:  # a study too large to sweep on every instance takes an earlier sweep's choices
+        table = json.loads(Path(args.settings_from).read_text()).get("sweep", {})
+        rows = inherited_settings(table, keys)
+        chosen = {(a, m): Setting(**table[row]["chosen"]) if (row := rows[f"{a}/{m}"]) else base for a, m in keys}
+        study["settings_from"] = {"study": args.settings_from, "rows": rows}
     finals = [RunSpec(a, m, chosen[(a, m)], s, "final") for a, m in keys for s in args.seeds]
     if "final" in args.phases:
         run_all(ctx, finals, args.jobs)

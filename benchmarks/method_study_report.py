@@ -355,6 +355,16 @@ def start_policy_lines(study: Mapping[str, Any]) -> list[str]:
                 f"and {now['test']['fact_score']:.3f}."]
 
 
+def settings_from_sentence(origin: Mapping[str, Any]) -> str:
+    """Where the settings came from when the study did not sweep (``--settings_from``): each method's row."""
+    rows = origin["rows"]
+    borrowed = [f"{k} from {v}" for k, v in rows.items() if v is not None and v != k]
+    base = [k for k, v in rows.items() if v is None]
+    return (f"No sweep on this instance: settings from the sweep of {origin['study']}"
+            + (f" ({'; '.join(borrowed)})" if borrowed else "")
+            + (f"; the base setting for {', '.join(base)}" if base else "") + ".")
+
+
 def markdown(study: Mapping[str, Any]) -> str:
     summ, sft = study["final"], study["sft"].get("test", {}).get("fact_score", float("nan"))
     knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
@@ -362,7 +372,8 @@ def markdown(study: Mapping[str, Any]) -> str:
     lines = [f"Policy: {cfg.get('policy', 'tiny Llama')}. Test fact score ({cfg.get('n_test', 100)} posts, greedy) after "
              f"{cfg['iterations']} iterations x "
              f"{study['config']['batch_size']} rollouts; mean ± 95 % interval over seeds. SFT start: {sft:.3f}. "
-             f"Settings chosen on validation over: {', '.join(knobs) if knobs else 'nothing (base setting)'}.", "",
+             + (settings_from_sentence(study["settings_from"]) if study.get("settings_from") else
+                f"Settings chosen on validation over: {', '.join(knobs) if knobs else 'nothing (base setting)'}."), "",
              "| arm | method | chosen setting (validation) | final | early-stopped (iteration chosen) | KL at end | "
              "poor-first / good token shift (true labels) | rollouts to best scalar's final |",
              "|---|---|---|---:|---:|---:|---:|---|"]

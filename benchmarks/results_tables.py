@@ -39,6 +39,8 @@ Row = tuple[str, str, str, str]  # what, result, machine and date, command
 def conditions(result: dict[str, Any]) -> str:
     """'<machine>; <date>; idle|shared (load a -> b)' from a result file's own record."""
     machine = result.get("cpu") or result.get("machine", "machine not recorded")
+    if result.get("gpu"):  # a GPU run: the GPU first, the host's CPU beside it
+        machine = f"{result['gpu']} ({machine})"
     load = result.get("load_before")
     if load:
         after = result.get("load_after")
@@ -192,10 +194,11 @@ RESULT_FILES: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[Row, str]]]]
     "grounded_decoding/grounded_decoding.json": ("grounded_decoding.py", grounded_row),
     "sandbox_vs_human_eval/sandbox_vs_human_eval.json": ("sandbox_vs_human_eval.py", sandbox_row),
     "vllm_generation/vllm_generation.json": ("vllm_generation.py", vllm_row),
+    "ppo_token_level_overhead/ppo_token_level_overhead-h200.json": ("ppo_token_level_overhead.py", token_level_cost_row),
 }
 
 # Result files whose headline is in the benchmark index but not in README.md's table (which has a line budget).
-INDEX_ONLY = {"vllm_generation/vllm_generation.json"}
+INDEX_ONLY = {"vllm_generation/vllm_generation.json", "ppo_token_level_overhead/ppo_token_level_overhead-h200.json"}
 
 # The index: every benchmark script, its section's anchor and what it measures (in the order of the notes).
 SCRIPTS: list[tuple[str, str, str]] = [

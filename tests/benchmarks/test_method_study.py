@@ -518,3 +518,19 @@ def test_each_defence_variant_of_text2grad_gets_its_own_comparison(tmp_path):
     assert "The 2 instances agree in direction: Text2Grad + ensemble is ahead on average on every one." in lines
     assert set(study["pooled"]["learned"]["methods"]) == {"text2grad", "text2grad+ensemble"}
     assert (tmp_path / "frontier.png").is_file() and "Text2Grad + ensemble" in (tmp_path / "study.md").read_text()
+
+
+def test_settings_from_another_study_are_each_methods_own_else_its_methods_else_scalar_collapsed():
+    table = {"learned/text2grad": {"chosen": {"lr": 3e-5, "kl": "adaptive", "lam": 0.0}},
+             "learned/scalar_collapsed": {"chosen": {"lr": 3e-5, "kl": "fixed", "lam": 0.95}}}
+    keys = ms.method_keys(["learned"], ["text2grad", "scalar_sum", "scalar_collapsed", "scalar_bt"], ["ensemble"])
+    rows = ms.inherited_settings(table, keys)
+    assert rows == {"learned/text2grad": "learned/text2grad", "learned/scalar_sum": "learned/scalar_collapsed",
+                    "learned/scalar_collapsed": "learned/scalar_collapsed", "learned/scalar_bt": None,
+                    "learned/text2grad+ensemble": "learned/text2grad",
+                    "learned/scalar_sum+ensemble": "learned/scalar_collapsed"}
+    sentence = msr.settings_from_sentence({"study": "old/study.json", "rows": rows})
+    assert sentence.startswith("No sweep on this instance: settings from the sweep of old/study.json")
+    assert "learned/scalar_sum from learned/scalar_collapsed" in sentence
+    assert "learned/text2grad from" not in sentence  # its own row is not a borrowing
+    assert sentence.endswith("the base setting for learned/scalar_bt.")

@@ -22,6 +22,7 @@ from policy_optimization.checkpoints import check_process_count
 from policy_optimization.train import main as train_main
 from reward_model.scalar import CONFIG_FILENAME as SCALAR_CONFIG
 from reward_model.scalar_config import ScalarRMConfig
+from reward_model.serve import free_port
 from tests.policy_optimization.test_training_scripts import HIDE_GPUS, ROOT, read_metrics, script_env
 from text2grad.apps.tiny import make_tiny_world
 from text2grad.core.config import save_config
@@ -55,7 +56,16 @@ def ppo_flags(world: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
+def with_free_port(launcher: list[str]) -> list[str]:
+    """The launcher with a free rendezvous port: the default one (29500) is taken when another launch runs beside."""
+    if not launcher:
+        return launcher
+    flag = {"torch.distributed.run": "--master_port", "accelerate.commands.launch": "--main_process_port"}.get(launcher[0])
+    return [launcher[0], flag, str(free_port("127.0.0.1")), *launcher[1:]] if flag else launcher
+
+
 def launch(tmp_path: Path, launcher: list[str], flags: list[str], **env: str) -> subprocess.CompletedProcess:
+    launcher = with_free_port(launcher)
     cmd = [sys.executable, "-m", *launcher, "-m", WORKER, *flags] if launcher else [sys.executable, "-m", WORKER, *flags]
     proc = subprocess.run(cmd, cwd=ROOT, env=script_env(tmp_path, OMP_NUM_THREADS="1", **HIDE_GPUS, **env), capture_output=True,
                           text=True, timeout=600)
@@ -151,7 +161,7 @@ def test_two_machines_launched_one_command_each_with_the_multinode_config(world,
     the same command on each with its --machine_rank. Each process is local rank 0 on its machine (its reward
     models on that machine's first device) and rank 0 or 1 of the run, and only the main process writes the
     run's files into the shared output_dir."""
-    port = str(29500 + os.getpid() % 1000)
+    port = str(free_port("127.0.0.1"))
     out = tmp_path / "run"
     flags = ppo_flags(world, out, "--critic", "reference", "--critic_kwargs", '{"reference_field": "reference"}',
                       "--scalar_source", "scalar_rm", "--reward_mode", "mixed",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,16 +13,11 @@ import torch
 
 from tests.reward_model.rm_testlib import RECORDS, train_args
 from reward_model.inference import GenerativeRewardModel
+from reward_model.serve import free_port
 from tests.reward_model.test_train import mean_loss
 from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -43,7 +37,7 @@ def _tail(proc: subprocess.CompletedProcess) -> str:
 def test_deepspeed_two_cpu_processes_train_save_reload(rm_world, tmp_path, zero_config):
     out = tmp_path / "ds"
     cmd = [
-        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(_free_port()),
+        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port("127.0.0.1")),
         "--module", "reward_model.train",
         *train_args(rm_world, out, max_steps=4, save_steps=2, per_device_train_batch_size=1, learning_rate=1e-2,
                     deepspeed=str(REPO / "configs" / "deepspeed" / zero_config)),

@@ -16,6 +16,7 @@ import pytest
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
+from reward_model import serve
 from reward_model.serve import (
     CriticServer, ServedModel, _end_group, critic_settings, main, prepare_model, server_command, server_environment,
 )
@@ -48,6 +49,7 @@ def test_a_lora_adapter_is_served_under_the_critics_name_on_its_base():
 
 
 def test_the_key_travels_in_the_environment_and_cpu_settings_keep_the_users(monkeypatch):
+    monkeypatch.setattr(serve, "visible_gpus", lambda: 0)  # the CPU engine's settings, also on a GPU machine
     cfg = ServeCriticConfig(reward_model="rm", api_key_env="MY_CRITIC_KEY", cpu_kv_cache_gb=3)
     env = server_environment(cfg, {"MY_CRITIC_KEY": "secret-key", "VLLM_API_KEY": "stale", "PYTHONPATH": "/x"})
     assert env["VLLM_API_KEY"] == "secret-key" and env["PYTHONPATH"].endswith(os.pathsep + "/x")
@@ -55,6 +57,9 @@ def test_the_key_travels_in_the_environment_and_cpu_settings_keep_the_users(monk
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["VLLM_CPU_OMP_THREADS_BIND"]  # no GPU in this test process
     kept = server_environment(cfg, {"VLLM_CPU_KVCACHE_SPACE": "5", "VLLM_CPU_OMP_THREADS_BIND": "0"})
     assert "VLLM_API_KEY" not in kept and kept["VLLM_CPU_KVCACHE_SPACE"] == "5" and kept["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    monkeypatch.setattr(serve, "visible_gpus", lambda: 1)  # a GPU engine gets no CPU settings
+    on_gpu = server_environment(cfg, {})
+    assert "VLLM_CPU_KVCACHE_SPACE" not in on_gpu and "VLLM_CPU_OMP_THREADS_BIND" not in on_gpu
 
 
 def test_the_printed_critic_settings_build_the_remote_reward_model(monkeypatch, tmp_path):

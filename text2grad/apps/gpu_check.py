@@ -4,8 +4,8 @@ Steps, each a subprocess with its own time limit whose output is printed and log
 
 1. ``quickstart``: the default quickstart on CUDA, timed per stage (its ``results.json``);
 2. ``gpu_tests``: the tests marked ``gpu`` (``pytest -m gpu``);
-3. ``ppo_1b``: one PPO iteration of Text2Grad and of scalar PPO on a ~1B-parameter Llama built from a config (no
-   download), LoRA, bf16 (``benchmarks/ppo_token_level_overhead.py --preset gpu-1b``): seconds per iteration,
+3. ``ppo_1b``: one PPO iteration of Text2Grad and of scalar PPO on a 2.2 B-parameter Llama built from a config (no
+   download), fully trained in bf16 (``benchmarks/ppo_token_level_overhead.py --preset gpu-1b``): seconds per iteration,
    tokens per second, peak GPU memory and the Text2Grad overhead on the SAME sampled responses;
 4. ``vllm``: vLLM vs transformers generation (``benchmarks/vllm_generation.py``, SmolLM2-135M) where vLLM imports.
 
