@@ -59,7 +59,7 @@ def test_the_index_headline_follows_the_figures():
     row, headline = critic_server_row(quiet)
     assert headline.startswith("PPO iteration 30.0 s with the critic behind vLLM's server vs 20.0 s in-process "
                                "(transformers), 1.50x; server start-up 61 s;")
-    assert headline.endswith("idle (load 0.4)") and "; idle (load 0.4)" in row[2]
+    assert headline.endswith("idle (load 0.4)") and "; idle (load 0.4 -> " in row[2]
     busy = copy.deepcopy(figures())
     busy["load_before"] = [5.0, 4.0, 3.0]
     assert critic_server_row(busy)[1].endswith("shared with other jobs (load 5.0)")
