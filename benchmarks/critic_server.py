@@ -1,6 +1,6 @@
 """A PPO iteration with the reward model in the PPO process vs behind vLLM's OpenAI server, side by side on one machine.
 
-    python benchmarks/critic_server.py [--iterations 2] [--critique_tokens 128] [--setups ...]
+    python benchmarks/critic_server.py [--iterations 2] [--critique_tokens 128] [--setups ...] [--torch_threads N]
         [--out benchmarks/results/critic_server/critic_server.json]
 
 The same PPO iteration three times over, one after the other: SmolLM2-135M-Instruct as a LoRA policy (rank 16,
@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +36,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from benchmarks.results_tables import SHARED_LOAD  # the load above which a result is marked shared
 from benchmarks.vllm_generation import make_adapter  # the same random-LoRA reward model as that benchmark
 from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.trainer import NLGradientPPOTrainer
@@ -80,9 +83,13 @@ def report(results: dict) -> str:
     base, served = ppo["in-process hf"]["total"], ppo["server"]["total"]
     ratio = served / base
     verdict = ("slower than" if ratio > 1.05 else "faster than" if ratio < 0.95 else "within 5 % of")
+    load = results.get("load_before")
+    state = ("" if load is None else
+             f" The machine was {'shared with other work' if load[0] > SHARED_LOAD else 'idle'} (1-minute load average "
+             f"{load[0]:.1f} at the start, {results['load_after'][0]:.1f} at the end).")
     lines = [
-        f"Measured {results['date']} on {results['machine']}; {results['model']}. Machine shared with other work: "
-        "the 1-minute load average before and after each setup's iterations is in the last column.",
+        f"Measured {results['date']} on {results['machine']}; {results['model']}.{state} The 1-minute load average "
+        "before and after each setup's iterations is in the last column: the figures move with it.",
         "",
         f"Critiques of up to {results['critique_tokens']} tokens; mean of {results['timed_iterations']} timed "
         "iteration(s) per setup after one warm-up.",
@@ -98,6 +105,10 @@ def report(results: dict) -> str:
         f"against {ppo['in-process hf']['feedback']:.1f} s in-process (transformers)"
         + (f" and {ppo['in-process vllm']['feedback']:.1f} s in-process (vLLM)." if "in-process vllm" in ppo else "."),
     ]
+    if "in-process vllm" in ppo:  # the same engine in and out of the process: what the HTTP hop and second process cost
+        engine = ppo["in-process vllm"]["total"]
+        lines.append(f"Against the same vLLM engine in the PPO process ({engine:.1f} s) the served critic's iteration "
+                     f"took {served / engine:.2f}x as long.")
     return "\n".join(lines) + "\n"
 
 
@@ -110,6 +121,9 @@ def main() -> None:
                         help="The reward model's max_new_tokens (its random adapter writes to the limit).")
     parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS,
                         help="Which critics to run (in-process hf and server at least, for the comparison).")
+    parser.add_argument("--torch_threads", type=int, default=None,
+                        help="torch threads of the PPO process (default: torch's, one per core); 1 avoids threads "
+                        "spinning for descheduled siblings on a machine whose cores other jobs hold.")
     parser.add_argument("--report_from", default=None, help="Only print the markdown of a JSON file an earlier run wrote.")
     args = parser.parse_args()
     if args.report_from:
@@ -117,6 +131,8 @@ def main() -> None:
         return
     if not vllm_available():
         raise SystemExit("vllm is not importable: install the vllm extra (see env.sh)")
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
 
     path = smollm2_path()
     tokenizer = AutoTokenizer.from_pretrained(str(path))
@@ -124,6 +140,8 @@ def main() -> None:
     items = [{"prompt": apply_chat_template(tokenizer, r["prompt"]), "feedback_prompt": r["prompt"]} for r in rl]
     results: dict = {
         "date": time.strftime("%Y-%m-%d"),
+        "command": shlex.join(["python", "benchmarks/critic_server.py", *sys.argv[1:]]),
+        "load_before": [round(x, 2) for x in os.getloadavg()],  # benchmarks/results_tables.py reads it: idle or shared
         "machine": f"{cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} torch threads",
         "model": "SmolLM2-135M-Instruct policy (LoRA r16) and reward model (LoRA r16), fp32",
         "ppo_iteration": {},
@@ -158,6 +176,7 @@ def main() -> None:
                     server.stop()
             print(f"{setup}: {results['ppo_iteration'][setup]}", flush=True)
     close_shared_engine()
+    results["load_after"] = [round(x, 2) for x in os.getloadavg()]
     notes = report(results)
     print(notes, end="")
     if args.out:

@@ -165,6 +165,20 @@ def vllm_row(result: dict[str, Any]) -> tuple[Row, str]:
     return row, headline
 
 
+def critic_server_row(result: dict[str, Any]) -> tuple[Row, str]:
+    ppo = result["ppo_iteration"]
+    base, served = ppo["in-process hf"]["total"], ppo["server"]["total"]
+    headline = (f"PPO iteration {served:.1f} s with the critic behind vLLM's server vs {base:.1f} s in-process "
+                f"(transformers), {served / base:.2f}x")
+    if "in-process vllm" in ppo:
+        headline += f"; {ppo['in-process vllm']['total']:.1f} s in-process (vLLM)"
+    load = result["load_before"][0]
+    headline += (f"; server start-up {result['server_startup_seconds']:.0f} s; both on one CPU machine, "
+                 f"{'shared with other jobs' if load > SHARED_LOAD else 'idle'} (load {load:.1f})")
+    row = ("critic in-process vs behind a server (SmolLM2-135M-Instruct)", headline, conditions(result), command(result))
+    return row, headline
+
+
 def rm_batching_row(result: dict[str, Any]) -> tuple[Row, str]:
     modes, settings = result["modes"], result["settings"]
     text = (f"batched (batch {settings['batch_size']}) {result['speedup']:.1f}x one at a time: "
@@ -195,10 +209,12 @@ RESULT_FILES: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[Row, str]]]]
     "sandbox_vs_human_eval/sandbox_vs_human_eval.json": ("sandbox_vs_human_eval.py", sandbox_row),
     "vllm_generation/vllm_generation.json": ("vllm_generation.py", vllm_row),
     "ppo_token_level_overhead/ppo_token_level_overhead-h200.json": ("ppo_token_level_overhead.py", token_level_cost_row),
+    "critic_server/critic_server.json": ("critic_server.py", critic_server_row),
 }
 
 # Result files whose headline is in the benchmark index but not in README.md's table (which has a line budget).
-INDEX_ONLY = {"vllm_generation/vllm_generation.json", "ppo_token_level_overhead/ppo_token_level_overhead-h200.json"}
+INDEX_ONLY = {"vllm_generation/vllm_generation.json", "ppo_token_level_overhead/ppo_token_level_overhead-h200.json",
+              "critic_server/critic_server.json"}
 
 # The index: every benchmark script, its section's anchor and what it measures (in the order of the notes).
 SCRIPTS: list[tuple[str, str, str]] = [
