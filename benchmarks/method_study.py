@@ -748,7 +748,11 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
                 entry = pooled.setdefault(arm, {"lines": [], "methods": {}})
                 entry["lines"] += ([""] if entry["lines"] else []) + lines
                 entry["methods"][method] = numbers
-    study = {"command": command, "task_seeds": list(studies), "pooled": pooled,
+    first = next(iter(studies.values()))
+    # what the results tables read: the shared settings (the instances differ only in task_seed), machine and date
+    shared = {k: first.get(k) for k in ("cpu", "machine", "date", "settings_from") if first.get(k) is not None}
+    identity = {k: v for k, v in first.get("identity", {}).items() if k != "task_seed"}
+    study = {"command": command, "task_seeds": list(studies), "identity": identity, **shared, "pooled": pooled,
              "instances": {str(ts): {"sft": st["sft"], "final": st.get("final", {}), "sweep": st.get("sweep", {}),
                                      "machine": st.get("machine")} for ts, st in studies.items()}}
     out.mkdir(parents=True, exist_ok=True)

@@ -63,14 +63,16 @@ def read(name: str) -> dict[str, Any] | None:
 # Method studies (any benchmarks/results/*/study.json)
 # --------------------------------------------------------------------------------------------------
 
-BASELINE_NAMES = {"scalar_collapsed": "scalar PPO", "dense": "dense-label PPO", "scalar_bt": "scalar PPO (Bradley-Terry RM)"}
+BASELINE_NAMES = {"scalar_collapsed": "scalar PPO", "dense": "dense-label PPO", "scalar_bt": "scalar PPO (Bradley-Terry RM)",
+                  "scalar_sum": "scalar PPO (summed span rewards)", "scalar_task": "scalar PPO (task score)"}
 
 
 def study_arm(study: dict[str, Any], arm: str) -> dict[str, Any] | None:
     """Text2Grad against the arm's best baseline (highest mean final test score): means, 95 % intervals, seeds ahead."""
     final = study["final"]
     t2g = final.get(f"{arm}/text2grad")
-    baselines = [r for key, r in final.items() if key.startswith(f"{arm}/") and r["method"] != "text2grad"]
+    # the scalar baselines: not Text2Grad nor one of its defended variants (text2grad+refresh is no baseline)
+    baselines = [r for key, r in final.items() if key.startswith(f"{arm}/") and r["method"].partition("+")[0] != "text2grad"]
     if t2g is None or not baselines:
         return None
     best = max(baselines, key=lambda r: r["final_mean_ci"][0])
@@ -81,9 +83,39 @@ def study_arm(study: dict[str, Any], arm: str) -> dict[str, Any] | None:
             "ahead": sum(t2g["final"][s] > best["final"][s] for s in seeds), "seeds": len(seeds)}
 
 
+def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
+    """The README row and the index headline of a study over several task instances (its pooled study.json):
+    per instance Text2Grad against that instance's best scalar baseline, then the pooled paired difference, for
+    Text2Grad and each of its defended variants."""
+    identity = study.get("identity", {})
+    instances = study.get("instances", {})
+    seeds = max((len(r["seeds"]) for st in instances.values() for r in st.get("final", {}).values()), default=0)
+    origin = "settings from an earlier sweep" if study.get("settings_from") else "each method at its setting chosen on validation"
+    what = (f"method study `{folder.name}` (preset {identity.get('preset', '?')}, {identity.get('iterations', '?')} PPO "
+            f"iterations, {len(instances)} task instances x {seeds} seeds; {origin})")
+    parts, heads = [], []
+    for arm, entry in study.get("pooled", {}).items():
+        for method, numbers in entry.get("methods", {}).items():
+            name = "Text2Grad" + (f" + {method.partition('+')[2]}" if "+" in method else "")
+            per = "; ".join(
+                f"instance {ts} (SFT {c['sft']:.3f}): {c['t2g'][0]:.3f} vs "
+                f"{BASELINE_NAMES.get(c['baseline'].split('/')[1], c['baseline'].split('/')[1])} {c['base'][0]:.3f}, "
+                f"ahead on {c['pair']['ahead']}/{c['pair']['n']}" for ts, c in numbers["instances"].items())
+            pooled = numbers["pooled"]
+            lo, hi = pooled["interval"]
+            parts.append(f"{arm} critic, {name} vs the best scalar baseline: {per}; pooled paired difference "
+                         f"{pooled['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}], ahead on {pooled['ahead']} of {pooled['n']}")
+            heads.append(f"{arm}: {name} {pooled['mean']:+.3f} vs the best scalar baseline, ahead on {pooled['ahead']}/"
+                         f"{pooled['n']} seed pairs over {len(numbers['instances'])} instances")
+    result = "final test fact score (mean over seeds): " + "; ".join(parts)
+    return (what, result, conditions(study), command(study)), "; ".join(heads)
+
+
 def study_rows(folder: Path) -> tuple[Row, str]:
     """The README row and the index headline of one study."""
     study = json.loads((folder / "study.json").read_text())
+    if "pooled" in study:
+        return pooled_study_rows(folder, study)
     identity = study.get("identity", {})
     arms = [a for a in (study_arm(study, arm) for arm in ("oracle", "learned")) if a]
     seeds = max((len(r["seeds"]) for r in study["final"].values()), default=0)

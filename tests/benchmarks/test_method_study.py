@@ -534,3 +534,33 @@ def test_settings_from_another_study_are_each_methods_own_else_its_methods_else_
     assert "learned/scalar_sum from learned/scalar_collapsed" in sentence
     assert "learned/text2grad from" not in sentence  # its own row is not a borrowing
     assert sentence.endswith("the base setting for learned/scalar_bt.")
+
+
+def test_a_pooled_study_gets_one_results_row_per_instance_and_the_pooled_difference(tmp_path):
+    from benchmarks import results_tables as rt
+
+    studies = {0: _instance([0.5, 0.5, 0.6], [0.3, 0.4, 0.3]), 1: _instance([0.1, 0.2, 0.1], [0.3, 0.3, 0.3], sft=-0.28)}
+    for ts, st in studies.items():
+        st.update(identity={"preset": "default", "task_seed": ts, "iterations": 20}, date="2026-11-27", cpu="test cpu")
+    ms.write_pooled_report(studies, tmp_path / "method_study_x", "python benchmarks/method_study.py --task_seeds 0 1")
+    stored = json.loads((tmp_path / "method_study_x" / "study.json").read_text())
+    assert stored["identity"] == {"preset": "default", "iterations": 20} and stored["date"] == "2026-11-27"
+    (what, result, machine, command), headline = rt.study_rows(tmp_path / "method_study_x")
+    assert what == ("method study `method_study_x` (preset default, 20 PPO iterations, 2 task instances x 3 seeds; "
+                    "each method at its setting chosen on validation)")
+    assert "instance 0 (SFT 0.200): 0.533 vs scalar PPO (summed span rewards) 0.333, ahead on 3/3" in result
+    assert "instance 1 (SFT -0.280): 0.133 vs scalar PPO (summed span rewards) 0.300, ahead on 0/3" in result
+    # pooled over 6 seed pairs: (+0.2, +0.1, +0.3, -0.2, -0.1, -0.2) -> mean +0.017, 3 ahead
+    assert "pooled paired difference +0.017" in result and "ahead on 3 of 6" in result
+    assert headline == "learned: Text2Grad +0.017 vs the best scalar baseline, ahead on 3/6 seed pairs over 2 instances"
+    assert machine.startswith("test cpu; 2026-11-27") and command.startswith("`python benchmarks/method_study.py")
+
+
+def test_a_defended_text2grad_variant_is_never_the_baseline_in_the_results_table():
+    from benchmarks import results_tables as rt
+
+    study = _instance([0.5, 0.5], [0.3, 0.4])
+    refresh = dict(study["final"]["learned/text2grad"], method="text2grad+refresh", final_mean_ci=(0.9, 0.0))
+    study["final"]["learned/text2grad+refresh"] = refresh
+    arm = rt.study_arm(study, "learned")
+    assert arm["base_name"] == "scalar PPO (summed span rewards)" and arm["base"][0] == pytest.approx(0.35)
