@@ -12,6 +12,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import pytest
 import torch
+from _pytest.nodeid import NodeId  # pytest >= 9: a test's node id (see _append_group_to_node_id)
 
 from text2grad.core.modeling import build_tiny_llama, train_tokenizer  # after the offline switches above
 from tests.critic_server import critic_server, stop_started_server  # noqa: F401  (the test run's vLLM server fixture)
@@ -60,8 +61,22 @@ def _xdist_group(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
 
 
+def _append_group_to_node_id(item: pytest.Item, group: str) -> None:
+    """xdist's scheduler reads a test's group from an ``@<group>`` suffix of its node id, which xdist's own hook
+    (3.8) writes to ``item._nodeid``: the attribute older pytest kept the id in, but pytest 9 keeps it in ``_id``
+    and ignores ``_nodeid``, so without this every test would be its own group. Where ``_nodeid`` is still the id,
+    xdist's hook adds the suffix itself."""
+    if hasattr(item, "_nodeid") or not isinstance(getattr(item, "_id", None), NodeId) or "@" in item.nodeid:
+        return
+    item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
 def _distributed_by_group(config) -> bool:
-    return config is not None and config.pluginmanager.hasplugin("xdist") and config.getoption("dist", None) == "loadgroup"
+    """Whether xdist distributes this run with ``--dist loadgroup`` (an xdist worker sees ``dist`` "no" and
+    ``loadgroup`` True)."""
+    if config is None or not config.pluginmanager.hasplugin("xdist"):
+        return False
+    return config.getoption("dist", None) == "loadgroup" or bool(config.getoption("loadgroup", False))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
@@ -79,7 +94,9 @@ def pytest_collection_modifyitems(config, items):
         slow_modules = {item.nodeid.split("::")[0] for item in items
                         if any(item.iter_markers("slow")) or any(item.iter_markers("multiprocess"))}
         for item in items:
-            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::")[0]]))
+            group = groups[item.nodeid.split("::")[0]]
+            item.add_marker(pytest.mark.xdist_group(group))
+            _append_group_to_node_id(item, group)
         # Longest first (scripts/test.sh turns xdist's own reordering off): the vLLM/GPU group, then the modules with
         # slow tests, then the rest, so no long module starts last while the other workers have nothing left.
         def cost_rank(item) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 import types
 
+import pytest
+
 from tests import conftest
 from tests.vllm_testlib import engine_for_tests
 
@@ -50,11 +52,15 @@ class _PluginManager:
 
 
 class _Config:
-    def __init__(self, dist: str, xdist: bool = True):
-        self.pluginmanager, self.dist, self.stash = _PluginManager(xdist), dist, {}
+    """A run's config as the hook reads it; ``worker``: as an xdist worker sees it (``dist`` "no", ``loadgroup``
+    True when the run distributes by group)."""
+
+    def __init__(self, dist: str, xdist: bool = True, worker: bool = False):
+        self.pluginmanager, self.stash = _PluginManager(xdist), {}
+        self.options = {"dist": "no", "loadgroup": dist == "loadgroup"} if worker else {"dist": dist}
 
     def getoption(self, name: str, default=None):
-        return self.dist if name == "dist" else default
+        return self.options.get(name, default)
 
 
 def _items() -> list[_Item]:
@@ -106,8 +112,9 @@ def _items_with_a_server_module(config: _Config) -> list[_Item]:
     return items
 
 
-def test_under_loadgroup_vllm_and_gpu_modules_share_one_group_that_runs_first_then_slow_modules():
-    config = _Config("loadgroup")
+@pytest.mark.parametrize("worker", [False, True])
+def test_under_loadgroup_vllm_and_gpu_modules_share_one_group_that_runs_first_then_slow_modules(worker):
+    config = _Config("loadgroup", worker=worker)
     items = _items_with_a_server_module(config)
     conftest.pytest_collection_modifyitems(config, items)
     groups = {item.name: item.groups for item in items}
@@ -122,7 +129,7 @@ def test_under_loadgroup_vllm_and_gpu_modules_share_one_group_that_runs_first_th
 
 
 def test_without_loadgroup_no_test_gets_a_group_or_moves():
-    for config in (_Config("load"), _Config("loadgroup", xdist=False), _Config("no")):
+    for config in (_Config("load"), _Config("load", worker=True), _Config("loadgroup", xdist=False), _Config("no")):
         items = _items_with_a_server_module(config)
         conftest.pytest_collection_modifyitems(config, items)
         assert all(item.groups == [] for item in items)
