@@ -25,7 +25,7 @@ def _module(name: str, engine: bool, lora_mode: str | None = None) -> types.Modu
 class _Item:
     def __init__(self, name: str, module: types.ModuleType, markers: tuple[str, ...] = (), fixturenames: tuple[str, ...] = ()):
         self.name, self.module, self.markers, self.fixturenames = name, module, list(markers), fixturenames
-        self.nodeid = f"tests/{module.__name__}.py::{name}"
+        self.nodeid = f"{module.__name__}::{name}"  # a test's node id starts with its module's path
         self.groups: list[str] = []
         self.config = _Config("no")
 
@@ -120,8 +120,8 @@ def test_under_loadgroup_vllm_and_gpu_modules_share_one_group_that_runs_first_th
     groups = {item.name: item.groups for item in items}
     for name in ("a1", "a2", "b1", "lora1", "lora2", "s1", "m1", "m2", "g1"):  # m1: its module has a server test
         assert groups[name] == ["vllm-and-gpu"], name
-    assert groups["plain1"] == groups["plain2"] == ["tests/plain.py"] and groups["other1"] == ["tests/other.py"]
-    assert groups["x1"] == groups["x2"] == ["tests/slow.py"]
+    assert groups["plain1"] == groups["plain2"] == ["plain"] and groups["other1"] == ["other"]
+    assert groups["x1"] == groups["x2"] == ["slow"]
     # the one group first (its engine block still together, LoRA requests last), then the module with a slow
     # test (whole), then the rest in their collected order
     assert [item.name for item in items] == ["a1", "a2", "b1", "lora1", "lora2", "s1", "m1", "m2", "g1", "x1", "x2",
