@@ -842,7 +842,8 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     study["paper_comparison_for"] = f"{t2g[0]}-arm {method_label(t2g[1])} at its chosen setting ({chosen[t2g].label()})"
     knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
     study["paper_comparison"] = paper_comparison(_ppo_config(ctx, RunSpec(*t2g, chosen[t2g], 0, "final"),
-                                                             Path(args.output_dir) / "unused"), knobs=knobs)
+                                                             Path(args.output_dir) / "unused"), knobs=knobs,
+                                         inherited=bool(args.settings_from))
     # a folder without the final runs (e.g. a fresh machine) keeps the summary stored in study.json
     study["final"] = summarize_final(results, keys, args.seeds, ctx.batch_size) or study.get("final", {})
     # a phase whose runs are not in this folder keeps the summary stored in study.json (e.g. from an earlier machine)

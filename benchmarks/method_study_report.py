@@ -434,9 +434,13 @@ PAPER_FIELDS: dict[str, str] = {
 }
 
 
-def paper_reasons(knobs: Sequence[str]) -> dict[str, str]:
+def paper_reasons(knobs: Sequence[str], inherited: bool = False) -> dict[str, str]:
     """Why the swept fields differ from the paper's: chosen on validation where the study swept them (``knobs``),
-    else the preset's value."""
+    by the earlier sweep the study took its settings from (``inherited``: ``--settings_from``), else the preset's
+    value."""
+    if inherited:
+        earlier = "chosen per method on validation by the earlier sweep this study took its settings from"
+        return {"lr": earlier, "lam": earlier, "kl_coef": earlier, "adaptive_kl": earlier}
     kept = "the preset's value, not swept in this study"
     return {
         "lr": "swept per method on validation" if "lr" in knobs else kept,
@@ -449,11 +453,11 @@ def paper_reasons(knobs: Sequence[str]) -> dict[str, str]:
 
 
 def paper_comparison(cfg: PPOConfig, paper_yaml: Path = ROOT / "configs" / "slf5k" / "ppo.yaml",
-                     knobs: Sequence[str] = ("lambda", "lr", "kl")) -> list[dict[str, Any]]:
+                     knobs: Sequence[str] = ("lambda", "lr", "kl"), inherited: bool = False) -> list[dict[str, Any]]:
     """The study's PPO values next to the paper's (SLF5K, Table 10) for every field of `PAPER_FIELDS`; the reasons
     for the swept fields say whether the study swept them (``knobs``) or kept the preset's value."""
     paper = yaml.safe_load(paper_yaml.read_text())
-    reasons = paper_reasons(knobs)
+    reasons = paper_reasons(knobs, inherited)
     rows = []
     for name, why in PAPER_FIELDS.items():
         if name.startswith("kl_horizon") and not cfg.adaptive_kl:
@@ -649,9 +653,11 @@ def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[st
     per-instance and pooled sentences for each arm, and the grid-edge notes."""
     first = next(iter(studies.values()))
     cfg = first["config"]
+    origin = (f"settings from the sweep of {first['settings_from']['study']} (no sweep per instance)"
+              if first.get("settings_from") else "every method tuned on validation per instance")
     lines = [f"Task instances {', '.join(map(str, studies))}; policy: {cfg.get('policy')}; {cfg['iterations']} iterations "
-             f"x {cfg['batch_size']} rollouts per run; seeds {', '.join(map(str, cfg['seeds']))}; every method tuned on "
-             f"validation per instance. Machine: {first.get('machine')}. Command: `{command}`.", "",
+             f"x {cfg['batch_size']} rollouts per run; seeds {', '.join(map(str, cfg['seeds']))}; {origin}. "
+             f"Machine: {first.get('machine')}. Command: `{command}`.", "",
              "| task instance | SFT start (test fact score) | false facts per summary | report |", "|---|---:|---:|---|"]
     for ts, st in studies.items():
         sft = st["sft"].get("test", {})
@@ -661,8 +667,9 @@ def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[st
         if pooled.get(arm, {}).get("lines"):
             lines += ["", f"**{arm} feedback, at the end of training**", "", *pooled[arm]["lines"]]
     edges = [f"instance {ts}, {line}" for ts, st in studies.items() for line in edge_lines(st.get("sweep", {}))]
-    lines += ["", "Grid edges: " + (" ".join(edges) if edges else "every chosen learning rate and fixed KL coefficient "
-                                    "is interior to the values tried.")]
+    if any(row.get("tried") for st in studies.values() for row in st.get("sweep", {}).values()):  # a sweep ran
+        lines += ["", "Grid edges: " + (" ".join(edges) if edges else "every chosen learning rate and fixed KL "
+                                        "coefficient is interior to the values tried.")]
     lines += ["", "Plots: [curves per instance](task_seed{0}/curves.png), [final score vs final KL](frontier.png)."
               .replace("{0}", str(next(iter(studies))))]
     return "\n".join(lines)
@@ -673,7 +680,7 @@ def corrected_paper_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:
     themselves are the study's, as stored)."""
     knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])}
                    or study.get("config", {}).get("sweep_knobs", []))
-    reasons = paper_reasons(knobs)
+    reasons = paper_reasons(knobs, inherited=bool(study.get("settings_from")))
     return [{**r, "why": "" if r["same"] else PAPER_FIELDS.get(r["field"], r["why"]).format(**reasons)}
             for r in study.get("paper_comparison", [])]
 

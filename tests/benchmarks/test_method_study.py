@@ -564,3 +564,16 @@ def test_a_defended_text2grad_variant_is_never_the_baseline_in_the_results_table
     study["final"]["learned/text2grad+refresh"] = refresh
     arm = rt.study_arm(study, "learned")
     assert arm["base_name"] == "scalar PPO (summed span rewards)" and arm["base"][0] == pytest.approx(0.35)
+
+
+def test_a_study_with_borrowed_settings_says_so_and_claims_no_sweep_of_its_own():
+    studies = {0: _instance([0.5, 0.4], [0.3, 0.3]), 1: _instance([0.2, 0.1], [0.3, 0.3])}
+    for st in studies.values():
+        st["settings_from"] = {"study": "old/study.json", "rows": {"learned/text2grad": "learned/text2grad"}}
+    pooled = {"learned": {"lines": msr.pooled_lines(studies, "learned")[0]}}
+    md = msr.pooled_markdown(studies, pooled, "cmd")
+    assert "settings from the sweep of old/study.json (no sweep per instance)" in md
+    assert "tuned on validation per instance" not in md and "Grid edges" not in md
+    assert set(msr.paper_reasons([], inherited=True).values()) == {
+        "chosen per method on validation by the earlier sweep this study took its settings from"}
+    assert msr.paper_reasons([])["lr"] == "the preset's value, not swept in this study"
