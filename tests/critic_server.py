@@ -2,7 +2,7 @@
 
 `critic_server` (a session fixture, registered in tests/conftest.py) starts it on a free loopback port through
 `reward_model.serve.CriticServer` (what ``text2grad serve-critic`` runs) the first time a test asks for it, and stops
-its whole process group after the last test that uses it (tests/conftest.py) or when the session ends, whether the tests passed, failed or were interrupted; a pytest
+its whole process group when the session ends, whether the tests passed, failed or were interrupted; a pytest
 killed outright takes the server with it (the server dies with its parent, `reward_model.serve`). Its output goes
 to a log file, whose tail is shown if it fails to start. Tests that use it are marked ``vllm_server`` (and
 ``slow``) and live in tests/test_critics_behind_a_server.py.
@@ -58,17 +58,6 @@ def start_critic_server(log_path: Path) -> RunningServer:
     return RunningServer(base_url, SERVED_NAME, smollm2_path(), time.perf_counter() - start, server)
 
 
-_STARTED: list[RunningServer] = []  # the server the fixture started in this process, until it is stopped
-
-
-def stop_started_server() -> None:
-    """Stop the server the fixture started in this process, if any: tests/conftest.py calls this after the last test
-    that uses it, so an idle server does not hold its memory and CPU through the rest of the run (stopping twice is
-    harmless)."""
-    while _STARTED:
-        _STARTED.pop().server.stop()
-
-
 @pytest.fixture(scope="session")
 def critic_server(tmp_path_factory):
     """The test run's vLLM server (see the module docs); skips where vllm is not importable."""
@@ -80,7 +69,6 @@ def critic_server(tmp_path_factory):
         pytest.skip("vllm is not importable in this environment (install the 'vllm' extra: see env.sh)")
     log_path = tmp_path_factory.mktemp("critic_server") / "server.log"
     running = start_critic_server(log_path)
-    _STARTED.append(running)
     print(f"\nvLLM server for the critic tests: {running.base_url}, ready after {running.startup_s:.0f} s (log {log_path})")
     try:
         yield running
