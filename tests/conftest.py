@@ -13,7 +13,8 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import pytest
 import torch
 
-from text2grad.core.modeling import build_tiny_llama, train_tokenizer  # after the offline switches above
+from text2grad.core.assets import AssetMissingError  # after the offline switches above
+from text2grad.core.modeling import build_tiny_llama, train_tokenizer
 from tests.critic_server import critic_server  # noqa: F401  (the test run's vLLM server fixture)
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -69,8 +70,6 @@ OPTIONAL_MODULES = frozenset({"vllm", "textblob", "gguf", "sentencepiece", "tikt
 def missing_optional(exc: BaseException | None) -> str | None:
     """Why ``exc`` (or an exception it was raised from) comes from an optional package or asset that is not
     installed, or None when it does not."""
-    from text2grad.core.assets import AssetMissingError  # after the offline switches above
-
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))

@@ -11,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks import critic_server as bench  # noqa: E402
+from benchmarks.results_tables import critic_server_row  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "critic_server"
 
@@ -50,7 +51,6 @@ def test_the_machine_is_called_shared_or_idle_from_its_load():
 
 
 def test_the_index_headline_follows_the_figures():
-    from benchmarks.results_tables import critic_server_row
 
     quiet = copy.deepcopy(figures())
     quiet["load_before"] = [0.4, 0.3, 0.2]

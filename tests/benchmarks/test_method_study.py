@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks import method_study as ms  # noqa: E402
 from benchmarks import method_study_report as msr  # noqa: E402
+from benchmarks import results_tables as rt  # noqa: E402
 
 
 def _curve(vals, tests=None):
@@ -537,8 +538,6 @@ def test_settings_from_another_study_are_each_methods_own_else_its_methods_else_
 
 
 def test_a_pooled_study_gets_one_results_row_per_instance_and_the_pooled_difference(tmp_path):
-    from benchmarks import results_tables as rt
-
     studies = {0: _instance([0.5, 0.5, 0.6], [0.3, 0.4, 0.3]), 1: _instance([0.1, 0.2, 0.1], [0.3, 0.3, 0.3], sft=-0.28)}
     for ts, st in studies.items():
         st.update(identity={"preset": "default", "task_seed": ts, "iterations": 20}, date="2026-11-27", cpu="test cpu")
@@ -557,8 +556,6 @@ def test_a_pooled_study_gets_one_results_row_per_instance_and_the_pooled_differe
 
 
 def test_a_defended_text2grad_variant_is_never_the_baseline_in_the_results_table():
-    from benchmarks import results_tables as rt
-
     study = _instance([0.5, 0.5], [0.3, 0.4])
     refresh = dict(study["final"]["learned/text2grad"], method="text2grad+refresh", final_mean_ci=(0.9, 0.0))
     study["final"]["learned/text2grad+refresh"] = refresh
