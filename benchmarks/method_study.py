@@ -10,6 +10,8 @@
     python benchmarks/method_study.py --output_dir runs/study_smollm2 --preset smollm2 --arms oracle \
         --methods text2grad scalar_collapsed --sweep_knobs lambda lr --lambdas 0 0.95 --lrs 3e-5 --seeds 0 1 2 \
         --iterations 12 --eval_every 6 --phases sweep final report
+    python benchmarks/method_study.py --output_dir runs/study_v2 --task_seeds 0 1 2 --arms learned \
+        --methods text2grad scalar_sum scalar_collapsed --kl_frontier 0.3 1.0 --phases frontier report  # KL frontier
 
 Every method starts from the same SFT policy of the quickstart task (`text2grad.apps.quickstart`) and gets the same
 number of rollouts (``iterations`` x the preset's PPO batch). ``--preset smollm2`` runs the paper's pipeline order on
@@ -47,6 +49,11 @@ Phases (each resumable: a run whose ``result.json`` exists is not run again):
   times). The criterion is the mean validation fact score of the last two evaluation points (the end of training, not
   a peak).
 - ``final``: every (arm, method) at its chosen setting, ``--seeds``; each evaluation point scores validation AND test.
+- ``frontier``: every (arm, method) again on the final seeds at each fixed KL coefficient of ``--kl_frontier`` (its
+  chosen learning rate and lambda kept), so each method has a curve of final score against final KL. The report then
+  also compares Text2Grad held to the best scalar baseline's KL: its KL setting is chosen on validation among those
+  whose mean final KL is no larger than the baseline's, and compared with the baseline on test, seed by seed (a method
+  that wins only by drifting further from the start is not winning).
 - ``ablation``: the quickstart's learned-arm Text2Grad setting with one change each (reward scale, whitening, value
   strength, entropy, clip range, oracle critic), to find what drives its late collapse.
 - ``report``: ``study.json`` (everything, each run's validation curve and CPU included), ``study.md`` (tables and
@@ -100,8 +107,8 @@ from text2grad.core.spans import decode_with_offsets, feedback_token_labels  # n
 
 from benchmarks.method_study_report import (  # noqa: E402
     ARMS, CRITIC_FREE, KL_COEFS, LABELS, LAMBDAS, METHODS, REWARD_MODE, SCALAR_METHODS, Setting, choose, end_score,
-    early_stopped, frontier_plot, markdown, mean_ci95, method_label, paper_comparison, plot, pooled_lines,
-    pooled_markdown, summarize_ablations, summarize_final,
+    early_stopped, frontier_plot, kl_matched_lines, markdown, mean_ci95, method_label, paper_comparison, plot, pooled_lines,
+    pooled_markdown, summarize_ablations, summarize_final, summarize_frontier,
 )
 
 
@@ -410,6 +417,20 @@ def run_all(ctx: StudyContext, specs: Sequence[RunSpec], jobs: int, train: bool 
 # --------------------------------------------------------------------------------------------------
 
 
+def frontier_specs(keys: Sequence[tuple[str, str]], chosen: Mapping[tuple[str, str], Setting], coefs: Sequence[float],
+                   seeds: Sequence[int], default_coef: float) -> list[RunSpec]:
+    """The frontier phase's runs: each (arm, method) at its chosen learning rate and lambda with each fixed KL
+    coefficient of ``coefs``, on the final seeds; a coefficient equal to the chosen fixed one is the final run
+    itself and is not run twice."""
+    specs = []
+    for a, m in keys:
+        setting = chosen[(a, m)]
+        own = (setting.kl_coef if setting.kl_coef is not None else default_coef) if setting.kl == "fixed" else None
+        specs += [RunSpec(a, m, replace(setting, kl="fixed", kl_coef=c), s, "frontier")
+                  for c in coefs if own is None or not math.isclose(c, own) for s in seeds]
+    return specs
+
+
 def method_keys(arms: Sequence[str], methods: Sequence[str], variants: Sequence[str] = ()) -> list[tuple[str, str]]:
     """(arm, method) pairs: every method under every arm, but the critic-free ones (`CRITIC_FREE`) once, under
     their own arm (scalar_bt: learned, scalar_task: oracle) and only when that arm is studied; then each variant
@@ -666,7 +687,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="runs/method_study")
     parser.add_argument("--phases", nargs="+", default=["sweep", "final", "ablation", "report"],
-                        choices=["sweep", "final", "ablation", "report"])
+                        choices=["sweep", "final", "frontier", "ablation", "report"])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds of the final phase")
@@ -708,6 +729,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kl_horizon", type=int, default=10, help="the adaptive KL controller's horizon, in iterations")
     parser.add_argument("--kl_coefs", type=float, nargs="+", default=list(KL_COEFS),
                         help="fixed KL coefficients the sweep tries beside the adaptive controller")
+    parser.add_argument("--kl_frontier", type=float, nargs="*", default=[],
+                        help="phase frontier: every method again with the final seeds at each of these fixed KL "
+                             "coefficients (its chosen learning rate and lambda), for the final-score-vs-KL frontier and "
+                             "the comparison at matched KL")
     parser.add_argument("--grid_extensions", type=int, default=2,
                         help="times the learning-rate and KL grids grow (x3) past a choice at their edge")
     parser.add_argument("--settings_from", default=None,
@@ -748,12 +773,18 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
                 entry = pooled.setdefault(arm, {"lines": [], "methods": {}})
                 entry["lines"] += ([""] if entry["lines"] else []) + lines
                 entry["methods"][method] = numbers
+            matched_lines, matched = kl_matched_lines(studies, arm, method)
+            if matched_lines:
+                entry = pooled.setdefault(arm, {"lines": [], "methods": {}})
+                entry["lines"] += ([""] if entry["lines"] else []) + matched_lines
+                entry.setdefault("kl_matched", {})[method] = matched
     first = next(iter(studies.values()))
     # what the results tables read: the shared settings (the instances differ only in task_seed), machine and date
     shared = {k: first.get(k) for k in ("cpu", "machine", "date", "settings_from") if first.get(k) is not None}
     identity = {k: v for k, v in first.get("identity", {}).items() if k != "task_seed"}
     study = {"command": command, "task_seeds": list(studies), "identity": identity, **shared, "pooled": pooled,
              "instances": {str(ts): {"sft": st["sft"], "final": st.get("final", {}), "sweep": st.get("sweep", {}),
+                                     "kl_frontier": st.get("kl_frontier", {}),
                                      "machine": st.get("machine")} for ts, st in studies.items()}}
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "study.json", study)
@@ -833,11 +864,14 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     finals = [RunSpec(a, m, chosen[(a, m)], s, "final") for a, m in keys for s in args.seeds]
     if "final" in args.phases:
         run_all(ctx, finals, args.jobs)
+    frontier = frontier_specs(keys, chosen, args.kl_frontier, args.seeds, ctx.kl_coef)
+    if "frontier" in args.phases:
+        run_all(ctx, frontier, args.jobs)
     quick = Setting(lr=1e-4, kl="fixed", lam=0.0)  # the quickstart's setting, where the collapse was seen
     ablations = [RunSpec("learned", "text2grad", quick, s, "ablation", name) for name in args.ablations for s in args.ablation_seeds]
     if "ablation" in args.phases:
         run_all(ctx, ablations, args.jobs)
-    results = {s: r for s in [*finals, *ablations] if (r := _load_result(ctx, s)) is not None}
+    results = {s: r for s in [*finals, *frontier, *ablations] if (r := _load_result(ctx, s)) is not None}
     t2g = next(((a, m) for a, m in keys if m == "text2grad"), keys[0])
     study["paper_comparison_for"] = f"{t2g[0]}-arm {method_label(t2g[1])} at its chosen setting ({chosen[t2g].label()})"
     knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
@@ -848,6 +882,7 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     study["final"] = summarize_final(results, keys, args.seeds, ctx.batch_size) or study.get("final", {})
     # a phase whose runs are not in this folder keeps the summary stored in study.json (e.g. from an earlier machine)
     study["ablations"] = summarize_ablations(results) or study.get("ablations", {})
+    study["kl_frontier"] = summarize_frontier(results, ctx.kl_coef) if frontier else study.get("kl_frontier", {})
     study["seconds"] = time.perf_counter() - t0
     _write_json(study_path, study)
     if study["final"]:

@@ -390,6 +390,13 @@ def markdown(study: Mapping[str, Any]) -> str:
     lines += start_policy_lines(study)
     sft_all = study["sft"].get("test", {})
     lines += ["", *interpret(summ, sft, (sft_all.get("fact_recall", float("nan")), sft_all.get("n_false", float("nan"))))]
+    if frontier := frontier_markdown(study):
+        lines += ["", *frontier]
+        task = study.get("identity", {}).get("task_seed", 0)
+        for key in study["kl_frontier"]:
+            arm, method = key.split("/")
+            if method.partition("+")[0] == "text2grad":
+                lines += ["", *kl_matched_lines({task: study}, arm, method)[0]]
     if study.get("sweep"):
         lines += ["", *sweep_markdown(study)]
     if study.get("paper_comparison"):
@@ -619,6 +626,112 @@ def pooled_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
     return lines, {"instances": per, "pooled": pooled}
 
 
+def kl_setting_label(setting: Mapping[str, Any], default_coef: float) -> str:
+    """"adaptive" or "fixed <coefficient>" (the preset's ``default_coef`` when the setting names none)."""
+    if setting["kl"] == "adaptive":
+        return "adaptive"
+    coef = setting.get("kl_coef")
+    return f"fixed {default_coef if coef is None else coef:g}"
+
+
+def summarize_frontier(results: Mapping[Any, Mapping[str, Any]], default_coef: float) -> dict[str, list[dict[str, Any]]]:
+    """Per (arm, method): one point per KL setting run with the final seeds (the chosen setting's final runs and the
+    ``--kl_frontier`` runs at fixed coefficients): its label, whether it is the chosen one, and per seed the final
+    test score, the end-of-run validation score (`end_score`, what a KL-constrained choice is made on) and the
+    final KL, with their means. Points are sorted by mean final KL."""
+    groups: dict[tuple[str, str, str], dict[int, Mapping[str, Any]]] = {}
+    chosen: dict[tuple[str, str, str], bool] = {}
+    for spec, res in results.items():
+        if spec.phase not in ("final", "frontier"):
+            continue
+        label = kl_setting_label(res["spec"]["setting"], default_coef)
+        groups.setdefault((spec.arm, spec.method, label), {})[spec.seed] = res
+        chosen[(spec.arm, spec.method, label)] = chosen.get((spec.arm, spec.method, label), False) or spec.phase == "final"
+    out: dict[str, list[dict[str, Any]]] = {}
+    for (arm, method, label), runs in groups.items():
+        final = {s: r["final"]["test"]["fact_score"] for s, r in runs.items()}
+        val_end = {s: end_score(r["curve"], "val") for s, r in runs.items()}
+        kl = {s: r["final"].get("kl") or 0.0 for s, r in runs.items()}
+        out.setdefault(f"{arm}/{method}", []).append({
+            "kl_setting": label, "chosen": chosen[(arm, method, label)], "seeds": sorted(runs),
+            "final": final, "final_mean_ci": mean_ci95(list(final.values())),
+            "val_end": val_end, "val_end_mean": statistics.fmean(val_end.values()),
+            "kl_final": kl, "kl_end": mean_ci95(list(kl.values())),
+        })
+    for points in out.values():
+        points.sort(key=lambda p: p["kl_end"][0])
+    return out
+
+
+def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad") -> dict[str, Any] | None:
+    """``method`` (Text2Grad or a variant) held to the best scalar baseline's KL: among its KL settings whose mean
+    final KL is no larger than the baseline's (at the baseline's chosen setting), the one with the best end-of-run
+    validation score, compared seed by seed with the baseline on test. None without frontier points or a baseline;
+    ``point`` None when no setting stays within the baseline's KL (``lowest`` then says how close the nearest came)."""
+    points = study.get("kl_frontier", {}).get(f"{arm}/{method}", [])
+    summ = study.get("final", {})
+    base_key = best_scalar(summ, arm)
+    if len(points) < 2 or base_key is None:  # one point is the chosen setting alone: nothing to choose from
+        return None
+    base = summ[base_key]
+    budget = base["kl_end"][0]
+    within = [p for p in points if p["kl_end"][0] <= budget]
+    pick = max(within, key=lambda p: p["val_end_mean"], default=None)
+    return {"baseline": base_key, "budget": budget, "base": base["final_mean_ci"], "tried": len(points),
+            "point": pick, "lowest": min(points, key=lambda p: p["kl_end"][0]),
+            "pair": paired(pick["final"], base["final"]) if pick else None}
+
+
+def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
+                     method: str = "text2grad") -> tuple[list[str], dict[str, Any]]:
+    """Per instance and pooled sentences for ``method`` held to the best scalar baseline's KL (`kl_matched`)."""
+    per = {ts: c for ts, st in studies.items() if (c := kl_matched(st, arm, method)) is not None}
+    if not per:
+        return [], {}
+    variant = method.partition("+")[2]
+    name = "Text2Grad" + (f" + {variant}" if variant else "")
+    lines = [f"{name} held to the best scalar baseline's KL (its KL setting chosen on validation among those whose "
+             f"mean final KL is no larger than the baseline's):"]
+    for ts, c in per.items():
+        base = method_label(c["baseline"].split("/")[1])
+        p = c["point"]
+        if p is None:
+            low = c["lowest"]
+            lines.append(f"Task instance {ts}: none of the {c['tried']} KL settings tried stays within the baseline's "
+                         f"({base}) {c['budget']:.2f} nats; the lowest, {low['kl_setting']}, ends at "
+                         f"{low['kl_end'][0]:.2f} nats with {_pm(low['final_mean_ci'])}.")
+            continue
+        lines.append(f"Task instance {ts}: KL {p['kl_setting']} ends at {_pm(p['final_mean_ci'])} with KL "
+                     f"{p['kl_end'][0]:.2f} nats, the baseline ({base}) at {_pm(c['base'])} with {c['budget']:.2f}; "
+                     f"paired difference {paired_words(c['pair'])}.")
+    matched = {ts: c for ts, c in per.items() if c["pair"] is not None}
+    pooled = paired({(ts, i): d for ts, c in matched.items() for i, d in enumerate(c["pair"]["diffs"])},
+                    {(ts, i): 0.0 for ts, c in matched.items() for i in range(c["pair"]["n"])})
+    if len(matched) > 1:
+        lines.append(f"Pooled over the {len(matched)} instances with a setting within the baseline's KL "
+                     f"({pooled['n']} seed pairs): {paired_words(pooled)}.")
+    if len(matched) < len(per):
+        missing = [str(ts) for ts in per if ts not in matched]
+        lines.append(f"On instance(s) {', '.join(missing)} no {name} setting tried stays within the baseline's KL, "
+                     f"so there the comparison at matched KL is still open.")
+    return lines, {"instances": per, "pooled": pooled if matched else None}
+
+
+def frontier_markdown(study: Mapping[str, Any]) -> list[str]:
+    """The table of every method's KL settings (the chosen one marked): final score against final KL."""
+    rows = study.get("kl_frontier", {})
+    if not any(len(points) > 1 for points in rows.values()):
+        return []
+    lines = ["Every KL setting run with the final seeds (chosen: the setting the validation sweep picked):", "",
+             "| arm | method | KL setting | final | KL at end | validation at end |", "|---|---|---|---:|---:|---:|"]
+    for key, points in rows.items():
+        arm, method = key.split("/")
+        for p in points:
+            lines.append(f"| {arm} | {method_label(method)} | {p['kl_setting']}{' (chosen)' if p['chosen'] else ''} | "
+                         f"{_pm(p['final_mean_ci'])} | {_pm(p['kl_end'])} | {p['val_end_mean']:.3f} |")
+    return lines
+
+
 def frontier_plot(studies: Mapping[Any, Mapping[str, Any]], png: Path) -> None:
     """Final test score against final KL (nats) per method (colour) and task instance (marker): seeds as small
     points, their mean as a large one. A method that wins only by drifting further sits to the right."""
@@ -639,6 +752,13 @@ def frontier_plot(studies: Mapping[Any, Mapping[str, Any]], png: Path) -> None:
                 ax.scatter([r["kl_end"][0]], [r["final_mean_ci"][0]], s=70, color=colours[r["method"]],
                            marker=markers[i % len(markers)], edgecolors="black",
                            label=f"{method_label(r['method'])}, instance {ts}")
+            for key, points in st.get("kl_frontier", {}).items():  # each method's KL settings, joined in KL order
+                method = key.split("/")[1]
+                if key.split("/")[0] != arm or len(points) < 2 or method not in colours:
+                    continue
+                xs, ys = [p["kl_end"][0] for p in points], [p["final_mean_ci"][0] for p in points]
+                ax.plot(xs, ys, color=colours[method], alpha=0.6, linewidth=1)
+                ax.scatter(xs, ys, s=28, facecolors="none", edgecolors=colours[method], marker=markers[i % len(markers)])
         ax.set_title(f"{arm} feedback: final score vs final KL")
         ax.set_xlabel("KL from the start policy at the end (nats per response)")
         ax.set_ylabel("test fact score at the end")

@@ -574,3 +574,61 @@ def test_a_study_with_borrowed_settings_says_so_and_claims_no_sweep_of_its_own()
     assert set(msr.paper_reasons([], inherited=True).values()) == {
         "chosen per method on validation by the earlier sweep this study took its settings from"}
     assert msr.paper_reasons([])["lr"] == "the preset's value, not swept in this study"
+
+
+def test_frontier_runs_each_method_at_each_coefficient_but_not_its_chosen_one_twice():
+    adaptive, fixed = ms.Setting(3e-5, "adaptive", 0.0), ms.Setting(3e-5, "fixed", 0.95)
+    keys = [("learned", "text2grad"), ("learned", "scalar_sum")]
+    specs = ms.frontier_specs(keys, {keys[0]: adaptive, keys[1]: fixed}, [0.1, 1.0], [0, 1], default_coef=0.1)
+    tags = sorted({(s.method, s.setting.kl_tag) for s in specs})
+    # scalar_sum's chosen setting is the preset's fixed 0.1: that point is its final run, not a frontier run
+    assert tags == [("scalar_sum", "fixed1"), ("text2grad", "fixed0.1"), ("text2grad", "fixed1")]
+    assert len(specs) == 6 and {s.phase for s in specs} == {"frontier"}
+    assert all(s.setting.lr == 3e-5 for s in specs)  # learning rate and lambda stay the chosen ones
+    assert {s.setting.lam for s in specs if s.method == "text2grad"} == {0.0}
+
+
+def test_text2grad_is_held_to_the_baselines_kl_on_a_setting_chosen_on_validation(tmp_path):
+    """Result files of final and frontier runs on two instances: on instance 0 two Text2Grad settings stay within
+    the baseline's KL and the one better on VALIDATION is compared (not the one better on test); on instance 1 none
+    does, and the report says so."""
+    chosen = ms.Setting(1e-4, "fixed", 0.95)
+    runs = {  # (method, KL coefficient or None for the chosen setting): (final KL, validation end, test per seed)
+        0: {("text2grad", None): (3.0, 0.6, (0.6, 0.7)), ("text2grad", 0.3): (1.5, 0.4, (0.45, 0.5)),
+            ("text2grad", 1.0): (0.5, 0.3, (0.8, 0.8)), ("scalar_sum", None): (1.6, 0.3, (0.3, 0.3))},
+        1: {("text2grad", None): (3.0, 0.6, (0.6, 0.7)), ("text2grad", 0.3): (2.5, 0.4, (0.45, 0.5)),
+            ("text2grad", 1.0): (2.0, 0.3, (0.1, 0.2)), ("scalar_sum", None): (1.6, 0.3, (0.3, 0.3))},
+    }
+    for ts, rows in runs.items():
+        for (method, coef), (kl, val, tests) in rows.items():
+            for seed, test in enumerate(tests):
+                spec = (ms.RunSpec("learned", method, chosen, seed, "final") if coef is None else
+                        ms.RunSpec("learned", method, replace(chosen, kl_coef=coef), seed, "frontier"))
+                ms._write_json(tmp_path / f"task_seed{ts}" / spec.run_id / "result.json",
+                               _result(spec, 2 * val - 0.1, test, kl=kl))  # end_score: mean of start 0.1 and val_end
+    argv = ["--output_dir", str(tmp_path), "--task_seeds", "0", "1", "--preset", "ci", "--arms", "learned",
+            "--methods", "text2grad", "scalar_sum", "--seeds", "0", "1", "--sweep_knobs", "lambda", "--lambdas", "0.95",
+            "--iterations", "2", "--eval_every", "2", "--kl_frontier", "0.3", "1.0", "--phases", "report"]
+    assert ms.main(argv) == 0
+    inst0 = json.loads((tmp_path / "task_seed0" / "study.json").read_text())
+    points = inst0["kl_frontier"]["learned/text2grad"]
+    assert [p["kl_setting"] for p in points] == ["fixed 1", "fixed 0.3", "fixed 0.05"]  # by final KL; 0.05: ci preset's
+    assert [p["chosen"] for p in points] == [False, False, True]
+    assert points[1]["val_end_mean"] == pytest.approx(0.4)
+    md0 = (tmp_path / "task_seed0" / "study.md").read_text()
+    assert "| learned | Text2Grad (span rewards) | fixed 0.05 (chosen) | 0.650 ± " in md0
+    assert ("Task instance 0: KL fixed 0.3 ends at 0.475 ± 0.318 with KL 1.50 nats, the baseline (scalar PPO, Text2Grad's "
+            "token rewards summed) at 0.300 ± 0.000 with 1.60; paired difference +0.175 (95 % interval [-0.143, +0.493]; ahead "
+            "on 2 of 2; exact two-sided sign test p = 0.5).") in md0
+    pooled_md = (tmp_path / "study.md").read_text()
+    assert ("Task instance 1: none of the 3 KL settings tried stays within the baseline's (scalar PPO, Text2Grad's token "
+            "rewards summed) 1.60 nats; the lowest, fixed 1, ends at 2.00 nats with 0.150 ± 0.635.") in pooled_md
+    assert "On instance(s) 1 no Text2Grad setting tried stays within the baseline's KL" in pooled_md
+    pooled = json.loads((tmp_path / "study.json").read_text())
+    assert pooled["pooled"]["learned"]["kl_matched"]["text2grad"]["pooled"]["n"] == 2
+    assert pooled["instances"]["1"]["kl_frontier"]["learned/scalar_sum"][0]["kl_setting"] == "fixed 0.05"
+    assert (tmp_path / "frontier.png").stat().st_size > 10_000
+    (_, result, _, _), headline = rt.study_rows(tmp_path)
+    assert ("learned critic, Text2Grad held to the best scalar baseline's KL: a setting within it on instance(s) 0 of 2, "
+            "paired difference there +0.175 [-0.143, +0.493], ahead on 2 of 2") in result
+    assert headline.endswith("learned: Text2Grad held to the baseline's KL +0.175, ahead on 2/2 seed pairs on 1 instance")
