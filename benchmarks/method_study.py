@@ -32,7 +32,9 @@ Bradley-Terry baseline asks for them. Methods (PPO reward modes of `policy_optim
 ====================  ==========================================================================================
 
 ``--variants`` adds the defences against reward-model exploitation (`VARIANTS`: a reward-model ensemble, an on-policy
-reward-model refresh, both) as learned-arm methods ``text2grad+<variant>`` and ``scalar_sum+<variant>``.
+reward-model refresh, both) as learned-arm methods ``text2grad+<variant>`` and ``scalar_sum+<variant>``, and the
+refresh's equal-annotation control ``offline_matched`` (the reward model trained offline on as many more annotations,
+for as many more steps, as the refresh adds over a run).
 ``--task_seeds`` runs the whole study on several task instances, each in ``<output_dir>/task_seed<N>``, and reports
 each instance and all pooled (`benchmarks/method_study_report.py` holds the statistics and the report).
 
@@ -51,9 +53,9 @@ Phases (each resumable: a run whose ``result.json`` exists is not run again):
 - ``final``: every (arm, method) at its chosen setting, ``--seeds``; each evaluation point scores validation AND test.
 - ``frontier``: every (arm, method) again on the final seeds at each fixed KL coefficient of ``--kl_frontier`` (its
   chosen learning rate and lambda kept), so each method has a curve of final score against final KL. The report then
-  also compares Text2Grad held to the best scalar baseline's KL: its KL setting is chosen on validation among those
-  whose mean final KL is no larger than the baseline's, and compared with the baseline on test, seed by seed (a method
-  that wins only by drifting further from the start is not winning).
+  also compares Text2Grad held to the KL of the best scalar baseline, and of the information-matched scalar_sum: its
+  KL setting is chosen on validation among those whose mean final KL is no larger than the baseline's, and compared
+  with the baseline on test, seed by seed (a method that wins only by drifting further from the start is not winning).
 - ``ablation``: the quickstart's learned-arm Text2Grad setting with one change each (reward scale, whitening, value
   strength, entropy, clip range, oracle critic), to find what drives its late collapse.
 - ``report``: ``study.json`` (everything, each run's validation curve and CPU included), ``study.md`` (tables and
@@ -106,7 +108,7 @@ from text2grad.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 from text2grad.core.spans import decode_with_offsets, feedback_token_labels  # noqa: E402
 
 from benchmarks.method_study_report import (  # noqa: E402
-    ARMS, CRITIC_FREE, KL_COEFS, LABELS, LAMBDAS, METHODS, REWARD_MODE, SCALAR_METHODS, Setting, choose, end_score,
+    ARMS, CRITIC_FREE, KL_COEFS, KL_MATCHED_AGAINST, LABELS, LAMBDAS, METHODS, REWARD_MODE, SCALAR_METHODS, Setting, choose, end_score,
     early_stopped, frontier_plot, kl_matched_lines, markdown, mean_ci95, method_label, paper_comparison, plot, pooled_lines,
     pooled_markdown, summarize_ablations, summarize_final, summarize_frontier,
 )
@@ -162,6 +164,7 @@ class StudyContext:
     kl_horizon: int = 10  # the adaptive controller's horizon, in iterations
     rm_ensemble: str = ""  # the reward-model ensemble (member-<k>/) of the ensemble variants
     rm_replay: str = ""  # the reward model's training annotations, replayed by the refresh variants
+    rm_offline_matched: str = ""  # the reward model of the offline_matched variant (the refresh's control)
     sft_scores: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> scores
     use_chat_template: bool = False  # the policy's prompts through its tokenizer's chat template (SmolLM2)
     ppo_fields: dict[str, Any] = field(default_factory=dict)  # the preset's PPOConfig fields (SmolLM2: LoRA)
@@ -197,6 +200,22 @@ def _refresh(ctx: StudyContext) -> dict[str, Any]:
             "rm_refresh_critic_kwargs": {"data_path": ctx.rl}, "rm_refresh_replay": [ctx.rm_replay]}
 
 
+def refresh_budget(iterations: int, batch_size: int, every: int = REFRESH_EVERY,
+                   steps_per_refresh: int = PPOConfig().rm_refresh_steps) -> tuple[int, int]:
+    """(annotations, optimizer steps) the ``refresh`` variant adds to the reward model over a run: each of its
+    ``iterations // every`` refreshes annotates the iteration's whole batch (rm_refresh_samples' default) and
+    fine-tunes for ``steps_per_refresh`` steps."""
+    refreshes = iterations // every
+    return refreshes * batch_size, refreshes * steps_per_refresh
+
+
+def _offline_matched(ctx: StudyContext) -> dict[str, Any]:
+    """The refresh's equal-annotation control: no refresh, but a reward model trained offline on as many more
+    annotations, for as many more steps, as the refresh adds over the run (`refresh_budget`). What is left of the
+    refresh's gain over this is the on-policy sampling of its annotations."""
+    return {"critic": "reward_model", "critic_kwargs": _rm_critic_kwargs(ctx.rm_offline_matched, ctx)}
+
+
 # Variants of a learned-arm method: PPOConfig fields (from the study's context) changed on top of its chosen setting,
 # here the defences against reward-model exploitation; a variant runs as its own method "<method>+<variant>" through
 # the sweep and final phases.
@@ -204,6 +223,7 @@ VARIANTS: dict[str, Callable[[StudyContext], dict[str, Any]]] = {
     "ensemble": _ensemble,
     "refresh": _refresh,
     "ensemble_refresh": lambda ctx: {**_ensemble(ctx), **_refresh(ctx)},
+    "offline_matched": _offline_matched,
 }
 ENSEMBLE_VARIANTS = ("ensemble", "ensemble_refresh")
 
@@ -628,6 +648,14 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         except Exception as exc:  # noqa: BLE001 - the ensemble variants are dropped (and said so), the study goes on
             print(f"[study] the reward-model ensemble could not be trained ({type(exc).__name__}: {exc}); the "
                   f"{', '.join(ENSEMBLE_VARIANTS)} variants are left out")
+    rm_offline_matched = ""
+    if any(m.partition("+")[2] == "offline_matched" for m in learned):
+        extra, steps = refresh_budget(args.iterations, args.batch_size or cfg.ppo_batch_size)
+        matched_cfg = replace(cfg, n_annotations=cfg.n_annotations + extra, rm_steps=cfg.rm_steps + steps)
+        print(f"[study] offline_matched: the reward model on {matched_cfg.n_annotations} annotations for "
+              f"{matched_cfg.rm_steps} steps ({extra} annotations and {steps} steps more, as the refresh adds)")
+        rm_offline_matched = str(qs.stage_reward_model(matched_cfg, data, sft, rm_base, shared / "text2grad_rm_offline_matched",
+                                                       stages)[0])
     if "dense" in learned:
         dense_cfg = replace(cfg, critic="benchmarks.baselines:DenseFactCritic")
         dense_rm = str(qs.stage_reward_model(dense_cfg, data, sft, rm_base, shared / "dense_rm", stages)[0])
@@ -651,6 +679,7 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         response_length=cfg.response_length, kl_coef=cfg.kl_coef, target_kl=args.target_kl, out=str(out),
         kl_horizon=getattr(args, "kl_horizon", 10),
         use_chat_template=cfg.use_chat_template, ppo_fields=lora, rm_ensemble=rm_ensemble, rm_replay=rm_replay,
+        rm_offline_matched=rm_offline_matched,
     )
     torch.set_num_threads(1)
     tok, model = load_tokenizer(ctx.sft), load_causal_lm(ctx.sft).eval()
@@ -773,11 +802,12 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
                 entry = pooled.setdefault(arm, {"lines": [], "methods": {}})
                 entry["lines"] += ([""] if entry["lines"] else []) + lines
                 entry["methods"][method] = numbers
-            matched_lines, matched = kl_matched_lines(studies, arm, method)
-            if matched_lines:
-                entry = pooled.setdefault(arm, {"lines": [], "methods": {}})
-                entry["lines"] += ([""] if entry["lines"] else []) + matched_lines
-                entry.setdefault("kl_matched", {})[method] = matched
+            for against in KL_MATCHED_AGAINST:
+                matched_lines, matched = kl_matched_lines(studies, arm, method, against)
+                if matched_lines:
+                    entry = pooled.setdefault(arm, {"lines": [], "methods": {}})
+                    entry["lines"] += ([""] if entry["lines"] else []) + matched_lines
+                    entry.setdefault("kl_matched" if against is None else f"kl_matched_{against}", {})[method] = matched
     first = next(iter(studies.values()))
     # what the results tables read: the shared settings (the instances differ only in task_seed), machine and date
     shared = {k: first.get(k) for k in ("cpu", "machine", "date", "settings_from") if first.get(k) is not None}

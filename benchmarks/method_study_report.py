@@ -396,7 +396,8 @@ def markdown(study: Mapping[str, Any]) -> str:
         for key in study["kl_frontier"]:
             arm, method = key.split("/")
             if method.partition("+")[0] == "text2grad":
-                lines += ["", *kl_matched_lines({task: study}, arm, method)[0]]
+                for against in KL_MATCHED_AGAINST:
+                    lines += ["", *kl_matched_lines({task: study}, arm, method, against)[0]]
     if study.get("sweep"):
         lines += ["", *sweep_markdown(study)]
     if study.get("paper_comparison"):
@@ -663,15 +664,22 @@ def summarize_frontier(results: Mapping[Any, Mapping[str, Any]], default_coef: f
     return out
 
 
-def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad") -> dict[str, Any] | None:
-    """``method`` (Text2Grad or a variant) held to the best scalar baseline's KL: among its KL settings whose mean
-    final KL is no larger than the baseline's (at the baseline's chosen setting), the one with the best end-of-run
-    validation score, compared seed by seed with the baseline on test. None without frontier points or a baseline;
-    ``point`` None when no setting stays within the baseline's KL (``lowest`` then says how close the nearest came)."""
+# The baselines Text2Grad is held to the KL of: the best scalar baseline (None) and the information-matched one.
+KL_MATCHED_AGAINST = (None, "scalar_sum")
+
+
+def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
+               against: str | None = None) -> dict[str, Any] | None:
+    """``method`` (Text2Grad or a variant) held to a baseline's KL: among its KL settings whose mean final KL is no
+    larger than the baseline's (at the baseline's chosen setting), the one with the best end-of-run validation
+    score, compared seed by seed with the baseline on test. The baseline is ``against`` (a method of ``arm``, e.g.
+    the information-matched scalar_sum) or, by default, the best scalar baseline. None without frontier points or
+    that baseline; ``point`` None when no setting stays within the baseline's KL (``lowest`` then says how close the
+    nearest came)."""
     points = study.get("kl_frontier", {}).get(f"{arm}/{method}", [])
     summ = study.get("final", {})
-    base_key = best_scalar(summ, arm)
-    if len(points) < 2 or base_key is None:  # one point is the chosen setting alone: nothing to choose from
+    base_key = best_scalar(summ, arm) if against is None else f"{arm}/{against}"
+    if len(points) < 2 or base_key not in summ:  # one point is the chosen setting alone: nothing to choose from
         return None
     base = summ[base_key]
     budget = base["kl_end"][0]
@@ -682,16 +690,19 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad") ->
             "pair": paired(pick["final"], base["final"]) if pick else None}
 
 
-def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
-                     method: str = "text2grad") -> tuple[list[str], dict[str, Any]]:
-    """Per instance and pooled sentences for ``method`` held to the best scalar baseline's KL (`kl_matched`)."""
-    per = {ts: c for ts, st in studies.items() if (c := kl_matched(st, arm, method)) is not None}
+def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method: str = "text2grad",
+                     against: str | None = None) -> tuple[list[str], dict[str, Any]]:
+    """Per instance and pooled sentences for ``method`` held to a baseline's KL (`kl_matched`): the best scalar
+    baseline's by default, else ``against``'s."""
+    per = {ts: c for ts, st in studies.items() if (c := kl_matched(st, arm, method, against)) is not None}
     if not per:
         return [], {}
     variant = method.partition("+")[2]
     name = "Text2Grad" + (f" + {variant}" if variant else "")
-    lines = [f"{name} held to the best scalar baseline's KL (its KL setting chosen on validation among those whose "
-             f"mean final KL is no larger than the baseline's):"]
+    who = ("the best scalar baseline" if against is None else "the information-matched baseline"
+           if against == "scalar_sum" else "the baseline")
+    lines = [f"{name} held to the KL of {who}" + ("" if against is None else f" ({method_label(against)})")
+             + " (its KL setting chosen on validation among those whose mean final KL is no larger than the baseline's):"]
     for ts, c in per.items():
         base = method_label(c["baseline"].split("/")[1])
         p = c["point"]

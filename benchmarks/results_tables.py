@@ -107,17 +107,21 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
                          f"{pooled['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}], ahead on {pooled['ahead']} of {pooled['n']}")
             heads.append(f"{arm}: {name} {pooled['mean']:+.3f} vs the best scalar baseline, ahead on {pooled['ahead']}/"
                          f"{pooled['n']} seed pairs over {len(numbers['instances'])} instances")
-        for method, numbers in entry.get("kl_matched", {}).items():
+        held = [(method, numbers, "the best scalar baseline", "the baseline")
+                for method, numbers in entry.get("kl_matched", {}).items()]
+        held += [(method, numbers, "the information-matched baseline", "scalar_sum")
+                 for method, numbers in entry.get("kl_matched_scalar_sum", {}).items()]
+        for method, numbers, who, short in held:
             name = "Text2Grad" + (f" + {method.partition('+')[2]}" if "+" in method else "")
             within = [ts for ts, c in numbers["instances"].items() if c.get("pair")]
-            text = f"{arm} critic, {name} held to the best scalar baseline's KL: "
+            text = f"{arm} critic, {name} held to the KL of {who}: "
             if numbers.get("pooled"):
                 pooled = numbers["pooled"]
                 lo, hi = pooled["interval"]
                 text += (f"a setting within it on instance(s) {', '.join(map(str, within))} of "
                          f"{len(numbers['instances'])}, paired difference there {pooled['mean']:+.3f} [{lo:+.3f}, "
                          f"{hi:+.3f}], ahead on {pooled['ahead']} of {pooled['n']}")
-                heads.append(f"{arm}: {name} held to the baseline's KL {pooled['mean']:+.3f}, ahead on "
+                heads.append(f"{arm}: {name} held to {short}'s KL {pooled['mean']:+.3f}, ahead on "
                              f"{pooled['ahead']}/{pooled['n']} seed pairs on {len(within)} instance{'' if len(within) == 1 else 's'}")
             else:
                 text += f"no setting tried stays within it on any of the {len(numbers['instances'])} instances"

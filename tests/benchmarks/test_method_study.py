@@ -236,17 +236,20 @@ def test_a_variant_is_its_method_with_its_fields_changed(monkeypatch):
         ms.split_method("text2grad+nothing")
 
 
-@pytest.mark.parametrize("variant", ["ensemble", "refresh", "ensemble_refresh"])
+@pytest.mark.parametrize("variant", ["ensemble", "refresh", "ensemble_refresh", "offline_matched"])
 def test_the_defence_variants_are_valid_ppo_configs_changing_only_the_critic_side(variant):
     ctx = ms.StudyContext(sft="sft", rl="rl.jsonl", val_records=[], test_records=[], rm="shared/rm/model",
                           dense_rm="", scalar_rm="", iterations=90, eval_every=15, batch_size=16, response_length=40,
                           kl_coef=0.1, target_kl=6.0, out="out", rm_ensemble="shared/ens/model",
-                          rm_replay="shared/rm/rm_train.jsonl")
+                          rm_replay="shared/rm/rm_train.jsonl", rm_offline_matched="shared/matched/model")
     s = ms.Setting(1e-4, "fixed", 0.0)
     plain = ms._ppo_config(ctx, ms.RunSpec("learned", "text2grad", s, 0, "final"), "r")
     varied = ms._ppo_config(ctx, ms.RunSpec("learned", f"text2grad+{variant}", s, 0, "final"), "r")
     changed = {k for k in vars(plain) if getattr(plain, k) != getattr(varied, k)}
     ensemble = {"critic", "critic_kwargs"} if "ensemble" in variant else set()
+    if variant == "offline_matched":  # the same critic, another reward model
+        assert changed == {"critic_kwargs"} and varied.critic_kwargs == {**plain.critic_kwargs, "path": "shared/matched/model"}
+        return
     refresh = {"rm_refresh_every", "rm_refresh_critic", "rm_refresh_critic_kwargs", "rm_refresh_replay"} if "refresh" in variant else set()
     assert changed == ensemble | refresh
     if ensemble:
@@ -629,6 +632,17 @@ def test_text2grad_is_held_to_the_baselines_kl_on_a_setting_chosen_on_validation
     assert pooled["instances"]["1"]["kl_frontier"]["learned/scalar_sum"][0]["kl_setting"] == "fixed 0.05"
     assert (tmp_path / "frontier.png").stat().st_size > 10_000
     (_, result, _, _), headline = rt.study_rows(tmp_path)
-    assert ("learned critic, Text2Grad held to the best scalar baseline's KL: a setting within it on instance(s) 0 of 2, "
-            "paired difference there +0.175 [-0.143, +0.493], ahead on 2 of 2") in result
-    assert headline.endswith("learned: Text2Grad held to the baseline's KL +0.175, ahead on 2/2 seed pairs on 1 instance")
+    assert ("learned critic, Text2Grad held to the KL of the best scalar baseline: a setting within it on instance(s) 0 "
+            "of 2, paired difference there +0.175 [-0.143, +0.493], ahead on 2 of 2") in result
+    # scalar_sum is also the information-matched baseline here: the same comparison, said once for each
+    assert "learned critic, Text2Grad held to the KL of the information-matched baseline: a setting within it" in result
+    assert headline.endswith("learned: Text2Grad held to scalar_sum's KL +0.175, ahead on 2/2 seed pairs on 1 instance")
+    assert ("Text2Grad held to the KL of the information-matched baseline (scalar PPO, Text2Grad's token rewards "
+            "summed) (its KL setting chosen on validation") in pooled_md
+
+
+def test_the_refresh_control_gets_as_many_annotations_and_steps_as_the_refresh_adds():
+    # 90 iterations, a refresh every 15: 6 refreshes, each annotating the 16 rollouts and fine-tuning 20 steps
+    assert ms.refresh_budget(90, 16) == (96, 120)
+    assert ms.refresh_budget(14, 16) == (0, 0) and ms.refresh_budget(30, 8, every=10, steps_per_refresh=5) == (24, 15)
+    assert ms.refresh_budget(90, 16, steps_per_refresh=ms.PPOConfig().rm_refresh_steps) == ms.refresh_budget(90, 16)
