@@ -750,7 +750,7 @@ def frontier_plot(studies: Mapping[Any, Mapping[str, Any]], png: Path) -> None:
     methods = sorted({r["method"] for st in studies.values() for r in st.get("final", {}).values()})
     colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
     arms = sorted({r["arm"] for st in studies.values() for r in st.get("final", {}).values()}) or ["learned"]
-    fig, axes = plt.subplots(1, len(arms), figsize=(6.5 * len(arms), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(arms), figsize=(10 * len(arms), 4.5), squeeze=False)
     for ax, arm in zip(axes[0], arms):
         for i, (ts, st) in enumerate(studies.items()):
             for r in st.get("final", {}).values():
@@ -773,9 +773,9 @@ def frontier_plot(studies: Mapping[Any, Mapping[str, Any]], png: Path) -> None:
         ax.set_title(f"{arm} feedback: final score vs final KL")
         ax.set_xlabel("KL from the start policy at the end (nats per response)")
         ax.set_ylabel("test fact score at the end")
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the points, not over them
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=110, bbox_inches="tight")  # the legend sits outside the axes
     plt.close(fig)
 
 
