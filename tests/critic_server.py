@@ -40,7 +40,8 @@ EXTERNAL_SERVER_ENV = "TEXT2GRAD_TEST_VLLM_SERVER"  # a server already running (
 @dataclass
 class RunningServer:
     """What the tests need of the server: its URL, the model name it serves, the model folder it serves (the
-    same weights a local reward model loads), how long it took to start, and the server itself."""
+    same weights a local reward model loads), the seconds from its launch until it was ready for the first test
+    (its start-up, or more where it loaded while other tests ran), and the server itself."""
 
     base_url: str
     model: str
@@ -127,8 +128,8 @@ def critic_server(request, tmp_path_factory):
         launched = launch_critic_server(tmp_path_factory.mktemp("critic_server"))
     waited_from = time.perf_counter()
     running = wait_for_critic_server(launched)
-    print(f"\nvLLM server for the critic tests: {running.base_url}, ready {running.startup_s:.0f} s after its launch, "
-          f"{time.perf_counter() - waited_from:.0f} s of them waited for here (log {launched.log_path})")
+    print(f"\nvLLM server for the critic tests: {running.base_url}, launched {running.startup_s:.0f} s before its first "
+          f"test, {time.perf_counter() - waited_from:.0f} s of them waited for here (log {launched.log_path})")
     try:
         yield running
     finally:
