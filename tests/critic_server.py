@@ -78,7 +78,7 @@ def wait_for_critic_server(launched: LaunchedServer) -> RunningServer:
     """The launched server once it answers; raises with the log's tail if it cannot start."""
     try:
         base_url = launched.server.wait_ready()
-    except BaseException:
+    except Exception:  # (an interrupt stays one: wait_ready has stopped the server)
         launched.server.log.close()
         tail = "\n".join(launched.log_path.read_text(errors="replace").splitlines()[-40:])
         raise RuntimeError(f"the vLLM server did not start; the end of its log ({launched.log_path}):\n{tail}") from None
