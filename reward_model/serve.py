@@ -174,6 +174,12 @@ class CriticServer:
     def start(self) -> str:
         """Launch the server and return its base URL once ``/health`` answers; raises RunFailed (after stopping
         it) if it exits or does not answer within ``startup_timeout_s``."""
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
+        """The first half of `start`: launch the server's process and return without waiting for it, so that the
+        caller can do other work while vLLM loads (`wait_ready` is the second half)."""
         if self.cfg.work_dir:
             self._work_dir = Path(self.cfg.work_dir)
             self._work_dir.mkdir(parents=True, exist_ok=True)
@@ -188,6 +194,14 @@ class CriticServer:
                 stdin=subprocess.DEVNULL, stdout=self.log or sys.stderr, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_ready(self) -> str:
+        """The second half of `start`: the base URL once ``/health`` answers; raises RunFailed (after stopping the
+        server) if it exits or does not answer within ``startup_timeout_s`` of this call."""
+        try:
             self._wait_healthy()
         except BaseException:
             self.stop()
@@ -195,7 +209,8 @@ class CriticServer:
         return self.base_url
 
     def _wait_healthy(self) -> None:
-        assert self.process is not None
+        if self.process is None:
+            raise RunFailed("the vLLM server was not launched (or was stopped): call launch or start first")
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         url = self.base_url.rsplit("/v1", 1)[0] + "/health"
         while time.monotonic() < deadline:

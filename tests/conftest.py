@@ -15,7 +15,7 @@ import torch
 
 from text2grad.core.assets import AssetMissingError  # after the offline switches above
 from text2grad.core.modeling import build_tiny_llama, train_tokenizer
-from tests.critic_server import critic_server  # noqa: F401  (the test run's vLLM server fixture)
+from tests.critic_server import critic_server, launch_early, stop_early_launch  # noqa: F401  (the run's vLLM server)
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -44,7 +44,7 @@ def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run where CUDA is visible and are skipped, saying why, everywhere else. The vLLM-engine
     modules run one after the other, where the first of them was collected (each module's own order kept), so that
     their shared engine can be closed after the last of them instead of idling through the rest of the run
-    (`pytest_runtest_teardown`)."""
+    (`pytest_runtest_teardown`). The tests of the run's vLLM server (marked ``vllm_server``) run last."""
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason=f"needs a CUDA GPU: none is visible to torch {torch.__version__} here")
         for item in items:
@@ -52,12 +52,13 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
     ranks = [_engine_module_rank(item) for item in items]
     engine_positions = [i for i, rank in enumerate(ranks) if rank is not None]
-    if not engine_positions:
-        return
-    block = [items[i] for i in sorted(engine_positions, key=lambda i: ranks[i])]  # stable: module order kept
-    first = engine_positions[0]  # no engine test before it, so it is also its place among the others
-    others = [item for item, rank in zip(items, ranks) if rank is None]
-    items[:] = others[:first] + block + others[first:]
+    if engine_positions:
+        block = [items[i] for i in sorted(engine_positions, key=lambda i: ranks[i])]  # stable: module order kept
+        first = engine_positions[0]  # no engine test before it, so it is also its place among the others
+        others = [item for item, rank in zip(items, ranks) if rank is None]
+        items[:] = others[:first] + block + others[first:]
+    # last: every other test then runs while the server they share loads (tests/critic_server.py)
+    items.sort(key=lambda item: item.get_closest_marker("vllm_server") is not None)  # stable: order kept otherwise
 
 
 # Packages of the optional extras (env.sh installs them all by default): a test that needs one where it is missing is
@@ -79,6 +80,16 @@ def missing_optional(exc: BaseException | None) -> str | None:
             return f"the optional package {exc.name.split('.')[0]} is not installed (env.sh's extras install it)"
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def pytest_collection_finish(session):
+    """Launch the run's vLLM server now if tests will ask for it, so that it loads while the others run."""
+    launch_early(session)
+
+
+def pytest_sessionfinish(session):
+    """Stop that server however the run ended (the fixture stops it too, where it was used)."""
+    stop_early_launch(session)
 
 
 @pytest.hookimpl(hookwrapper=True)
