@@ -442,10 +442,11 @@ def frontier_specs(keys: Sequence[tuple[str, str]], chosen: Mapping[tuple[str, s
     """The frontier phase's runs: each (arm, method) at its chosen learning rate and lambda with each fixed KL
     coefficient of ``coefs``, on the final seeds; a coefficient equal to the chosen fixed one is the final run
     itself and is not run twice."""
+    fixed_coef = _fixed_coef_or(default_coef)
     specs = []
     for a, m in keys:
         setting = chosen[(a, m)]
-        own = (setting.kl_coef if setting.kl_coef is not None else default_coef) if setting.kl == "fixed" else None
+        own = fixed_coef(setting)
         specs += [RunSpec(a, m, replace(setting, kl="fixed", kl_coef=c), s, "frontier")
                   for c in coefs if own is None or not math.isclose(c, own) for s in seeds]
     return specs
@@ -558,8 +559,10 @@ def _lr(x: Setting) -> float:
 
 def _fixed_coef(ctx: StudyContext | None):
     """A setting's fixed KL coefficient (the preset's where it names none), None for the adaptive controller."""
-    default = ctx.kl_coef if ctx is not None else None
+    return _fixed_coef_or(ctx.kl_coef if ctx is not None else None)
 
+
+def _fixed_coef_or(default: float | None):
     def coef(x: Setting) -> float | None:
         return None if x.kl != "fixed" else (x.kl_coef if x.kl_coef is not None else default)
     return coef

@@ -583,6 +583,12 @@ def instance_comparison(study: Mapping[str, Any], arm: str, method: str = "text2
     }
 
 
+def pool_pairs(pairs: Mapping[Any, Mapping[str, Any]]) -> dict[str, Any]:
+    """The per-instance paired comparisons (`paired`) pooled: every instance's seed differences as one sample."""
+    return paired({(ts, i): d for ts, p in pairs.items() for i, d in enumerate(p["diffs"])},
+                  {(ts, i): 0.0 for ts, p in pairs.items() for i in range(p["n"])})
+
+
 def pooled_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
                  method: str = "text2grad") -> tuple[list[str], dict[str, Any]]:
     """Per instance and pooled sentences for ``method`` (Text2Grad or one of its variants) against the best scalar
@@ -619,8 +625,7 @@ def pooled_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
     goal = [ts for ts, c in per.items() if c["ahead_goal"] and c["no_late_decline"] and c["kl_goal"]]
     if len(per) > 1 and 0 < len(goal) < len(per):
         lines.append(f"The goal is met on instance(s) {', '.join(map(str, goal))} only.")
-    pooled = paired({(ts, s): v for ts, c in per.items() for s, v in zip(range(c["pair"]["n"]), c["pair"]["diffs"])},
-                    {(ts, s): 0.0 for ts, c in per.items() for s in range(c["pair"]["n"])})
+    pooled = pool_pairs({ts: c["pair"] for ts, c in per.items()})
     if len(per) > 1:
         lines.append(f"Pooled over the {len(per)} instances ({pooled['n']} seed pairs, each against its instance's best "
                      f"scalar baseline): {paired_words(pooled)}.")
@@ -716,8 +721,7 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
                      f"{p['kl_end'][0]:.2f} nats, the baseline ({base}) at {_pm(c['base'])} with {c['budget']:.2f}; "
                      f"paired difference {paired_words(c['pair'])}.")
     matched = {ts: c for ts, c in per.items() if c["pair"] is not None}
-    pooled = paired({(ts, i): d for ts, c in matched.items() for i, d in enumerate(c["pair"]["diffs"])},
-                    {(ts, i): 0.0 for ts, c in matched.items() for i in range(c["pair"]["n"])})
+    pooled = pool_pairs({ts: c["pair"] for ts, c in matched.items()})
     if len(matched) > 1:
         lines.append(f"Pooled over the {len(matched)} instances with a setting within the baseline's KL "
                      f"({pooled['n']} seed pairs): {paired_words(pooled)}.")
