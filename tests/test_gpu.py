@@ -1,5 +1,5 @@
-"""What only a GPU can show: PPO in bf16 on CUDA, each process's reward models on ``cuda:<LOCAL_RANK>``, the vLLM
-engine on its process's GPU, and two processes on two GPUs.
+"""What only a GPU can show: PPO in bf16 on CUDA (also under DeepSpeed ZeRO-2), each process's reward models on
+``cuda:<LOCAL_RANK>``, the vLLM engine on its process's GPU, and two processes on two GPUs.
 
 Every test here is marked ``gpu``: it runs where CUDA is visible and is skipped, with the reason, elsewhere
 (tests/conftest.py). ``pytest -m gpu`` runs them alone (``scripts/gpu_check.sh`` does). The CPU-side logic they
@@ -25,7 +25,7 @@ from reward_model.inference import GenerativeRewardModel
 from reward_model.scalar import ScalarRewardScorer
 from reward_model.scalar_config import ScalarRMConfig
 from tests.policy_optimization.po_testlib import PROMPTS, TINY_PPO, first_and_last_words
-from tests.policy_optimization.test_multiprocess import placements, ppo_flags, world  # noqa: F401 (fixture)
+from tests.policy_optimization.test_multiprocess import placements, ppo_flags, with_free_port, world  # noqa: F401 (fixture)
 from tests.policy_optimization.test_training_scripts import ROOT, read_metrics, script_env
 from tests.vllm_testlib import engine_for_tests
 from text2grad.core.assets import AssetMissingError, smollm2_path
@@ -35,6 +35,15 @@ from text2grad.core.placement import process_device
 from text2grad.core.vllm_engine import vllm_available
 
 pytestmark = pytest.mark.gpu
+
+
+def run_or_fail(cmd: list[str], env: dict[str, str], timeout_s: float = 240) -> subprocess.CompletedProcess:
+    """``cmd`` from the repository root; a launch that hangs fails the test with what it printed so far."""
+    try:
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        printed = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        pytest.fail(f"no result within {timeout_s:.0f} s; its stderr so far:\n{printed[-6000:]}")
 
 
 @pytest.fixture
@@ -121,3 +130,24 @@ def test_two_processes_on_two_gpus_each_train_on_their_own(world, tmp_path):  # 
         assert seen["accelerator_device"] == seen["critic"] == seen["scalar_reward_model"] == f"cuda:{rank}"
         assert seen["policy"] == seen["value"] == [f"cuda:{rank}"]
     assert [m["iteration"] for m in read_metrics(out)] == [1]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_deepspeed_zero2_ppo_on_one_gpu_in_bf16(world, tmp_path):  # noqa: F811 (the fixture)
+    """The GPU launch config users start from (configs/accelerate/deepspeed_zero2.yaml), cut to one process."""
+    out = tmp_path / "run"
+    flags = ppo_flags(world, out, "--critic", "reference", "--critic_kwargs", '{"reference_field": "reference"}',
+                      "--save_steps", "0", "--real_devices")
+    launcher = with_free_port(["accelerate.commands.launch", "--config_file",
+                               str(ROOT / "configs" / "accelerate" / "deepspeed_zero2.yaml"), "--num_processes", "1"])
+    cmd = [sys.executable, "-m", *launcher, "-m", "tests.policy_optimization.multiprocess_worker", *flags]
+    env = script_env(tmp_path, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="0")
+    proc = run_or_fail(cmd, env)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    seen = json.loads((out / "placement-rank0.json").read_text())
+    assert (seen["accelerator_device"], seen["zero_stage"], seen["mixed_precision"]) == ("cuda:0", 2, "bf16")
+    assert seen["policy"] == seen["value"] == ["cuda:0"]
+    [metrics] = read_metrics(out)
+    for key in ("loss/policy", "loss/value", "objective/kl"):
+        assert math.isfinite(metrics[key]), (key, metrics[key])

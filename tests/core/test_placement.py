@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from policy_optimization.train import main as ppo_main
 from text2grad.core.cli import EXIT_USAGE, guarded
 from text2grad.core.placement import (
-    EnginePlacement, PlacementError, check_device, check_process_gpus, engine_placement, local_rank, local_world_size,
+    EnginePlacement, PlacementError, check_device, check_process_gpus, engine_placement, hide_gpus_for_cpu_ranks,
+    local_rank, local_world_size,
     misplaced, process_device, resolve_device, set_device_resolver, visible_gpus, world_size,
 )
 from text2grad.core.vllm_engine import place_engine
@@ -69,6 +72,34 @@ def test_the_ppo_command_on_a_one_gpu_node_with_two_processes_exits_2_before_loa
                      "--output_dir", str(tmp_path / "out")])
     assert code == EXIT_USAGE
     assert "error: 2 processes on this machine but 1 visible GPU(s)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "env, changed, visible",
+    [
+        ({"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "0,1"}, True, ""),  # what DeepSpeed's launcher writes
+        ({"DS_ACCELERATOR": "cpu"}, True, ""),
+        ({"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}, False, ""),
+        ({"DS_ACCELERATOR": "cuda", "CUDA_VISIBLE_DEVICES": "0,1"}, False, "0,1"),
+        ({"CUDA_VISIBLE_DEVICES": "3"}, False, "3"),
+    ],
+)
+def test_deepspeed_cpu_ranks_hide_the_gpus_the_launcher_listed(env, changed, visible):
+    assert hide_gpus_for_cpu_ranks(env) is changed
+    assert env.get("CUDA_VISIBLE_DEVICES", "3") == visible
+
+
+def test_a_deepspeed_cpu_rank_on_a_gpu_node_is_not_refused_for_its_gpus(monkeypatch, tmp_path, capsys):
+    # DeepSpeed's launcher with --num_gpus 2 and DS_ACCELERATOR=cpu on a one-GPU node: rank 1 must run on the CPU.
+    for name, value in {**ONE_GPU_TWO_PROCESSES, "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "0,1", "DS_ACCELERATOR": "cpu"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: os.environ["CUDA_VISIBLE_DEVICES"] != "")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1 if os.environ["CUDA_VISIBLE_DEVICES"] else 0)
+    code = ppo_main(["--model_name_or_path", str(tmp_path / "no-model"), "--dataset_path", str(tmp_path / "no.jsonl"),
+                     "--output_dir", str(tmp_path / "out"), "--num_iterations", "1"])
+    err = capsys.readouterr().err
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    assert code == EXIT_USAGE and "no-model" in err and "visible GPU" not in err  # refused for its input, not its GPU
 
 
 @pytest.mark.parametrize(

@@ -71,7 +71,7 @@ def placement(trainer: NLGradientPPOTrainer) -> dict:
     scorer = trainer.score_fn
     return {
         "local_rank": local_rank(), "process_index": acc.process_index, "num_processes": acc.num_processes,
-        "accelerator_device": str(acc.device), "zero_stage": trainer.zero_stage,
+        "accelerator_device": str(acc.device), "zero_stage": trainer.zero_stage, "mixed_precision": acc.mixed_precision,
         "critic": str(critic.device) if getattr(critic, "device", None) is not None else None,
         "scalar_reward_model": str(scorer.device) if getattr(scorer, "device", None) is not None else None,
         "policy": devices(unwrapped.policy), "value": devices(unwrapped.value_model),

@@ -1,4 +1,5 @@
-"""The real launchers: 2-process DeepSpeed ZeRO-2 and ZeRO-3 runs on CPU, and the per-dataset shell scripts."""
+"""The real launchers: 2-process DeepSpeed ZeRO-2 and ZeRO-3 runs on CPU, ZeRO-2 on one GPU in bf16, and the
+per-dataset shell scripts."""
 
 from __future__ import annotations
 
@@ -58,6 +59,30 @@ def test_deepspeed_two_cpu_processes_train_save_reload(rm_world, tmp_path, zero_
     assert after < before, (before, after)
     rm = GenerativeRewardModel.from_pretrained(str(out), max_new_tokens=8)
     assert len(rm.feedback([r["prompt"] for r in RECORDS], [r["response"] for r in RECORDS])) == len(RECORDS)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_deepspeed_zero2_trains_the_reward_model_on_one_gpu_in_bf16(rm_world, tmp_path):
+    out = tmp_path / "ds"
+    cmd = [
+        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1", "--master_port", str(free_port("127.0.0.1")),
+        "--module", "reward_model.train",
+        *train_args(rm_world, out, max_steps=4, per_device_train_batch_size=2, learning_rate=1e-2, bf16=True,
+                    deepspeed=str(REPO / "configs" / "deepspeed" / "zero2.json")),
+    ]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=_env(CUDA_VISIBLE_DEVICES="0"), capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as exc:  # a launch that hangs fails with what it printed so far
+        printed = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        pytest.fail(f"no result within 240 s; its stderr so far:\n{printed[-6000:]}")
+    assert proc.returncode == 0, _tail(proc)
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+    tokenizer = load_tokenizer(str(rm_world / "base"))
+    before = mean_loss(load_causal_lm(str(rm_world / "base")), tokenizer)
+    after = mean_loss(load_causal_lm(str(out)), tokenizer)
+    assert after < before, (before, after)
 
 
 @pytest.mark.slow

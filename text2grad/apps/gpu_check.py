@@ -108,7 +108,8 @@ def default_steps(out: Path, timeout_scale: float = 1.0, python: str = sys.execu
         Step("quickstart", (python, "-m", "text2grad.apps.quickstart", "--config", "configs/quickstart/quickstart.yaml",
                             "--output_dir", str(out / "quickstart"), "--no_cache", "true"), limit("quickstart"),
              result=str(out / "quickstart" / "results.json")),
-        Step("gpu_tests", (python, "-m", "pytest", "-m", "gpu", "tests", "-q", "-p", "no:cacheprovider",
+        # -v: a run cut by its time limit still names, in the log, the test that was running
+        Step("gpu_tests", (python, "-m", "pytest", "-m", "gpu", "tests", "-v", "-p", "no:cacheprovider",
                            f"--junitxml={out / 'gpu_tests.xml'}"), limit("gpu_tests")),
         Step("ppo_1b", (python, "benchmarks/ppo_token_level_overhead.py", "--preset", "gpu-1b",
                         "--output_json", str(out / "ppo_1b.json")), limit("ppo_1b"), result=str(out / "ppo_1b.json")),

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from text2grad.core.config import ConfigError, parse_config
 from text2grad.core.data import DataError
+from text2grad.core.placement import hide_gpus_for_cpu_ranks
 
 __all__ = [
     "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_NONFINITE", "EXIT_OK", "EXIT_USAGE", "RunFailed", "USER_ERRORS",
@@ -99,5 +100,7 @@ def run_cli(
 ) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``) into ``config_cls`` and return ``run(cfg)``'s exit code (None
     counts as 0), with the shared error handling of `guarded`. ``--help`` and argument errors exit from the
-    parser (SystemExit 0 and 2)."""
+    parser (SystemExit 0 and 2). Under DeepSpeed's CPU accelerator the GPUs are hidden first
+    (`hide_gpus_for_cpu_ranks`)."""
+    hide_gpus_for_cpu_ranks()
     return guarded(lambda: run(parse_config(config_cls, argv, description=description)))
