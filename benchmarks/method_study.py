@@ -109,8 +109,8 @@ from text2grad.core.spans import decode_with_offsets, feedback_token_labels  # n
 
 from benchmarks.method_study_report import (  # noqa: E402
     ARMS, CRITIC_FREE, KL_COEFS, KL_MATCHED_AGAINST, LABELS, LAMBDAS, METHODS, REWARD_MODE, SCALAR_METHODS, Setting, choose, end_score,
-    early_stopped, frontier_plot, kl_matched_lines, markdown, mean_ci95, method_label, paper_comparison, plot, pooled_lines,
-    pooled_markdown, summarize_ablations, summarize_final, summarize_frontier,
+    early_stopped, frontier_plot, kl_matched_lines, kl_on_validation_lines, markdown, mean_ci95, method_label,
+    paper_comparison, plot, pooled_lines, pooled_markdown, summarize_ablations, summarize_final, summarize_frontier,
 )
 
 
@@ -806,11 +806,12 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
                 entry["lines"] += ([""] if entry["lines"] else []) + lines
                 entry["methods"][method] = numbers
             for against in KL_MATCHED_AGAINST:
-                matched_lines, matched = kl_matched_lines(studies, arm, method, against)
-                if matched_lines:
-                    entry = pooled.setdefault(arm, {"lines": [], "methods": {}})
-                    entry["lines"] += ([""] if entry["lines"] else []) + matched_lines
-                    entry.setdefault("kl_matched" if against is None else f"kl_matched_{against}", {})[method] = matched
+                for kind, make_lines in (("kl_on_validation", kl_on_validation_lines), ("kl_matched", kl_matched_lines)):
+                    more, numbers = make_lines(studies, arm, method, against)
+                    if more:
+                        entry = pooled.setdefault(arm, {"lines": [], "methods": {}})
+                        entry["lines"] += ([""] if entry["lines"] else []) + more
+                        entry.setdefault(kind if against is None else f"{kind}_{against}", {})[method] = numbers
     first = next(iter(studies.values()))
     # what the results tables read: the shared settings (the instances differ only in task_seed), machine and date
     shared = {k: first.get(k) for k in ("cpu", "machine", "date", "settings_from") if first.get(k) is not None}

@@ -397,6 +397,7 @@ def markdown(study: Mapping[str, Any]) -> str:
             arm, method = key.split("/")
             if method.partition("+")[0] == "text2grad":
                 for against in KL_MATCHED_AGAINST:
+                    lines += ["", *kl_on_validation_lines({task: study}, arm, method, against)[0]]
                     lines += ["", *kl_matched_lines({task: study}, arm, method, against)[0]]
     if study.get("sweep"):
         lines += ["", *sweep_markdown(study)]
@@ -644,7 +645,8 @@ def summarize_frontier(results: Mapping[Any, Mapping[str, Any]], default_coef: f
     """Per (arm, method): one point per KL setting run with the final seeds (the chosen setting's final runs and the
     ``--kl_frontier`` runs at fixed coefficients): its label, whether it is the chosen one, and per seed the final
     test score, the end-of-run validation score (`end_score`, what a KL-constrained choice is made on) and the
-    final KL, with their means. Points are sorted by mean final KL."""
+    final KL, with their means, and per seed the fall from its best validation point to its last (``val_fall``).
+    Points are sorted by mean final KL."""
     groups: dict[tuple[str, str, str], dict[int, Mapping[str, Any]]] = {}
     chosen: dict[tuple[str, str, str], bool] = {}
     for spec, res in results.items():
@@ -658,11 +660,13 @@ def summarize_frontier(results: Mapping[Any, Mapping[str, Any]], default_coef: f
         final = {s: r["final"]["test"]["fact_score"] for s, r in runs.items()}
         val_end = {s: end_score(r["curve"], "val") for s, r in runs.items()}
         kl = {s: r["final"].get("kl") or 0.0 for s, r in runs.items()}
+        fall = {s: max(p["val"]["fact_score"] for p in r["curve"]) - r["curve"][-1]["val"]["fact_score"]
+                for s, r in runs.items() if r["curve"]}
         out.setdefault(f"{arm}/{method}", []).append({
             "kl_setting": label, "chosen": chosen[(arm, method, label)], "seeds": sorted(runs),
             "final": final, "final_mean_ci": mean_ci95(list(final.values())),
             "val_end": val_end, "val_end_mean": statistics.fmean(val_end.values()),
-            "kl_final": kl, "kl_end": mean_ci95(list(kl.values())),
+            "kl_final": kl, "kl_end": mean_ci95(list(kl.values())), "val_fall": fall,
         })
     for points in out.values():
         points.sort(key=lambda p: p["kl_end"][0])
@@ -730,6 +734,72 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
         lines.append(f"On instance(s) {', '.join(missing)} no {name} setting tried stays within the baseline's KL, "
                      f"so there the comparison at matched KL is still open.")
     return lines, {"instances": per, "pooled": pooled if matched else None}
+
+
+def validation_pick(points: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The KL setting with the best mean end-of-run validation score among those run on the most seeds (a setting
+    run on fewer seeds is not compared on a different sample)."""
+    most = max((len(p["seeds"]) for p in points), default=0)
+    return max((p for p in points if len(p["seeds"]) == most), key=lambda p: p["val_end_mean"], default=None)
+
+
+def kl_on_validation(study: Mapping[str, Any], arm: str, method: str = "text2grad",
+                     against: str | None = None) -> dict[str, Any] | None:
+    """``method`` and its baseline, each at the KL setting its own validation score picks on this instance
+    (`validation_pick` over its frontier points: the chosen setting and the ``--kl_frontier`` ones), compared seed by
+    seed on test, with the goal's three conditions (ahead on >= 80 % of seeds; no fall of more than 0.02 from its
+    best validation point to its last; final KL no larger than the baseline's). The baseline is ``against`` or the
+    best scalar baseline. None without frontier points for ``method`` (one point is no choice) or the baseline."""
+    frontier, summ = study.get("kl_frontier", {}), study.get("final", {})
+    points = frontier.get(f"{arm}/{method}", [])
+    base_key = best_scalar(summ, arm) if against is None else f"{arm}/{against}"
+    if len(points) < 2 or base_key not in summ:
+        return None
+    pick, base = validation_pick(points), validation_pick(frontier.get(base_key, []))
+    if base is None:  # a study summarised before frontier points existed
+        return None
+    pair = paired(pick["final"], base["final"])
+    fall = pick.get("val_fall", {})
+    return {"baseline": base_key, "point": pick, "base_point": base, "pair": pair, "tried": len(points),
+            "ahead_goal": pair["n"] > 0 and pair["ahead"] >= math.ceil(GOAL_SHARE * pair["n"]),
+            "no_late_decline": bool(fall) and all(d <= 0.02 for d in fall.values()),
+            "kl_goal": pick["kl_end"][0] <= base["kl_end"][0]}
+
+
+def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method: str = "text2grad",
+                           against: str | None = None) -> tuple[list[str], dict[str, Any]]:
+    """Per instance and pooled sentences for `kl_on_validation` (each method at the KL setting its validation score
+    picks on that instance) against the best scalar baseline, or ``against``."""
+    per = {ts: c for ts, st in studies.items() if (c := kl_on_validation(st, arm, method, against)) is not None}
+    if not per:
+        return [], {}
+    variant = method.partition("+")[2]
+    name = "Text2Grad" + (f" + {variant}" if variant else "")
+    who = ("the best scalar baseline" if against is None else "the information-matched baseline"
+           if against == "scalar_sum" else "the baseline")
+    lines = [f"{name} against {who}" + ("" if against is None else f" ({method_label(against)})") + ", each at the KL "
+             "setting its own end-of-run validation score picks on that instance (among the settings run on the most "
+             "seeds):"]
+    for ts, c in per.items():
+        p, b = c["point"], c["base_point"]
+        worst = max(p.get("val_fall", {}).values(), default=float("nan"))
+        conditions = ((f"ahead on >= {math.ceil(GOAL_SHARE * c['pair']['n'])} of {c['pair']['n']} seeds", c["ahead_goal"]),
+                      ("no late decline (<= 0.02)", c["no_late_decline"]), ("KL no larger", c["kl_goal"]))
+        met = all(ok for _, ok in conditions)
+        lines.append(
+            f"Task instance {ts}: {name} at KL {p['kl_setting']} (of {c['tried']} settings; validation "
+            f"{p['val_end_mean']:.3f}) ends at {_pm(p['final_mean_ci'])} with KL {p['kl_end'][0]:.2f} nats; "
+            f"{method_label(c['baseline'].split('/')[1])} at KL {b['kl_setting']} at {_pm(b['final_mean_ci'])} with "
+            f"{b['kl_end'][0]:.2f}; paired difference {paired_words(c['pair'])}; {name}'s largest fall from its best "
+            f"validation point to its last is {worst:.3f}. Goal {'met' if met else 'not met'} ("
+            + ", ".join(f"{label}: {'yes' if ok else 'no'}" for label, ok in conditions) + ").")
+    pooled = pool_pairs({ts: c["pair"] for ts, c in per.items()})
+    if len(per) > 1:
+        goal = [str(ts) for ts, c in per.items() if c["ahead_goal"] and c["no_late_decline"] and c["kl_goal"]]
+        lines.append(f"Pooled over the {len(per)} instances ({pooled['n']} seed pairs): {paired_words(pooled)}. "
+                     + (f"The goal is met on instance(s) {', '.join(goal)} of {len(per)}." if goal
+                        else f"The goal is met on none of the {len(per)} instances."))
+    return lines, {"instances": per, "pooled": pooled}
 
 
 def frontier_markdown(study: Mapping[str, Any]) -> list[str]:

@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -83,10 +83,23 @@ def study_arm(study: dict[str, Any], arm: str) -> dict[str, Any] | None:
             "ahead": sum(t2g["final"][s] > best["final"][s] for s in seeds), "seeds": len(seeds)}
 
 
+def _variant_name(method: str) -> str:
+    """"Text2Grad" or "Text2Grad + <variant>" for a study method key."""
+    return "Text2Grad" + (f" + {method.partition('+')[2]}" if "+" in method else "")
+
+
+def _interval(pooled: Mapping[str, Any]) -> str:
+    """'+0.162 [+0.091, +0.233], ahead on 9 of 9' of a pooled paired comparison."""
+    lo, hi = pooled["interval"]
+    return f"{pooled['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}], ahead on {pooled['ahead']} of {pooled['n']}"
+
+
 def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
     """The README row and the index headline of a study over several task instances (its pooled study.json):
-    per instance Text2Grad against that instance's best scalar baseline, then the pooled paired difference, for
-    Text2Grad and each of its defended variants."""
+    for Text2Grad and each of its defended variants, the comparisons with the information-matched baseline first
+    (each method at the KL setting its validation score picks, then Text2Grad held to the baseline's KL), then
+    those with the best scalar baseline (at the sweep's settings, at validation-picked KL settings, held to its KL),
+    each per instance and pooled."""
     identity = study.get("identity", {})
     instances = study.get("instances", {})
     seeds = max((len(r["seeds"]) for st in instances.values() for r in st.get("final", {}).values()), default=0)
@@ -95,37 +108,51 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
             f"iterations, {len(instances)} task instances x {seeds} seeds; {origin})")
     parts, heads = [], []
     for arm, entry in study.get("pooled", {}).items():
-        for method, numbers in entry.get("methods", {}).items():
-            name = "Text2Grad" + (f" + {method.partition('+')[2]}" if "+" in method else "")
-            per = "; ".join(
-                f"instance {ts} (SFT {c['sft']:.3f}): {c['t2g'][0]:.3f} vs "
-                f"{BASELINE_NAMES.get(c['baseline'].split('/')[1], c['baseline'].split('/')[1])} {c['base'][0]:.3f}, "
-                f"ahead on {c['pair']['ahead']}/{c['pair']['n']}" for ts, c in numbers["instances"].items())
-            pooled = numbers["pooled"]
-            lo, hi = pooled["interval"]
-            parts.append(f"{arm} critic, {name} vs the best scalar baseline: {per}; pooled paired difference "
-                         f"{pooled['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}], ahead on {pooled['ahead']} of {pooled['n']}")
-            heads.append(f"{arm}: {name} {pooled['mean']:+.3f} vs the best scalar baseline, ahead on {pooled['ahead']}/"
-                         f"{pooled['n']} seed pairs over {len(numbers['instances'])} instances")
-        held = [(method, numbers, "the best scalar baseline", "the baseline")
-                for method, numbers in entry.get("kl_matched", {}).items()]
-        held += [(method, numbers, "the information-matched baseline", "scalar_sum")
-                 for method, numbers in entry.get("kl_matched_scalar_sum", {}).items()]
-        for method, numbers, who, short in held:
-            name = "Text2Grad" + (f" + {method.partition('+')[2]}" if "+" in method else "")
-            within = [ts for ts, c in numbers["instances"].items() if c.get("pair")]
-            text = f"{arm} critic, {name} held to the KL of {who}: "
-            if numbers.get("pooled"):
+        # the information-matched baseline (scalar_sum: the same critic output, summed at the last token) first
+        for against, who, short in (("scalar_sum", "the information-matched baseline", "scalar_sum"),
+                                    (None, "the best scalar baseline", "the best scalar baseline")):
+            suffix = "" if against is None else f"_{against}"
+            if against is None:
+                for method, numbers in entry.get("methods", {}).items():
+                    name = _variant_name(method)
+                    per = "; ".join(
+                        f"instance {ts} (SFT {c['sft']:.3f}): {c['t2g'][0]:.3f} vs "
+                        f"{BASELINE_NAMES.get(c['baseline'].split('/')[1], c['baseline'].split('/')[1])} {c['base'][0]:.3f}, "
+                        f"ahead on {c['pair']['ahead']}/{c['pair']['n']}" for ts, c in numbers["instances"].items())
+                    pooled = numbers["pooled"]
+                    parts.append(f"{arm} critic, {name} vs the best scalar baseline, each at its setting from the sweep: "
+                                 f"{per}; pooled paired difference {_interval(pooled)}")
+                    heads.append(f"{arm}: {name} {pooled['mean']:+.3f} vs the best scalar baseline, ahead on "
+                                 f"{pooled['ahead']}/{pooled['n']} seed pairs over {len(numbers['instances'])} instances")
+            for method, numbers in entry.get(f"kl_on_validation{suffix}", {}).items():
+                name = _variant_name(method)
+                per = "; ".join(f"instance {ts}: {c['point']['kl_setting']} {c['point']['final_mean_ci'][0]:.3f} "
+                                f"(KL {c['point']['kl_end'][0]:.2f}) vs {c['base_point']['final_mean_ci'][0]:.3f} "
+                                f"(KL {c['base_point']['kl_end'][0]:.2f}), ahead on {c['pair']['ahead']}/{c['pair']['n']}"
+                                for ts, c in numbers["instances"].items())
+                goal = [ts for ts, c in numbers["instances"].items()
+                        if c["ahead_goal"] and c["no_late_decline"] and c["kl_goal"]]
                 pooled = numbers["pooled"]
-                lo, hi = pooled["interval"]
-                text += (f"a setting within it on instance(s) {', '.join(map(str, within))} of "
-                         f"{len(numbers['instances'])}, paired difference there {pooled['mean']:+.3f} [{lo:+.3f}, "
-                         f"{hi:+.3f}], ahead on {pooled['ahead']} of {pooled['n']}")
-                heads.append(f"{arm}: {name} held to {short}'s KL {pooled['mean']:+.3f}, ahead on "
-                             f"{pooled['ahead']}/{pooled['n']} seed pairs on {len(within)} instance{'' if len(within) == 1 else 's'}")
-            else:
-                text += f"no setting tried stays within it on any of the {len(numbers['instances'])} instances"
-            parts.append(text)
+                parts.append(f"{arm} critic, {name} vs {who}, each at the KL setting its validation score picks per "
+                             f"instance: {per}; pooled paired difference {_interval(pooled)}; the study's goal (ahead "
+                             f"on >= 80 % of seeds, no late decline, KL no larger) met on {len(goal)} of "
+                             f"{len(numbers['instances'])} instances")
+                heads.append(f"{arm}: {name} vs {short}, KL chosen on validation, {pooled['mean']:+.3f}, ahead on "
+                             f"{pooled['ahead']}/{pooled['n']} seed pairs")
+            for method, numbers in entry.get(f"kl_matched{suffix}", {}).items():
+                name = _variant_name(method)
+                within = [ts for ts, c in numbers["instances"].items() if c.get("pair")]
+                text = f"{arm} critic, {name} held to the KL of {who}: "
+                if numbers.get("pooled"):
+                    pooled = numbers["pooled"]
+                    text += (f"a setting within it on instance(s) {', '.join(map(str, within))} of "
+                             f"{len(numbers['instances'])}, paired difference there {_interval(pooled)}")
+                    heads.append(f"{arm}: {name} held to {short}'s KL {pooled['mean']:+.3f}, ahead on "
+                                 f"{pooled['ahead']}/{pooled['n']} seed pairs on {len(within)} instance"
+                                 f"{'' if len(within) == 1 else 's'}")
+                else:
+                    text += f"no setting tried stays within it on any of the {len(numbers['instances'])} instances"
+                parts.append(text)
     result = "final test fact score (mean over seeds): " + "; ".join(parts)
     return (what, result, conditions(study), command(study)), "; ".join(heads)
 

@@ -636,9 +636,42 @@ def test_text2grad_is_held_to_the_baselines_kl_on_a_setting_chosen_on_validation
             "of 2, paired difference there +0.175 [-0.143, +0.493], ahead on 2 of 2") in result
     # scalar_sum is also the information-matched baseline here: the same comparison, said once for each
     assert "learned critic, Text2Grad held to the KL of the information-matched baseline: a setting within it" in result
-    assert headline.endswith("learned: Text2Grad held to scalar_sum's KL +0.175, ahead on 2/2 seed pairs on 1 instance")
+    assert "learned: Text2Grad held to scalar_sum's KL +0.175, ahead on 2/2 seed pairs on 1 instance" in headline
     assert ("Text2Grad held to the KL of the information-matched baseline (scalar PPO, Text2Grad's token rewards "
             "summed) (its KL setting chosen on validation") in pooled_md
+    # Unconstrained, each method at the KL setting ITS validation score picks: Text2Grad's chosen setting (validation
+    # 0.6; fixed 1 is better on test, 0.8, but not on validation), against scalar_sum's only setting.
+    assert ("Task instance 0: Text2Grad at KL fixed 0.05 (of 3 settings; validation 0.600) ends at 0.650 ± 0.635 with "
+            "KL 3.00 nats; scalar PPO, Text2Grad's token rewards summed at KL fixed 0.05 at 0.300 ± 0.000 with 1.60; "
+            "paired difference +0.350") in pooled_md
+    assert ("Goal not met (ahead on >= 2 of 2 seeds: yes, no late decline (<= 0.02): yes, KL no larger: no)."
+            in pooled_md)
+    assert "Pooled over the 2 instances (4 seed pairs): +0.350" in pooled_md
+    assert "The goal is met on none of the 2 instances." in pooled_md
+    # the information-matched comparisons lead the results row and the headline
+    assert result.index("information-matched baseline, each at the KL setting") < result.index("best scalar baseline")
+    assert headline.startswith("learned: Text2Grad vs scalar_sum, KL chosen on validation, +0.350, ahead on 4/4 seed "
+                               "pairs; learned: Text2Grad held to scalar_sum's KL +0.175")
+
+
+def _point(label, seeds, val, final, kl, fall=0.0):
+    return {"kl_setting": label, "seeds": seeds, "val_end_mean": val, "final": dict(zip(seeds, final)),
+            "final_mean_ci": (sum(final) / len(final), 0.0), "kl_end": (kl, 0.0), "val_fall": {s: fall for s in seeds}}
+
+
+def test_the_validation_pick_compares_settings_on_the_same_seeds_and_checks_the_late_decline():
+    one_seed = _point("fixed 0.1", [0], 0.9, [0.9], 1.0)  # best on validation, but run on one seed of three
+    adaptive = _point("adaptive", [0, 1, 2], 0.5, [0.5, 0.6, 0.4], 4.0, fall=0.05)
+    fixed = _point("fixed 1", [0, 1, 2], 0.4, [0.45, 0.45, 0.45], 0.5)
+    assert msr.validation_pick([one_seed, adaptive, fixed]) is adaptive
+    study = {"kl_frontier": {"learned/text2grad": [one_seed, adaptive, fixed],
+                             "learned/scalar_sum": [_point("fixed 0.1", [0, 1, 2], 0.3, [0.3, 0.3, 0.5], 2.0)]},
+             "final": {"learned/scalar_sum": {"method": "scalar_sum", "arm": "learned", "final_mean_ci": (0.37, 0.0)}}}
+    c = msr.kl_on_validation(study, "learned", "text2grad", "scalar_sum")
+    assert c["point"] is adaptive and c["pair"]["diffs"] == pytest.approx([0.2, 0.3, -0.1])
+    # ahead on 2 of 3 < ceil(0.8 * 3); a 0.05 fall from its best validation point; KL 4.0 > 2.0
+    assert (c["ahead_goal"], c["no_late_decline"], c["kl_goal"]) == (False, False, False)
+    assert msr.kl_on_validation({**study, "kl_frontier": {"learned/text2grad": [fixed]}}, "learned", "text2grad") is None
 
 
 def test_the_refresh_control_gets_as_many_annotations_and_steps_as_the_refresh_adds():
