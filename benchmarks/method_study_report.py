@@ -694,9 +694,13 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
     budget = base["kl_end"][0]
     within = [p for p in points if p["kl_end"][0] <= budget]
     pick = max(within, key=lambda p: p["val_end_mean"], default=None)
+    pair = paired(pick["final"], base["final"]) if pick else None
+    fall = pick.get("val_fall", {}) if pick else {}
     return {"baseline": base_key, "budget": budget, "base": base["final_mean_ci"], "tried": len(points),
-            "point": pick, "lowest": min(points, key=lambda p: p["kl_end"][0]),
-            "pair": paired(pick["final"], base["final"]) if pick else None}
+            "point": pick, "lowest": min(points, key=lambda p: p["kl_end"][0]), "pair": pair,
+            # the goal's other two conditions (its KL condition holds by construction)
+            "ahead_goal": bool(pair and pair["n"] and pair["ahead"] >= math.ceil(GOAL_SHARE * pair["n"])),
+            "no_late_decline": bool(fall) and all(d <= 0.02 for d in fall.values())}
 
 
 def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method: str = "text2grad",
@@ -721,14 +725,22 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
                          f"({base}) {c['budget']:.2f} nats; the lowest, {low['kl_setting']}, ends at "
                          f"{low['kl_end'][0]:.2f} nats with {_pm(low['final_mean_ci'])}.")
             continue
+        worst = max(p.get("val_fall", {}).values(), default=float("nan"))
+        conditions = ((f"ahead on >= {math.ceil(GOAL_SHARE * c['pair']['n'])} of {c['pair']['n']} seeds", c["ahead_goal"]),
+                      ("no late decline (<= 0.02)", c["no_late_decline"]), ("KL no larger", True))
         lines.append(f"Task instance {ts}: KL {p['kl_setting']} ends at {_pm(p['final_mean_ci'])} with KL "
                      f"{p['kl_end'][0]:.2f} nats, the baseline ({base}) at {_pm(c['base'])} with {c['budget']:.2f}; "
-                     f"paired difference {paired_words(c['pair'])}.")
+                     f"paired difference {paired_words(c['pair'])}. Largest fall from its best validation point to "
+                     f"its last: {worst:.3f}. Goal {'met' if c['ahead_goal'] and c['no_late_decline'] else 'not met'} ("
+                     + ", ".join(f"{label}: {'yes' if ok else 'no'}" for label, ok in conditions) + ").")
     matched = {ts: c for ts, c in per.items() if c["pair"] is not None}
     pooled = pool_pairs({ts: c["pair"] for ts, c in matched.items()})
     if len(matched) > 1:
+        goal = [str(ts) for ts, c in matched.items() if c["ahead_goal"] and c["no_late_decline"]]
         lines.append(f"Pooled over the {len(matched)} instances with a setting within the baseline's KL "
-                     f"({pooled['n']} seed pairs): {paired_words(pooled)}.")
+                     f"({pooled['n']} seed pairs): {paired_words(pooled)}. "
+                     + (f"The goal is met on instance(s) {', '.join(goal)} of {len(per)}." if goal
+                        else f"The goal is met on none of the {len(per)} instances."))
     if len(matched) < len(per):
         missing = [str(ts) for ts in per if ts not in matched]
         lines.append(f"On instance(s) {', '.join(missing)} no {name} setting tried stays within the baseline's KL, "

@@ -145,8 +145,11 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
                 text = f"{arm} critic, {name} held to the KL of {who}: "
                 if numbers.get("pooled"):
                     pooled = numbers["pooled"]
+                    goal = [ts for ts, c in numbers["instances"].items()
+                            if c.get("pair") and c.get("ahead_goal") and c.get("no_late_decline")]
                     text += (f"a setting within it on instance(s) {', '.join(map(str, within))} of "
-                             f"{len(numbers['instances'])}, paired difference there {_interval(pooled)}")
+                             f"{len(numbers['instances'])}, paired difference there {_interval(pooled)}; the study's "
+                             f"goal met on {len(goal)} of {len(numbers['instances'])} instances")
                     heads.append(f"{arm}: {name} held to {short}'s KL {pooled['mean']:+.3f}, ahead on "
                                  f"{pooled['ahead']}/{pooled['n']} seed pairs on {len(within)} instance"
                                  f"{'' if len(within) == 1 else 's'}")

@@ -622,7 +622,8 @@ def test_text2grad_is_held_to_the_baselines_kl_on_a_setting_chosen_on_validation
     assert "| learned | Text2Grad (span rewards) | fixed 0.05 (chosen) | 0.650 ± " in md0
     assert ("Task instance 0: KL fixed 0.3 ends at 0.475 ± 0.318 with KL 1.50 nats, the baseline (scalar PPO, Text2Grad's "
             "token rewards summed) at 0.300 ± 0.000 with 1.60; paired difference +0.175 (95 % interval [-0.143, +0.493]; ahead "
-            "on 2 of 2; exact two-sided sign test p = 0.5).") in md0
+            "on 2 of 2; exact two-sided sign test p = 0.5). Largest fall from its best validation point to its last: "
+            "0.000. Goal met (ahead on >= 2 of 2 seeds: yes, no late decline (<= 0.02): yes, KL no larger: yes).") in md0
     pooled_md = (tmp_path / "study.md").read_text()
     assert ("Task instance 1: none of the 3 KL settings tried stays within the baseline's (scalar PPO, Text2Grad's token "
             "rewards summed) 1.60 nats; the lowest, fixed 1, ends at 2.00 nats with 0.150 ± 0.635.") in pooled_md
@@ -633,7 +634,8 @@ def test_text2grad_is_held_to_the_baselines_kl_on_a_setting_chosen_on_validation
     assert (tmp_path / "frontier.png").stat().st_size > 10_000
     (_, result, _, _), headline = rt.study_rows(tmp_path)
     assert ("learned critic, Text2Grad held to the KL of the best scalar baseline: a setting within it on instance(s) 0 "
-            "of 2, paired difference there +0.175 [-0.143, +0.493], ahead on 2 of 2") in result
+            "of 2, paired difference there +0.175 [-0.143, +0.493], ahead on 2 of 2; the study's goal met on 1 of 2 "
+            "instances") in result
     # scalar_sum is also the information-matched baseline here: the same comparison, said once for each
     assert "learned critic, Text2Grad held to the KL of the information-matched baseline: a setting within it" in result
     assert "learned: Text2Grad held to scalar_sum's KL +0.175, ahead on 2/2 seed pairs on 1 instance" in headline
