@@ -698,6 +698,7 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
     fall = pick.get("val_fall", {}) if pick else {}
     return {"baseline": base_key, "budget": budget, "base": base["final_mean_ci"], "tried": len(points),
             "point": pick, "lowest": min(points, key=lambda p: p["kl_end"][0]), "pair": pair,
+            "sft": study.get("sft", {}).get("test", {}).get("fact_score", math.nan),
             # the goal's other two conditions (its KL condition holds by construction)
             "ahead_goal": bool(pair and pair["n"] and pair["ahead"] >= math.ceil(GOAL_SHARE * pair["n"])),
             "no_late_decline": bool(fall) and all(d <= 0.02 for d in fall.values())}
@@ -729,8 +730,8 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
         conditions = ((f"ahead on >= {math.ceil(GOAL_SHARE * c['pair']['n'])} of {c['pair']['n']} seeds", c["ahead_goal"]),
                       ("no late decline (<= 0.02)", c["no_late_decline"]), ("KL no larger", True))
         lines.append(f"Task instance {ts}: KL {p['kl_setting']} ends at {_pm(p['final_mean_ci'])} with KL "
-                     f"{p['kl_end'][0]:.2f} nats, the baseline ({base}) at {_pm(c['base'])} with {c['budget']:.2f}; "
-                     f"paired difference {paired_words(c['pair'])}. Largest fall from its best validation point to "
+                     f"{p['kl_end'][0]:.2f} nats, the baseline ({base}) at {_pm(c['base'])} with {c['budget']:.2f}, "
+                     f"the start policy at {c['sft']:.3f}; paired difference {paired_words(c['pair'])}. Largest fall from its best validation point to "
                      f"its last: {worst:.3f}. Goal {'met' if c['ahead_goal'] and c['no_late_decline'] else 'not met'} ("
                      + ", ".join(f"{label}: {'yes' if ok else 'no'}" for label, ok in conditions) + ").")
     matched = {ts: c for ts, c in per.items() if c["pair"] is not None}

@@ -621,7 +621,7 @@ def test_text2grad_is_held_to_the_baselines_kl_on_a_setting_chosen_on_validation
     md0 = (tmp_path / "task_seed0" / "study.md").read_text()
     assert "| learned | Text2Grad (span rewards) | fixed 0.05 (chosen) | 0.650 ± " in md0
     assert ("Task instance 0: KL fixed 0.3 ends at 0.475 ± 0.318 with KL 1.50 nats, the baseline (scalar PPO, Text2Grad's "
-            "token rewards summed) at 0.300 ± 0.000 with 1.60; paired difference +0.175 (95 % interval [-0.143, +0.493]; ahead "
+            "token rewards summed) at 0.300 ± 0.000 with 1.60, the start policy at 0.120; paired difference +0.175 (95 % interval [-0.143, +0.493]; ahead "
             "on 2 of 2; exact two-sided sign test p = 0.5). Largest fall from its best validation point to its last: "
             "0.000. Goal met (ahead on >= 2 of 2 seeds: yes, no late decline (<= 0.02): yes, KL no larger: yes).") in md0
     pooled_md = (tmp_path / "study.md").read_text()
