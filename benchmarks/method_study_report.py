@@ -815,6 +815,26 @@ def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, m
     return lines, {"instances": per, "pooled": pooled}
 
 
+def refresh_control_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str) -> tuple[list[str], dict[str, Any]]:
+    """Text2Grad + refresh against its equal-annotation control (Text2Grad + offline_matched: as many more
+    annotations and reward-model steps, offline), seed by seed at their chosen settings, per instance and pooled:
+    what annotating the policy's own current samples adds beyond the annotation count."""
+    pairs = {}
+    for ts, st in studies.items():
+        summ = st.get("final", {})
+        refresh, control = summ.get(f"{arm}/text2grad+refresh"), summ.get(f"{arm}/text2grad+offline_matched")
+        if refresh and control and (pair := paired(refresh["final"], control["final"]))["n"]:
+            pairs[ts] = pair
+    if not pairs:
+        return [], {}
+    lines = ["Text2Grad + refresh against its equal-annotation control (Text2Grad + offline_matched), at the end:"]
+    lines += [f"Task instance {ts}: paired difference {paired_words(p)}." for ts, p in pairs.items()]
+    pooled = pool_pairs(pairs)
+    if len(pairs) > 1:
+        lines.append(f"Pooled over the {len(pairs)} instances ({pooled['n']} seed pairs): {paired_words(pooled)}.")
+    return lines, {"instances": pairs, "pooled": pooled}
+
+
 def frontier_markdown(study: Mapping[str, Any]) -> list[str]:
     """The table of every method's KL settings (the chosen one marked): final score against final KL."""
     rows = study.get("kl_frontier", {})

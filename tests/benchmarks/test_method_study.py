@@ -681,3 +681,17 @@ def test_the_refresh_control_gets_as_many_annotations_and_steps_as_the_refresh_a
     assert ms.refresh_budget(90, 16) == (96, 120)
     assert ms.refresh_budget(14, 16) == (0, 0) and ms.refresh_budget(30, 8, every=10, steps_per_refresh=5) == (24, 15)
     assert ms.refresh_budget(90, 16, steps_per_refresh=ms.PPOConfig().rm_refresh_steps) == ms.refresh_budget(90, 16)
+
+
+def test_the_refresh_is_compared_with_its_equal_annotation_control_seed_by_seed():
+    def run(method, finals):
+        return {"method": method, "arm": "learned", "final": dict(enumerate(finals))}
+    studies = {ts: {"final": {"learned/text2grad+refresh": run("text2grad+refresh", refresh),
+                              "learned/text2grad+offline_matched": run("text2grad+offline_matched", control)}}
+               for ts, (refresh, control) in {0: ([0.5, 0.4, 0.3], [0.3, 0.4, 0.4]), 1: ([0.2, 0.2], [0.1, 0.0])}.items()}
+    lines, numbers = msr.refresh_control_lines(studies, "learned")
+    assert numbers["instances"][0]["diffs"] == pytest.approx([0.2, 0.0, -0.1])
+    assert numbers["pooled"]["n"] == 5 and numbers["pooled"]["ahead"] == 3
+    assert lines[1].startswith("Task instance 0: paired difference +0.033 (") and "ahead on 1 of 3" in lines[1]
+    assert lines[-1].startswith("Pooled over the 2 instances (5 seed pairs): +0.080")
+    assert msr.refresh_control_lines({0: {"final": {}}}, "learned") == ([], {})
