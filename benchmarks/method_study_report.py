@@ -673,6 +673,21 @@ def summarize_frontier(results: Mapping[Any, Mapping[str, Any]], default_coef: f
     return out
 
 
+def _comparison_names(method: str, against: str | None) -> tuple[str, str]:
+    """("Text2Grad" or "Text2Grad + <variant>", the baseline's description) for the generated sentences."""
+    variant = method.partition("+")[2]
+    who = ("the best scalar baseline" if against is None else "the information-matched baseline"
+           if against == "scalar_sum" else "the baseline")
+    return "Text2Grad" + (f" + {variant}" if variant else ""), who
+
+
+def _goal_conditions(pair: Mapping[str, Any], fall: Mapping[Any, float]) -> dict[str, bool]:
+    """Two of the goal's conditions: ahead on >= 80 % of the seed pairs, and no seed's last validation point more
+    than 0.02 below its best (no late decline)."""
+    return {"ahead_goal": pair["n"] > 0 and pair["ahead"] >= math.ceil(GOAL_SHARE * pair["n"]),
+            "no_late_decline": bool(fall) and all(d <= 0.02 for d in fall.values())}
+
+
 # The baselines Text2Grad is held to the KL of: the best scalar baseline (None) and the information-matched one.
 KL_MATCHED_AGAINST = (None, "scalar_sum")
 
@@ -699,9 +714,8 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
     return {"baseline": base_key, "budget": budget, "base": base["final_mean_ci"], "tried": len(points),
             "point": pick, "lowest": min(points, key=lambda p: p["kl_end"][0]), "pair": pair,
             "sft": study.get("sft", {}).get("test", {}).get("fact_score", math.nan),
-            # the goal's other two conditions (its KL condition holds by construction)
-            "ahead_goal": bool(pair and pair["n"] and pair["ahead"] >= math.ceil(GOAL_SHARE * pair["n"])),
-            "no_late_decline": bool(fall) and all(d <= 0.02 for d in fall.values())}
+            # the goal's other two conditions: its KL condition holds by construction
+            **(_goal_conditions(pair, fall) if pair else {"ahead_goal": False, "no_late_decline": False})}
 
 
 def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method: str = "text2grad",
@@ -711,10 +725,7 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
     per = {ts: c for ts, st in studies.items() if (c := kl_matched(st, arm, method, against)) is not None}
     if not per:
         return [], {}
-    variant = method.partition("+")[2]
-    name = "Text2Grad" + (f" + {variant}" if variant else "")
-    who = ("the best scalar baseline" if against is None else "the information-matched baseline"
-           if against == "scalar_sum" else "the baseline")
+    name, who = _comparison_names(method, against)
     lines = [f"{name} held to the KL of {who}" + ("" if against is None else f" ({method_label(against)})")
              + " (its KL setting chosen on validation among those whose mean final KL is no larger than the baseline's):"]
     for ts, c in per.items():
@@ -774,9 +785,7 @@ def kl_on_validation(study: Mapping[str, Any], arm: str, method: str = "text2gra
     pair = paired(pick["final"], base["final"])
     fall = pick.get("val_fall", {})
     return {"baseline": base_key, "point": pick, "base_point": base, "pair": pair, "tried": len(points),
-            "ahead_goal": pair["n"] > 0 and pair["ahead"] >= math.ceil(GOAL_SHARE * pair["n"]),
-            "no_late_decline": bool(fall) and all(d <= 0.02 for d in fall.values()),
-            "kl_goal": pick["kl_end"][0] <= base["kl_end"][0]}
+            **_goal_conditions(pair, fall), "kl_goal": pick["kl_end"][0] <= base["kl_end"][0]}
 
 
 def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method: str = "text2grad",
@@ -786,10 +795,7 @@ def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, m
     per = {ts: c for ts, st in studies.items() if (c := kl_on_validation(st, arm, method, against)) is not None}
     if not per:
         return [], {}
-    variant = method.partition("+")[2]
-    name = "Text2Grad" + (f" + {variant}" if variant else "")
-    who = ("the best scalar baseline" if against is None else "the information-matched baseline"
-           if against == "scalar_sum" else "the baseline")
+    name, who = _comparison_names(method, against)
     lines = [f"{name} against {who}" + ("" if against is None else f" ({method_label(against)})") + ", each at the KL "
              "setting its own end-of-run validation score picks on that instance (among the settings run on the most "
              "seeds):"]
