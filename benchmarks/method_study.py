@@ -797,27 +797,28 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
     """study.json, study.md and frontier.png of a study over several task instances (each instance's own files stay
     in its folder)."""
     pooled: dict[str, Any] = {}
+
+    def add(arm: str, lines: list[str]) -> dict[str, Any]:
+        """``lines`` appended to the arm's sentences (a blank line between groups); the arm's entry."""
+        entry = pooled.setdefault(arm, {"lines": [], "methods": {}})
+        entry["lines"] += ([""] if entry["lines"] else []) + lines
+        return entry
+
     for arm in ARMS:
         methods = sorted({r["method"] for st in studies.values() for r in st.get("final", {}).values()
                           if r["arm"] == arm and r["method"].partition("+")[0] == "text2grad"})
         for method in methods:  # Text2Grad first ("text2grad" sorts before its "+variant"s)
             lines, numbers = pooled_lines(studies, arm, method)
             if lines:
-                entry = pooled.setdefault(arm, {"lines": [], "methods": {}})
-                entry["lines"] += ([""] if entry["lines"] else []) + lines
-                entry["methods"][method] = numbers
+                add(arm, lines)["methods"][method] = numbers
             for against in KL_MATCHED_AGAINST:
                 for kind, make_lines in (("kl_on_validation", kl_on_validation_lines), ("kl_matched", kl_matched_lines)):
                     more, numbers = make_lines(studies, arm, method, against)
                     if more:
-                        entry = pooled.setdefault(arm, {"lines": [], "methods": {}})
-                        entry["lines"] += ([""] if entry["lines"] else []) + more
-                        entry.setdefault(kind if against is None else f"{kind}_{against}", {})[method] = numbers
+                        add(arm, more).setdefault(kind if against is None else f"{kind}_{against}", {})[method] = numbers
         control_lines, control = refresh_control_lines(studies, arm)
         if control_lines:
-            entry = pooled.setdefault(arm, {"lines": [], "methods": {}})
-            entry["lines"] += ([""] if entry["lines"] else []) + control_lines
-            entry["refresh_vs_offline_matched"] = control
+            add(arm, control_lines)["refresh_vs_offline_matched"] = control
     first = next(iter(studies.values()))
     # what the results tables read: the shared settings (the instances differ only in task_seed), machine and date
     shared = {k: first.get(k) for k in ("cpu", "machine", "date", "settings_from") if first.get(k) is not None}

@@ -16,6 +16,7 @@ from tests.reward_model.rm_testlib import RECORDS, train_args
 from reward_model.inference import GenerativeRewardModel
 from reward_model.serve import free_port
 from tests.reward_model.test_train import mean_loss
+from tests.test_gpu import run_or_fail
 from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,11 +73,7 @@ def test_deepspeed_zero2_trains_the_reward_model_on_one_gpu_in_bf16(rm_world, tm
         *train_args(rm_world, out, max_steps=4, per_device_train_batch_size=2, learning_rate=1e-2, bf16=True,
                     deepspeed=str(REPO / "configs" / "deepspeed" / "zero2.json")),
     ]
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=_env(CUDA_VISIBLE_DEVICES="0"), capture_output=True, text=True, timeout=240)
-    except subprocess.TimeoutExpired as exc:  # a launch that hangs fails with what it printed so far
-        printed = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
-        pytest.fail(f"no result within 240 s; its stderr so far:\n{printed[-6000:]}")
+    proc = run_or_fail(cmd, _env(CUDA_VISIBLE_DEVICES="0"))  # a launch that hangs fails with what it printed
     assert proc.returncode == 0, _tail(proc)
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
     tokenizer = load_tokenizer(str(rm_world / "base"))

@@ -32,10 +32,9 @@ import torch
 from text2grad.core.config import ConfigError
 
 __all__ = [
-    "EnginePlacement", "PlacementError", "check_device", "check_process_gpus", "engine_placement", "hide_gpus_for_cpu_ranks",
-    "local_rank",
-    "local_world_size", "misplaced", "process_device", "resolve_device", "set_device_resolver", "visible_gpus",
-    "world_size",
+    "EnginePlacement", "PlacementError", "check_device", "check_process_gpus", "engine_placement",
+    "hide_gpus_for_cpu_ranks", "local_rank", "local_world_size", "misplaced", "process_device", "resolve_device",
+    "set_device_resolver", "visible_gpus", "world_size",
 ]
 
 
