@@ -42,7 +42,8 @@ Feedback arms: ``oracle`` = the task's programmatic critic (`FactCritic`, or its
 directly, which isolates credit assignment; ``learned`` = the generative reward model trained on the critic's
 annotations gives it, as in the paper.
 
-Phases (each resumable: a run whose ``result.json`` exists is not run again):
+Phases (each resumable: a run whose ``result.json`` exists is not run again; with ``--checkpoint_runs``, on by
+default for ``--preset smollm2``, a run killed midway resumes from its last evaluation point):
 
 - ``sweep``: per (arm, method) a coordinate search on the VALIDATION split, seed ``--sweep_seed``: GAE lambda in
   {0, 0.95, 1.0} at the base setting, then the learning rate around the base at the best lambda, then KL control:
@@ -95,6 +96,7 @@ if str(ROOT) not in sys.path:  # the critic "benchmarks.baselines:DenseFactCriti
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.baselines import preference_pairs  # noqa: E402
+from policy_optimization.checkpoints import STATE_FILE  # noqa: E402
 from policy_optimization.ppo_config import PPOConfig  # noqa: E402
 from policy_optimization.train import build_trainer  # noqa: E402
 from text2grad.apps.quickstart import pipeline as qs  # noqa: E402
@@ -169,6 +171,7 @@ class StudyContext:
     sft_scores: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> scores
     use_chat_template: bool = False  # the policy's prompts through its tokenizer's chat template (SmolLM2)
     ppo_fields: dict[str, Any] = field(default_factory=dict)  # the preset's PPOConfig fields (SmolLM2: LoRA)
+    checkpoint_runs: bool = False  # checkpoint each run at its evaluation points, so a killed run resumes there
 
 
 REFRESH_EVERY = 15  # iterations between on-policy reward-model refreshes (six refreshes in a 90-iteration run)
@@ -316,20 +319,45 @@ def true_label_shift(model, sft_model, tokenizer, records, sft_gens) -> dict[str
     return {k: {"mean": v[0] / v[1], "n": v[1]} for k, v in sums.items()}
 
 
+PARTIAL_FILE = "partial.json"  # a checkpointed run's curve so far and the checkpoint it resumes from
+
+
+def read_partial(run_dir: Path) -> dict[str, Any] | None:
+    """The progress a killed checkpointed run left (`PARTIAL_FILE`), or None when there is none to resume: no file,
+    or its checkpoint is gone (the run then starts over, and says why)."""
+    path = run_dir / PARTIAL_FILE
+    if not path.is_file():
+        return None
+    partial = json.loads(path.read_text())
+    if not (Path(partial["checkpoint"]) / STATE_FILE).is_file():
+        print(f"[study] {run_dir}: {partial['checkpoint']} is gone, so the run starts over")
+        return None
+    return partial
+
+
 def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
     """Train one (arm, method, setting, seed) and evaluate it every ``eval_every`` iterations; returns the result
-    (also written to ``<out>/<run_id>/result.json``)."""
-
+    (also written to ``<out>/<run_id>/result.json``). With ``ctx.checkpoint_runs`` the run saves a checkpoint and
+    its curve so far (`PARTIAL_FILE`) at each evaluation point before the last, and a run killed later resumes from
+    there (the PPO trainer's own resume: weights, optimizer, RNG and data order)."""
 
     torch.set_num_threads(1)  # decoding-bound on a tiny model: one thread per run, runs side by side
     run_dir = Path(ctx.out) / spec.run_id
     t0 = time.perf_counter()
+    partial = read_partial(run_dir) if ctx.checkpoint_runs else None
     cfg = _ppo_config(ctx, spec, run_dir / "ppo")
+    if ctx.checkpoint_runs:  # the two newest kept: the one the partial file names survives a kill between the writes
+        cfg = replace(cfg, save_total_limit=2, resume=partial["checkpoint"] if partial else None)
     trainer = build_trainer(cfg)
+    trainer.start_run()
     score_test = spec.phase != "sweep"
     curve = [{"iteration": 0, "val": ctx.sft_scores["val"], **({"test": ctx.sft_scores["test"]} if score_test else {})}]
-    metrics = []
-    for it in range(1, ctx.iterations + 1):
+    metrics: list[dict[str, Any]] = []
+    seconds_before = 0.0
+    if partial:
+        curve, metrics, seconds_before = partial["curve"], partial["metrics"], partial["seconds"]
+        print(f"[study] {spec.run_id}: resumed at iteration {trainer.state.step} of {ctx.iterations}")
+    for it in range(trainer.state.step + 1, ctx.iterations + 1):
         m = trainer.step()
         metrics.append({k: m.get(k) for k in ("iteration", "reward/score_mean", "objective/kl", "objective/kl_coef",
                                               "policy/rollout_entropy", "policy/clipfrac", "val/explained_variance",
@@ -343,8 +371,12 @@ def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
                 point["test"] = _greedy(trainer.policy, trainer.tokenizer, ctx.test_records, ctx.response_length,
                                         ctx.use_chat_template)[0]
             curve.append(point)
+            if ctx.checkpoint_runs and it < ctx.iterations:
+                checkpoint = trainer.save_checkpoint()
+                _write_json(run_dir / PARTIAL_FILE, {"checkpoint": str(checkpoint), "curve": curve, "metrics": metrics,
+                                                     "seconds": seconds_before + time.perf_counter() - t0})
     result: dict[str, Any] = {"spec": {**asdict(spec), "run_id": spec.run_id}, "curve": curve, "metrics": metrics,
-                              "final": curve[-1], "seconds": time.perf_counter() - t0, "cpu": cpu_model(),
+                              "final": curve[-1], "seconds": seconds_before + time.perf_counter() - t0, "cpu": cpu_model(),
                               "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     if score_test:
         sft_model = load_causal_lm(ctx.sft).eval()
@@ -356,6 +388,10 @@ def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
     if callable(close):
         close()
     _write_json(run_dir / "result.json", result)
+    if ctx.checkpoint_runs:  # finished: its checkpoints are no longer needed (the result is what the study reads)
+        (run_dir / PARTIAL_FILE).unlink(missing_ok=True)
+        for checkpoint in (run_dir / "ppo").glob("checkpoint-*"):
+            shutil.rmtree(checkpoint, ignore_errors=True)
     return result
 
 
@@ -684,6 +720,7 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         kl_horizon=getattr(args, "kl_horizon", 10),
         use_chat_template=cfg.use_chat_template, ppo_fields=lora, rm_ensemble=rm_ensemble, rm_replay=rm_replay,
         rm_offline_matched=rm_offline_matched,
+        checkpoint_runs=args.preset == "smollm2" if getattr(args, "checkpoint_runs", None) is None else args.checkpoint_runs,
     )
     torch.set_num_threads(1)
     tok, model = load_tokenizer(ctx.sft), load_causal_lm(ctx.sft).eval()
@@ -737,6 +774,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--generation_backend", default="hf", choices=["hf", "vllm"],
                         help="PPO rollouts and the reward model's critiques through transformers or vLLM (evaluation "
                         "stays greedy transformers decoding)")
+    parser.add_argument("--checkpoint_runs", action=argparse.BooleanOptionalAction, default=None,
+                        help="checkpoint each run at its evaluation points, so that a killed study resumes its runs "
+                        "there instead of from the start (default: on for --preset smollm2, whose runs take hours)")
     parser.add_argument("--batch_size", type=int, default=0, help="rollouts per PPO iteration (0: the preset's)")
     parser.add_argument("--task_seed", type=int, default=0, help="the task instance (one folder: --output_dir)")
     parser.add_argument("--task_seeds", type=int, nargs="+", default=None,

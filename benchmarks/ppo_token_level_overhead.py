@@ -85,7 +85,7 @@ def build_trainer(args: argparse.Namespace, mode: str, out: str):
         temperature=1.0, learning_rate=1e-4, seed=0, save_steps=0, progress_bar=False, log_samples=0,
     )
     trainer = NLGradientPPOTrainer(cfg, tok, policy, None, value, critic, [{"prompt": r["prompt"]} for r in records])
-    trainer._start_run()
+    trainer.start_run()
     return trainer
 
 

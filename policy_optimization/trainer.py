@@ -257,7 +257,7 @@ class NLGradientPPOTrainer:
         ``output_dir/policy`` and ``output_dir/value_model``. Ctrl-C or SIGTERM finish the current iteration,
         save a checkpoint and return (a second Ctrl-C stops at once).
         """
-        self._start_run()
+        self.start_run()
         acc = self.accelerator
         metrics: dict[str, float] = {}
         bar = tqdm(
@@ -661,9 +661,10 @@ class NLGradientPPOTrainer:
     # Run setup
     # ---------------------------------------------------------------------------------------------
 
-    def _start_run(self) -> None:
+    def start_run(self) -> None:
         """Resume (checking the saved config) or start fresh (refusing to mix with an earlier run), and start
-        trackers; the output-directory rules are `text2grad.core.run_dir`'s."""
+        trackers; the output-directory rules are `text2grad.core.run_dir`'s. `train` calls it; a caller that steps
+        the trainer itself (evaluating between iterations, as benchmarks/method_study.py does) calls it first."""
         cfg, acc = self.config, self.accelerator
         if self.state.step == 0:  # (a trainer stepped by hand before train() keeps its state)
             # The main process alone applies the output-directory rules (it may cut logs or remove an earlier

@@ -695,3 +695,69 @@ def test_the_refresh_is_compared_with_its_equal_annotation_control_seed_by_seed(
     assert lines[1].startswith("Task instance 0: paired difference +0.033 (") and "ahead on 1 of 3" in lines[1]
     assert lines[-1].startswith("Pooled over the 2 instances (5 seed pairs): +0.080")
     assert msr.refresh_control_lines({0: {"final": {}}}, "learned") == ([], {})
+
+
+# ------------------------------------------------------------------------------------------------
+# Checkpointed runs: a run killed midway resumes at its last evaluation point
+# ------------------------------------------------------------------------------------------------
+
+
+def _tiny_study(tmp_path: Path, tiny_llama, bpe_tokenizer, out: str) -> ms.StudyContext:
+    from text2grad.apps.quickstart.task import TaskConfig, generate_task
+    from text2grad.core.data import write_jsonl
+
+    splits = generate_task(TaskConfig(seed=0, n_train=4, n_rl=16, n_eval=6))
+    rl = tmp_path / "rl.jsonl"
+    write_jsonl(rl, splits["rl"])
+    sft = tmp_path / "sft"
+    if not (sft / "config.json").is_file():
+        tiny_llama.save_pretrained(sft)
+        bpe_tokenizer.save_pretrained(sft)
+    return ms.StudyContext(
+        sft=str(sft), rl=str(rl), val_records=splits["eval"][:3], test_records=splits["eval"][3:], rm="", dense_rm="",
+        scalar_rm="", iterations=4, eval_every=2, batch_size=4, response_length=8, kl_coef=0.1, target_kl=6.0,
+        out=str(tmp_path / out), sft_scores={"val": {"fact_score": 0.0}, "test": {"fact_score": 0.0}},
+        checkpoint_runs=True)
+
+
+def test_a_killed_checkpointed_run_resumes_at_its_last_evaluation_point_and_ends_like_an_unbroken_one(
+        tmp_path, tiny_llama, bpe_tokenizer, monkeypatch, capsys):
+    from policy_optimization.trainer import NLGradientPPOTrainer
+
+    spec = ms.RunSpec("oracle", "text2grad", ms.Setting(lr=1e-3, kl="fixed", lam=0.95), 0, "final")
+    unbroken = ms.run_one(_tiny_study(tmp_path, tiny_llama, bpe_tokenizer, "unbroken"), spec)
+
+    ctx = _tiny_study(tmp_path, tiny_llama, bpe_tokenizer, "killed")
+    step = NLGradientPPOTrainer.step
+
+    def killed_in_iteration_3(self):
+        if self.state.step == 2:
+            raise KeyboardInterrupt("killed")
+        return step(self)
+
+    monkeypatch.setattr(NLGradientPPOTrainer, "step", killed_in_iteration_3)
+    with pytest.raises(KeyboardInterrupt):
+        ms.run_one(ctx, spec)
+    run_dir = Path(ctx.out) / spec.run_id
+    partial = json.loads((run_dir / ms.PARTIAL_FILE).read_text())
+    assert [p["iteration"] for p in partial["curve"]] == [0, 2] and Path(partial["checkpoint"]).name == "checkpoint-2"
+    assert not (run_dir / "result.json").exists()
+
+    monkeypatch.setattr(NLGradientPPOTrainer, "step", step)
+    resumed = ms.run_one(ctx, spec)
+    assert "resumed at iteration 2 of 4" in capsys.readouterr().out
+    assert resumed["curve"] == unbroken["curve"] and resumed["metrics"] == unbroken["metrics"]
+    assert len(resumed["metrics"]) == 4
+    # finished: the result is what the study reads; the checkpoints and the partial file are gone
+    assert not (run_dir / ms.PARTIAL_FILE).exists() and not list((run_dir / "ppo").glob("checkpoint-*"))
+
+
+def test_a_partial_run_whose_checkpoint_is_gone_starts_over(tmp_path, capsys):
+    (tmp_path / ms.PARTIAL_FILE).write_text(json.dumps({"checkpoint": str(tmp_path / "ppo" / "checkpoint-6"),
+                                                        "curve": [], "metrics": [], "seconds": 1.0}))
+    assert ms.read_partial(tmp_path) is None
+    assert "checkpoint-6 is gone, so the run starts over" in capsys.readouterr().out
+    (tmp_path / "ppo" / "checkpoint-6").mkdir(parents=True)
+    (tmp_path / "ppo" / "checkpoint-6" / "trainer_state.json").write_text("{}")
+    assert ms.read_partial(tmp_path)["seconds"] == 1.0
+    assert ms.read_partial(tmp_path / "elsewhere") is None  # no partial file: a fresh run

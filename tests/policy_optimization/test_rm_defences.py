@@ -131,7 +131,7 @@ def test_a_resumed_run_continues_with_the_refreshed_reward_model(make_trainer, b
     fresh_rm = _reward_model(bpe_tokenizer)
     assert not all(torch.equal(p, saved[n]) for n, p in fresh_rm.model.named_parameters())
     resumed = make_trainer(fresh_rm, num_iterations=3, resume="auto", **options)
-    resumed._start_run()
+    resumed.start_run()
     assert resumed.state.step == 2
     assert all(torch.equal(p, saved[n]) for n, p in fresh_rm.model.named_parameters())
     resumed.train()

@@ -270,7 +270,7 @@ def test_resume_gives_the_same_next_step_as_an_uninterrupted_run(make_trainer, t
 
     # Same config, stopped after 2 iterations (as if killed), then a fresh process resumes.
     first = make_trainer(source, num_iterations=3, save_steps=2, output_dir=tmp_path / "b")
-    first._start_run()
+    first.start_run()
     first.step()
     first.step()
     first.save_checkpoint()
