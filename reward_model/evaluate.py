@@ -11,6 +11,11 @@ prediction, the raw output and the per-example counts) to ``output_dir``.
 
 ``--predictions_file`` scores saved critic outputs (e.g. an LLM critic's) instead of running a model:
 a JSONL with ``id`` and either ``raw`` (the critic's text) or ``critique``/``good_spans``/``poor_spans``.
+
+An ensemble directory (``reward_model.train --ensemble_size K``: ``member-0`` ... ``member-<K-1>``) is evaluated as
+the ensemble critic PPO reads it (`reward_model.ensemble`): the report scores the quote-level consensus (a good
+quote kept where ``--ensemble_min_votes`` members agree, default all of them; every member's poor quotes kept), and
+``report.json``'s ``members`` holds each member's own metrics on the same examples.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
+from reward_model.ensemble import RewardModelEnsemble, member_paths
 from reward_model.evaluate_config import EvalConfig
 from reward_model.inference import GenerativeRewardModel
 from reward_model.metrics import evaluate_feedback, format_markdown
@@ -29,6 +35,7 @@ from reward_model.serialization import parse_target, record_feedback, record_spa
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, config_to_dict
 from text2grad.core.data import DataError, iter_jsonl, load_records, record_id, write_jsonl
+from text2grad.core.ensemble import EnsembleFeedback
 from text2grad.core.feedback import Feedback
 from text2grad.core.modeling import load_tokenizer
 
@@ -55,6 +62,13 @@ def _load_predictions(path: str, records: list[dict[str, Any]]) -> list[Feedback
     return out
 
 
+def is_ensemble_dir(path: str | None) -> bool:
+    """Whether ``path`` is an ensemble directory (``member-<k>/`` inside, no model of its own)."""
+    root = Path(path or "")
+    own_model = (root / "config.json").is_file() or (root / "adapter_config.json").is_file()
+    return root.is_dir() and not own_model and any(p.is_dir() for p in root.glob("member-*"))
+
+
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """Run the evaluation and write the report files. Returns the report dictionary."""
     if not cfg.dataset_path:
@@ -73,22 +87,26 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         label_tokenizer = load_tokenizer(cfg.label_tokenizer)
     else:
         overrides = {k: v for k, v in (("instruction", cfg.instruction), ("prompt_format", cfg.prompt_format)) if v}
-        rm = GenerativeRewardModel.from_pretrained(
-            cfg.model_name_or_path,
-            adapter=cfg.adapter,
-            dtype=cfg.dtype,
-            backend=cfg.backend,
-            batch_size=cfg.batch_size,
-            max_new_tokens=cfg.max_new_tokens,
-            grounded_spans=cfg.grounded_spans,
-            **overrides,
-        )
+        kwargs = dict(dtype=cfg.dtype, backend=cfg.backend, batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
+                      grounded_spans=cfg.grounded_spans, **overrides)
+        ensemble = is_ensemble_dir(cfg.model_name_or_path)
+        if ensemble and cfg.adapter:
+            raise ConfigError(f"{cfg.model_name_or_path} is an ensemble directory (member-<k>/ inside): drop --adapter, "
+                              "each member is loaded from its own folder")
+        if ensemble:
+            rm = RewardModelEnsemble.from_critic_kwargs(path=cfg.model_name_or_path, min_votes=cfg.ensemble_min_votes,
+                                                        **kwargs)
+        else:
+            rm = GenerativeRewardModel.from_pretrained(cfg.model_name_or_path, adapter=cfg.adapter, **kwargs)
         predictions = []
         chunk = cfg.batch_size * 4  # several batches per progress step, so length-sorting still pays
         for start in tqdm(range(0, len(records), chunk), desc="reward model", unit="chunk"):
-            predictions.extend(rm.generate_feedback(prompts[start : start + chunk], responses[start : start + chunk]))
-        stats = rm.stats.as_dict()
-        label_tokenizer = load_tokenizer(cfg.label_tokenizer) if cfg.label_tokenizer else rm.tokenizer
+            predictions.extend(rm.feedback(prompts[start : start + chunk], responses[start : start + chunk]))
+        stats = {} if ensemble else rm.stats.as_dict()
+        if cfg.label_tokenizer:
+            label_tokenizer = load_tokenizer(cfg.label_tokenizer)
+        else:  # the members were trained from one base, so the first one's tokenizer is every member's
+            label_tokenizer = load_tokenizer(member_paths(cfg.model_name_or_path)[0]) if ensemble else rm.tokenizer
     metrics, per_example = evaluate_feedback(
         predictions, references, responses, label_tokenizer, occurrence=cfg.occurrence, overlap=cfg.overlap,
         boundary=cfg.boundary, reference_spans=[record_spans(r) for r in records],
@@ -96,6 +114,13 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     report = metrics.to_dict()
     if stats:
         report["generation"] = stats
+    if predictions and all(isinstance(p, EnsembleFeedback) and p.members for p in predictions):
+        report["members"] = [  # each member's own feedback on the same examples, scored the same way
+            evaluate_feedback([p.members[k] for p in predictions], references, responses, label_tokenizer,
+                              occurrence=cfg.occurrence, overlap=cfg.overlap, boundary=cfg.boundary,
+                              reference_spans=[record_spans(r) for r in records])[0].to_dict()
+            for k in range(len(predictions[0].members))
+        ]
     report["config"] = config_to_dict(cfg)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -17,9 +17,15 @@ class EvalConfig:
 
     model_name_or_path: str = config_field(
         "",
-        "Reward model: training output dir (adapter), merged model, or base model with --adapter.",
+        "Reward model: training output dir (adapter), merged model, base model with --adapter, or an ensemble "
+        "directory (member-<k>/ inside, from reward_model.train --ensemble_size K).",
     )
     adapter: str | None = config_field(None, "LoRA adapter directory on top of model_name_or_path.")
+    ensemble_min_votes: int | None = config_field(
+        None,
+        "Ensemble directories: a good quote counts where at least this many members quote it (default: all); "
+        "every member's poor quotes count.",
+    )
     dataset_path: str = config_field("", "Annotated held-out data (JSONL/JSON/dataset dir/hub id).")
     dataset_split: str = config_field("validation", "Split when dataset_path is a hub dataset.")
     field_map: dict[str, str] = config_field({}, "Rename fields, {our_name: their_name}.")

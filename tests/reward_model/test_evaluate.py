@@ -93,3 +93,36 @@ def test_evaluate_errors(rm_world, tmp_path, capsys):
     rc = main(["--predictions_file", str(pred), "--dataset_path", str(rm_world / "train.jsonl"),
                "--output_dir", str(tmp_path), "--label_tokenizer", str(rm_world / "base")])
     assert rc == 2 and "no prediction for record 'a'" in capsys.readouterr().err
+
+
+def test_an_ensemble_directory_is_evaluated_as_the_ensemble_critic_with_each_members_metrics(memorized_rm, rm_world, tmp_path):
+    """``reward_model.train --ensemble_size K`` leaves member-<k>/ folders and no model of its own: evaluate scores the
+    members' consensus and each member's own metrics."""
+    import shutil
+
+    from reward_model.evaluate import is_ensemble_dir
+
+    ensemble = tmp_path / "ensemble"
+    for k in range(2):
+        shutil.copytree(memorized_rm, ensemble / f"member-{k}")
+    assert is_ensemble_dir(str(ensemble)) and not is_ensemble_dir(str(memorized_rm))
+    assert not is_ensemble_dir(str(tmp_path / "missing")) and not is_ensemble_dir(None)
+    out = tmp_path / "eval"
+    args = ["--model_name_or_path", str(ensemble), "--dataset_path", str(rm_world / "train.jsonl"),
+            "--output_dir", str(out), "--max_new_tokens", "64", "--batch_size", "3"]
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["n_examples"] == 4 and len(report["members"]) == 2
+    # two identical members agree on every quote: the consensus and each member score as the one model does
+    for scored in (report, *report["members"]):
+        assert scored["json_validity_rate"] == 1.0 and scored["token_label_accuracy"] == 1.0
+        assert scored["spans"]["exact"] == scored["spans"]["n_reference"] == 6
+
+
+def test_an_ensemble_directory_with_an_adapter_is_refused(memorized_rm, rm_world, tmp_path, capsys):
+    import shutil
+
+    shutil.copytree(memorized_rm, tmp_path / "ensemble" / "member-0")
+    rc = main(["--model_name_or_path", str(tmp_path / "ensemble"), "--adapter", str(memorized_rm),
+               "--dataset_path", str(rm_world / "train.jsonl"), "--output_dir", str(tmp_path / "eval")])
+    assert rc == 2 and "is an ensemble directory (member-<k>/ inside): drop --adapter" in capsys.readouterr().err

@@ -248,7 +248,8 @@ def _sft_schedule_args(cfg: QuickstartConfig) -> list[str]:
 
 
 def _drop_checkpoints(path: Path) -> None:
-    for ckpt in path.glob("checkpoint-*"):
+    """The trainer's checkpoints in ``path``, and in its ensemble members' folders: the cache keeps the final model."""
+    for ckpt in [*path.glob("checkpoint-*"), *path.glob("member-*/checkpoint-*")]:
         shutil.rmtree(ckpt, ignore_errors=True)
 
 
