@@ -58,7 +58,7 @@ from policy_optimization.distributed import (
 )
 from policy_optimization.models import PolicyAndValue, ValueHead, ValueModel, disable_dropout
 from policy_optimization.rm_refresh import RewardModelRefresh, build_rm_refresh
-from policy_optimization.vllm_rollouts import VLLMRollouts, sampled_logprob_gap
+from policy_optimization.vllm_rollouts import start_vllm_rollouts
 from policy_optimization.rollout import (
     SUM_KEYS,
     Rollout,
@@ -233,7 +233,11 @@ class NLGradientPPOTrainer:
         self._stop_requested = False
         self._trackers = False
         self._saved_step = -1
-        self.vllm_rollouts = self._make_vllm_rollouts() if config.generation_backend == "vllm" else None
+        self.vllm_rollouts = None
+        if config.generation_backend == "vllm":  # a LoRA policy's adapter rank: the engine serves or merges it
+            rank = next(iter(self.policy.peft_config.values())).r if self.is_peft else None
+            self.vllm_rollouts = start_vllm_rollouts(config, self.tokenizer, self.zero_stage,
+                                                     self.base_model_path or config.model_name_or_path, rank)
         seen_by_critic = [{**r, "prompt": r.get("feedback_prompt", r["prompt"])} for r in self.dataset]
         self.rm_refresh = rm_refresh or build_rm_refresh(config, critic, seen_by_critic)
 
@@ -359,7 +363,7 @@ class NLGradientPPOTrainer:
             **update_stats,
             "objective/kl_coef": kl_used,
             "lr": lr,
-            **self._vllm_metrics(generations, logprobs),
+            **(self.vllm_rollouts.metrics(generations, logprobs, self.accelerator) if self.vllm_rollouts else {}),
             "time/generation": t_generated - t_start,
             "time/feedback": t_feedback - t_generated,
             "time/rewards": t_rewards - t_feedback,
@@ -423,39 +427,6 @@ class NLGradientPPOTrainer:
                 add_special_tokens=self._prompt_special_tokens,
                 synced_gpus=self.zero_stage == 3 and not gather and self.accelerator.num_processes > 1,
             )
-
-    def _make_vllm_rollouts(self) -> VLLMRollouts:
-        """The vLLM sampler of ``generation_backend: vllm``, started from the policy's weights on disk. Under a
-        launcher every process has its own engine on its own device (`text2grad.core.placement.engine_placement`),
-        samples its own share of the batch and refreshes it from its own copy of the policy (gathered under
-        ZeRO-3)."""
-        cfg = self.config
-        if self.zero_stage == 3 and not cfg.ds3_gather_for_generation:
-            raise ValueError(
-                "generation_backend vllm keeps a whole copy of the policy in every process's engine, but "
-                "ds3_gather_for_generation false asks that no GPU ever hold the whole policy: set "
-                "ds3_gather_for_generation true to sample with vLLM under ZeRO-3, or use generation_backend hf"
-            )
-        base = self.base_model_path or cfg.model_name_or_path
-        if not base:
-            raise ValueError("generation_backend vllm starts its engine from the policy's weights on disk: pass "
-                             "base_model_path (or set model_name_or_path)")
-        rank = next(iter(self.policy.peft_config.values())).r if self.is_peft else None
-        return VLLMRollouts(cfg, self.tokenizer, str(base), rank)
-
-    def _vllm_metrics(self, generations: list[Generation], logprobs: torch.Tensor) -> dict[str, float]:
-        """The refresh check: vLLM's log-probs of the sampled tokens against the training model's (small while the
-        engine holds the current policy), and the time the refresh took (only with generation_backend vllm). Each
-        process checks its own engine: the mean over processes, the worst process's gap, and the slowest refresh."""
-        if self.vllm_rollouts is None:
-            return {}
-        gap = sampled_logprob_gap(generations, logprobs)
-        mine = torch.tensor([[float("nan") if gap is None else gap, self.vllm_rollouts.last_refresh_seconds]],
-                            dtype=torch.float64, device=self.accelerator.device)
-        every = self.accelerator.gather(mine) if self.accelerator.num_processes > 1 else mine
-        gaps, seconds = every[:, 0], every[:, 1]
-        return {"vllm/logprob_abs_diff": float(gaps.nanmean()), "vllm/logprob_abs_diff_max": float(gaps.max()),
-                "time/vllm_refresh": float(seconds.max())}
 
     @torch.no_grad()
     def _rollout_forward(self, rollout: Rollout) -> tuple[torch.Tensor, ...]:

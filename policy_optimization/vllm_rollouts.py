@@ -34,7 +34,7 @@ from text2grad.core.generation import Generation, encode_prompt_ids
 from text2grad.core.modeling import merged_weights
 from text2grad.core.vllm_engine import VLLMEngine, shared_engine
 
-__all__ = ["VLLMRollouts", "sampled_logprob_gap"]
+__all__ = ["VLLMRollouts", "sampled_logprob_gap", "start_vllm_rollouts"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,9 +106,39 @@ class VLLMRollouts:
             top_p=cfg.top_p, top_k=cfg.top_k, stop_strings=cfg.stop_strings, weights=self._weights, logprobs=True,
         )
 
+    def metrics(self, generations: list[Generation], logprobs: torch.Tensor, accelerator) -> dict[str, float]:
+        """The refresh check: vLLM's log-probs of the sampled tokens against the training model's ``logprobs``
+        (B, T) (small while the engine holds the current policy), and the time the refresh took. Each process
+        checks its own engine: the mean over processes, the worst process's gap, and the slowest refresh."""
+        gap = sampled_logprob_gap(generations, logprobs)
+        mine = torch.tensor([[float("nan") if gap is None else gap, self.last_refresh_seconds]],
+                            dtype=torch.float64, device=accelerator.device)
+        every = accelerator.gather(mine) if accelerator.num_processes > 1 else mine
+        gaps, seconds = every[:, 0], every[:, 1]
+        return {"vllm/logprob_abs_diff": float(gaps.nanmean()), "vllm/logprob_abs_diff_max": float(gaps.max()),
+                "time/vllm_refresh": float(seconds.max())}
+
     def close(self) -> None:
         """Remove the saved policy copies (the shared engine stays up for whoever uses it next)."""
         shutil.rmtree(self._work, ignore_errors=True)
+
+
+def start_vllm_rollouts(config: PPOConfig, tokenizer, zero_stage: int, base_model_path: str | None,
+                        lora_rank: int | None) -> VLLMRollouts:
+    """The vLLM sampler of ``generation_backend: vllm``, started from the policy's weights on disk
+    (``base_model_path``: the base a LoRA policy of rank ``lora_rank`` sits on, or the initial policy). Under a
+    launcher every process has its own engine on its own device (`text2grad.core.placement.engine_placement`),
+    samples its own share of the batch and refreshes it from its own copy of the policy (gathered under ZeRO-3)."""
+    if zero_stage == 3 and not config.ds3_gather_for_generation:
+        raise ValueError(
+            "generation_backend vllm keeps a whole copy of the policy in every process's engine, but "
+            "ds3_gather_for_generation false asks that no GPU ever hold the whole policy: set "
+            "ds3_gather_for_generation true to sample with vLLM under ZeRO-3, or use generation_backend hf"
+        )
+    if not base_model_path:
+        raise ValueError("generation_backend vllm starts its engine from the policy's weights on disk: pass "
+                         "base_model_path (or set model_name_or_path)")
+    return VLLMRollouts(config, tokenizer, str(base_model_path), lora_rank)
 
 
 def sampled_logprob_gap(generations: list[Generation], logprobs: torch.Tensor) -> float | None:

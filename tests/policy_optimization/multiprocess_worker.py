@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-import policy_optimization.trainer as trainer_module
+import policy_optimization.vllm_rollouts as vllm_rollouts_module
 from policy_optimization.distributed import policy_for_generation
 from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.train import build_trainer
@@ -103,13 +103,13 @@ def stale_engine_gap(trainer: NLGradientPPOTrainer, measure) -> float:
 def record_own_logprob_gaps() -> list[float]:
     """Keep this process's own refresh check of every iteration (the trainer logs the mean over processes)."""
     gaps: list[float] = []
-    measure = trainer_module.sampled_logprob_gap
+    measure = vllm_rollouts_module.sampled_logprob_gap
 
     def recording(generations, logprobs):
         gaps.append(measure(generations, logprobs))
         return gaps[-1]
 
-    trainer_module.sampled_logprob_gap = recording
+    vllm_rollouts_module.sampled_logprob_gap = recording
     return gaps
 
 

@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerFast
 
 from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.models import ValueModel
+from policy_optimization.vllm_rollouts import start_vllm_rollouts
 from reward_model.inference import GenerativeRewardModel
 import policy_optimization.trainer as trainer_module
 from text2grad.core.critics import CallableFeedbackSource, build_critic
@@ -416,9 +417,9 @@ def test_vllm_sampling_under_zero3_without_gathering_is_refused_naming_the_alter
     """Every process's vLLM engine holds a whole policy, which ds3_gather_for_generation false rules out; the
     trainer refuses before any engine starts (the gathered ZeRO-3 path runs in tests/policy_optimization/
     test_multiprocess.py)."""
-    trainer = object.__new__(NLGradientPPOTrainer)
-    trainer.config = PPOConfig(generation_backend="vllm", ds3_gather_for_generation=False)
-    trainer.zero_stage = 3
+    config = PPOConfig(generation_backend="vllm", ds3_gather_for_generation=False)
     with pytest.raises(ValueError, match="set ds3_gather_for_generation true to sample with vLLM under ZeRO-3, or use "
                                          "generation_backend hf"):
-        trainer._make_vllm_rollouts()
+        start_vllm_rollouts(config, None, zero_stage=3, base_model_path="some/policy", lora_rank=None)
+    with pytest.raises(ValueError, match="pass base_model_path"):
+        start_vllm_rollouts(PPOConfig(generation_backend="vllm"), None, zero_stage=2, base_model_path="", lora_rank=16)
