@@ -99,7 +99,8 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
     for Text2Grad and each of its defended variants, the comparisons with the information-matched baseline first
     (each method at the KL setting its validation score picks, then Text2Grad held to the baseline's KL), then
     those with the best scalar baseline (at the sweep's settings, at validation-picked KL settings, held to its KL),
-    each per instance and pooled."""
+    each per instance and pooled for Text2Grad, pooled only for a defended variant (its instances are in study.md),
+    one comparison per line."""
     identity = study.get("identity", {})
     instances = study.get("instances", {})
     seeds = max((len(r["seeds"]) for st in instances.values() for r in st.get("final", {}).values()), default=0)
@@ -121,7 +122,7 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
                         f"ahead on {c['pair']['ahead']}/{c['pair']['n']}" for ts, c in numbers["instances"].items())
                     pooled = numbers["pooled"]
                     parts.append(f"{arm} critic, {name} vs the best scalar baseline, each at its setting from the sweep: "
-                                 f"{per}; pooled paired difference {_interval(pooled)}")
+                                 + ("" if "+" in method else f"{per}; ") + f"pooled paired difference {_interval(pooled)}")
                     heads.append(f"{arm}: {name} {pooled['mean']:+.3f} vs the best scalar baseline, ahead on "
                                  f"{pooled['ahead']}/{pooled['n']} seed pairs over {len(numbers['instances'])} instances")
             for method, numbers in entry.get(f"kl_on_validation{suffix}", {}).items():
@@ -134,7 +135,8 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
                         if c["ahead_goal"] and c["no_late_decline"] and c["kl_goal"]]
                 pooled = numbers["pooled"]
                 parts.append(f"{arm} critic, {name} vs {who}, each at the KL setting its validation score picks per "
-                             f"instance: {per}; pooled paired difference {_interval(pooled)}; the study's goal (ahead "
+                             + ("instance: " if "+" in method else f"instance: {per}; ")
+                             + f"pooled paired difference {_interval(pooled)}; the study's goal (ahead "
                              f"on >= 80 % of seeds, no late decline, KL no larger) met on {len(goal)} of "
                              f"{len(numbers['instances'])} instances")
                 heads.append(f"{arm}: {name} vs {short}, KL chosen on validation, {pooled['mean']:+.3f}, ahead on "
@@ -156,7 +158,7 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
                 else:
                     text += f"no setting tried stays within it on any of the {len(numbers['instances'])} instances"
                 parts.append(text)
-    result = "final test fact score (mean over seeds): " + "; ".join(parts)
+    result = "final test fact score (mean over seeds):<br>" + "<br>".join(parts)
     return (what, result, conditions(study), command(study)), "; ".join(heads)
 
 

@@ -522,6 +522,17 @@ def test_each_defence_variant_of_text2grad_gets_its_own_comparison(tmp_path):
     assert "The 2 instances agree in direction: Text2Grad + ensemble is ahead on average on every one." in lines
     assert set(study["pooled"]["learned"]["methods"]) == {"text2grad", "text2grad+ensemble"}
     assert (tmp_path / "frontier.png").is_file() and "Text2Grad + ensemble" in (tmp_path / "study.md").read_text()
+    # the README row: Text2Grad per instance and pooled, the variant pooled only, one comparison per line
+    for st in studies.values():
+        st.update(identity={"preset": "default", "iterations": 20}, date="2026-11-28", cpu="test cpu")
+    ms.write_pooled_report(studies, tmp_path, "cmd")
+    result = rt.study_rows(tmp_path)[0][1].split("<br>")
+    plain = next(r for r in result if r.startswith("learned critic, Text2Grad vs the best scalar baseline"))
+    defended = next(r for r in result if r.startswith("learned critic, Text2Grad + ensemble vs the best scalar baseline"))
+    assert "instance 0 (SFT" in plain and "instance 0" not in defended
+    # seed pairs +0.4, +0.3 (instance 0) and +0.1, 0.0 (instance 1): mean +0.2, sd 0.183, t(3) 3.182 -> +-0.291
+    assert defended.endswith("each at its setting from the sweep: pooled paired difference +0.200 [-0.091, +0.491], "
+                             "ahead on 3 of 4")
 
 
 def test_settings_from_another_study_are_each_methods_own_else_its_methods_else_scalar_collapsed():
