@@ -197,8 +197,8 @@ def compare_to_best_scalar(summary: Mapping[str, Any], arm: str) -> dict[str, An
     seeds = sorted(set(t2g["final"]) & set(base["final"]), key=int)
     diffs = [t2g["final"][s] - base["final"][s] for s in seeds]
     early = [t2g["early"][s] - base["early"][s] for s in seeds]
-    return {"baseline": base_key, "seeds": len(seeds), "ahead_final": sum(d > 0 for d in diffs),
-            "diff_final": mean_ci95(diffs), "ahead_early": sum(d > 0 for d in early), "diff_early": mean_ci95(early),
+    return {"baseline": base_key, "seeds": len(seeds), "ahead_final": count_ahead(diffs),
+            "diff_final": mean_ci95(diffs), "ahead_early": count_ahead(early), "diff_early": mean_ci95(early),
             "pair_final": paired({s: t2g["final"][s] for s in seeds}, {s: base["final"][s] for s in seeds})}
 
 
@@ -511,13 +511,21 @@ def plot(summary: Mapping[str, Any], png: Path) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+TIE = 1e-9  # a paired difference this small is float noise between equal scores: a tie, neither ahead nor behind
+
+
+def count_ahead(diffs: Sequence[float]) -> int:
+    """How many paired differences are above `TIE` (ahead)."""
+    return sum(d > TIE for d in diffs)
+
+
 def sign_test(diffs: Sequence[float]) -> float:
     """Exact two-sided sign test of ``diffs`` (paired differences; zeros dropped): the binomial probability, under
     a median difference of 0, of a split at least as uneven as the observed one. nan without non-zero differences."""
-    nonzero = [d for d in diffs if d != 0]
+    nonzero = [d for d in diffs if abs(d) > TIE]
     if not nonzero:
         return float("nan")
-    return float(binomtest(sum(d > 0 for d in nonzero), len(nonzero), 0.5).pvalue)
+    return float(binomtest(count_ahead(nonzero), len(nonzero), 0.5).pvalue)
 
 
 def paired(a: Mapping[Any, float], b: Mapping[Any, float]) -> dict[str, Any]:
@@ -526,7 +534,7 @@ def paired(a: Mapping[Any, float], b: Mapping[Any, float]) -> dict[str, Any]:
     seeds = [s for s in a if s in b]
     diffs = [a[s] - b[s] for s in seeds]
     m, h = mean_ci95(diffs)
-    return {"n": len(diffs), "diffs": diffs, "ahead": sum(d > 0 for d in diffs), "mean": m,
+    return {"n": len(diffs), "diffs": diffs, "ahead": count_ahead(diffs), "mean": m,
             "interval": (m - h, m + h) if h == h else (float("nan"), float("nan")), "sign_p": sign_test(diffs)}
 
 
