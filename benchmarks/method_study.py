@@ -110,10 +110,10 @@ from text2grad.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 from text2grad.core.spans import decode_with_offsets, feedback_token_labels  # noqa: E402
 
 from benchmarks.method_study_report import (  # noqa: E402
-    ARMS, CRITIC_FREE, KL_COEFS, KL_MATCHED_AGAINST, LABELS, LAMBDAS, METHODS, REWARD_MODE, SCALAR_METHODS, Setting, choose, end_score,
-    early_stopped, frontier_plot, kl_matched_lines, kl_on_validation_lines, markdown, mean_ci95, method_label,
-    paper_comparison, plot, pooled_lines, pooled_markdown, refresh_control_lines, summarize_ablations, summarize_final,
-    summarize_frontier,
+    ARMS, CRITIC_FREE, DEFENCE_CONTROLS, KL_COEFS, KL_MATCHED_AGAINST, LABELS, LAMBDAS, METHODS, REWARD_MODE,
+    SCALAR_METHODS, Setting, choose, control_lines, end_score, early_stopped, frontier_plot, kl_matched_lines,
+    kl_on_validation_lines, markdown, mean_ci95, method_label, paper_comparison, plot, pooled_lines, pooled_markdown,
+    summarize_ablations, summarize_final, summarize_frontier,
 )
 
 
@@ -856,9 +856,10 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
                     more, numbers = make_lines(studies, arm, method, against)
                     if more:
                         add(arm, more).setdefault(kind if against is None else f"{kind}_{against}", {})[method] = numbers
-        control_lines, control = refresh_control_lines(studies, arm)
-        if control_lines:
-            add(arm, control_lines)["refresh_vs_offline_matched"] = control
+        for defended, control, key, what in DEFENCE_CONTROLS:
+            lines, numbers = control_lines(studies, arm, defended, control, what)
+            if lines:
+                add(arm, lines)[key] = numbers
     first = next(iter(studies.values()))
     # what the results tables read: the shared settings (the instances differ only in task_seed), machine and date
     shared = {k: first.get(k) for k in ("cpu", "machine", "date", "settings_from") if first.get(k) is not None}

@@ -829,19 +829,31 @@ def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, m
     return lines, {"instances": per, "pooled": pooled}
 
 
-def refresh_control_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str) -> tuple[list[str], dict[str, Any]]:
-    """Text2Grad + refresh against its equal-annotation control (Text2Grad + offline_matched: as many more
-    annotations and reward-model steps, offline), seed by seed at their chosen settings, per instance and pooled:
-    what annotating the policy's own current samples adds beyond the annotation count."""
+# Each defence against the run that differs from it only by the defence, seed by seed at their chosen settings:
+# (defended method, control, key in study.json, what the comparison isolates)
+DEFENCE_CONTROLS = (
+    ("text2grad+refresh", "text2grad+offline_matched", "refresh_vs_offline_matched",
+     "its equal-annotation control (Text2Grad + offline_matched)"),
+    ("text2grad+ensemble", "text2grad", "ensemble_vs_single",
+     "Text2Grad with one reward model trained on the same annotations"),
+)
+
+
+def control_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, defended: str, control: str,
+                  what: str) -> tuple[list[str], dict[str, Any]]:
+    """``defended`` against ``control`` at the end of training, seed by seed at their chosen settings, per instance
+    and pooled (e.g. Text2Grad + refresh against Text2Grad + offline_matched, as many more annotations and
+    reward-model steps offline: what annotating the policy's own current samples adds beyond the count)."""
     pairs = {}
     for ts, st in studies.items():
         summ = st.get("final", {})
-        refresh, control = summ.get(f"{arm}/text2grad+refresh"), summ.get(f"{arm}/text2grad+offline_matched")
-        if refresh and control and (pair := paired(refresh["final"], control["final"]))["n"]:
+        a, b = summ.get(f"{arm}/{defended}"), summ.get(f"{arm}/{control}")
+        if a and b and (pair := paired(a["final"], b["final"]))["n"]:
             pairs[ts] = pair
     if not pairs:
         return [], {}
-    lines = ["Text2Grad + refresh against its equal-annotation control (Text2Grad + offline_matched), at the end:"]
+    name = "Text2Grad + " + defended.partition("+")[2]
+    lines = [f"{name} against {what}, at the end:"]
     lines += [f"Task instance {ts}: paired difference {paired_words(p)}." for ts, p in pairs.items()]
     pooled = pool_pairs(pairs)
     if len(pairs) > 1:

@@ -698,18 +698,29 @@ def test_the_refresh_control_gets_as_many_annotations_and_steps_as_the_refresh_a
     assert ms.refresh_budget(90, 16, steps_per_refresh=ms.PPOConfig().rm_refresh_steps) == ms.refresh_budget(90, 16)
 
 
-def test_the_refresh_is_compared_with_its_equal_annotation_control_seed_by_seed():
+def test_each_defence_is_compared_with_the_run_that_differs_only_by_it_seed_by_seed():
     def run(method, finals):
         return {"method": method, "arm": "learned", "final": dict(enumerate(finals))}
     studies = {ts: {"final": {"learned/text2grad+refresh": run("text2grad+refresh", refresh),
                               "learned/text2grad+offline_matched": run("text2grad+offline_matched", control)}}
                for ts, (refresh, control) in {0: ([0.5, 0.4, 0.3], [0.3, 0.4, 0.4]), 1: ([0.2, 0.2], [0.1, 0.0])}.items()}
-    lines, numbers = msr.refresh_control_lines(studies, "learned")
+    defended, control, key, what = msr.DEFENCE_CONTROLS[0]
+    assert (defended, control, key) == ("text2grad+refresh", "text2grad+offline_matched", "refresh_vs_offline_matched")
+    lines, numbers = msr.control_lines(studies, "learned", defended, control, what)
+    assert lines[0] == ("Text2Grad + refresh against its equal-annotation control (Text2Grad + offline_matched), at "
+                        "the end:")
     assert numbers["instances"][0]["diffs"] == pytest.approx([0.2, 0.0, -0.1])
     assert numbers["pooled"]["n"] == 5 and numbers["pooled"]["ahead"] == 3
     assert lines[1].startswith("Task instance 0: paired difference +0.033 (") and "ahead on 1 of 3" in lines[1]
     assert lines[-1].startswith("Pooled over the 2 instances (5 seed pairs): +0.080")
-    assert msr.refresh_control_lines({0: {"final": {}}}, "learned") == ([], {})
+    assert msr.control_lines({0: {"final": {}}}, "learned", defended, control, what) == ([], {})
+    # the ensemble against one reward model on the same annotations: plain Text2Grad, on instance 0 only here
+    studies[0]["final"]["learned/text2grad+ensemble"] = run("text2grad+ensemble", [0.1, 0.2, 0.3])
+    studies[0]["final"]["learned/text2grad"] = run("text2grad", [0.3, 0.3, 0.3])
+    lines, numbers = msr.control_lines(studies, "learned", *msr.DEFENCE_CONTROLS[1][:2], msr.DEFENCE_CONTROLS[1][3])
+    assert lines == ["Text2Grad + ensemble against Text2Grad with one reward model trained on the same annotations, "
+                     "at the end:", "Task instance 0: paired difference -0.100 (95 % interval [-0.348, +0.148]; ahead "
+                     "on 0 of 3; exact two-sided sign test p = 0.5)."]  # the tie is dropped: 2 of 2 behind
 
 
 # ------------------------------------------------------------------------------------------------
