@@ -20,6 +20,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import method_study as ms  # noqa: E402
 from benchmarks import method_study_report as msr  # noqa: E402
 from benchmarks import results_tables as rt  # noqa: E402
+from policy_optimization.trainer import NLGradientPPOTrainer  # noqa: E402
+from text2grad.apps.quickstart.task import TaskConfig, generate_task  # noqa: E402
+from text2grad.core.data import write_jsonl  # noqa: E402
 
 
 def _curve(vals, tests=None):
@@ -729,9 +732,6 @@ def test_each_defence_is_compared_with_the_run_that_differs_only_by_it_seed_by_s
 
 
 def _tiny_study(tmp_path: Path, tiny_llama, bpe_tokenizer, out: str) -> ms.StudyContext:
-    from text2grad.apps.quickstart.task import TaskConfig, generate_task
-    from text2grad.core.data import write_jsonl
-
     splits = generate_task(TaskConfig(seed=0, n_train=4, n_rl=16, n_eval=6))
     rl = tmp_path / "rl.jsonl"
     write_jsonl(rl, splits["rl"])
@@ -748,8 +748,6 @@ def _tiny_study(tmp_path: Path, tiny_llama, bpe_tokenizer, out: str) -> ms.Study
 
 def test_a_killed_checkpointed_run_resumes_at_its_last_evaluation_point_and_ends_like_an_unbroken_one(
         tmp_path, tiny_llama, bpe_tokenizer, monkeypatch, capsys):
-    from policy_optimization.trainer import NLGradientPPOTrainer
-
     spec = ms.RunSpec("oracle", "text2grad", ms.Setting(lr=1e-3, kl="fixed", lam=0.95), 0, "final")
     unbroken = ms.run_one(_tiny_study(tmp_path, tiny_llama, bpe_tokenizer, "unbroken"), spec)
 

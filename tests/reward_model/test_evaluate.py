@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 
 from tests.reward_model.rm_testlib import RECORDS, write_records
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
-from reward_model.evaluate import main
+from reward_model.evaluate import is_ensemble_dir, main
 from text2grad.apps.cli import main as cli_main
 
 
@@ -98,10 +99,6 @@ def test_evaluate_errors(rm_world, tmp_path, capsys):
 def test_an_ensemble_directory_is_evaluated_as_the_ensemble_critic_with_each_members_metrics(memorized_rm, rm_world, tmp_path):
     """``reward_model.train --ensemble_size K`` leaves member-<k>/ folders and no model of its own: evaluate scores the
     members' consensus and each member's own metrics."""
-    import shutil
-
-    from reward_model.evaluate import is_ensemble_dir
-
     ensemble = tmp_path / "ensemble"
     for k in range(2):
         shutil.copytree(memorized_rm, ensemble / f"member-{k}")
@@ -120,8 +117,6 @@ def test_an_ensemble_directory_is_evaluated_as_the_ensemble_critic_with_each_mem
 
 
 def test_an_ensemble_directory_with_an_adapter_is_refused(memorized_rm, rm_world, tmp_path, capsys):
-    import shutil
-
     shutil.copytree(memorized_rm, tmp_path / "ensemble" / "member-0")
     rc = main(["--model_name_or_path", str(tmp_path / "ensemble"), "--adapter", str(memorized_rm),
                "--dataset_path", str(rm_world / "train.jsonl"), "--output_dir", str(tmp_path / "eval")])
