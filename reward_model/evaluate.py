@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from reward_model.ensemble import RewardModelEnsemble, member_paths
 from reward_model.evaluate_config import EvalConfig
+from reward_model.train_config import MEMBER_PREFIX
 from reward_model.inference import GenerativeRewardModel
 from reward_model.metrics import evaluate_feedback, format_markdown
 from reward_model.serialization import parse_target, record_feedback, record_spans
@@ -66,7 +67,7 @@ def is_ensemble_dir(path: str | None) -> bool:
     """Whether ``path`` is an ensemble directory (``member-<k>/`` inside, no model of its own)."""
     root = Path(path or "")
     own_model = (root / "config.json").is_file() or (root / "adapter_config.json").is_file()
-    return root.is_dir() and not own_model and any(p.is_dir() for p in root.glob("member-*"))
+    return root.is_dir() and not own_model and any(p.is_dir() for p in root.glob(f"{MEMBER_PREFIX}*"))
 
 
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:
