@@ -12,12 +12,15 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import pytest
 import torch
+from _pytest.nodeid import NodeId  # pytest >= 9: a test's node id (see _append_group_to_node_id)
 
 from text2grad.core.assets import AssetMissingError  # after the offline switches above
 from text2grad.core.modeling import build_tiny_llama, train_tokenizer
-from tests.critic_server import critic_server, launch_early, stop_early_launch  # noqa: F401  (the run's vLLM server)
+from tests.critic_server import critic_server, launch_early, stop_early_launch, stop_server_in_use  # noqa: F401  (the run's vLLM server)
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Two threads at most per test process, and one core each under pytest-xdist: the workers share the machine's cores.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _workers)))
 
 CORPUS = [
     "The author wrote a 200 page unpublished novel and is looking for a good editor.",
@@ -40,11 +43,75 @@ def _engine_module_rank(item: pytest.Item) -> int | None:
     return int(getattr(module, "VLLM_ENGINE_LORA_MODE", "auto") == "adapter")
 
 
+DEVICE_GROUP = "vllm-and-gpu"  # the xdist group of every module that starts vLLM or uses a GPU
+
+
+def _uses_critic_server(item: pytest.Item) -> bool:
+    return "critic_server" in getattr(item, "fixturenames", ())
+
+
+LAST_SERVER_USER = pytest.StashKey[pytest.Item | None]()  # the last collected test that uses the vLLM server
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    """The pytest-xdist group a test runs in under ``--dist loadgroup`` (scripts/test.sh): every module that uses
+    vLLM or a GPU, in one group (one worker starts the shared engine and the server, once, and two of them never
+    compete for the same CPU cores, memory or GPU); every other module, its own group, so a module's tests stay
+    together and a module-scoped fixture (one training run that several tests assert on) runs once, not once per
+    worker."""
+    if _uses_critic_server(item) or any(item.iter_markers("vllm_server")) or _engine_module_rank(item) is not None or any(item.iter_markers("gpu")):
+        return DEVICE_GROUP
+    return item.nodeid.split("::")[0]
+
+
+def _append_group_to_node_id(item: pytest.Item, group: str) -> None:
+    """xdist's scheduler reads a test's group from an ``@<group>`` suffix of its node id, which xdist's own hook
+    (3.8) writes to ``item._nodeid``: the attribute older pytest kept the id in, but pytest 9 keeps it in ``_id``
+    and ignores ``_nodeid``, so without this every test would be its own group. Where ``_nodeid`` is still the id,
+    xdist's hook adds the suffix itself."""
+    if hasattr(item, "_nodeid") or not isinstance(getattr(item, "_id", None), NodeId) or "@" in item.nodeid:
+        return
+    item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+def _distributed_by_group(config) -> bool:
+    """Whether xdist distributes this run with ``--dist loadgroup`` (an xdist worker sees ``dist`` "no" and
+    ``loadgroup`` True)."""
+    if config is None or not config.pluginmanager.hasplugin("xdist"):
+        return False
+    return config.getoption("dist", None) == "loadgroup" or bool(config.getoption("loadgroup", False))
+
+
+def _xdist_rank(item: pytest.Item, groups: dict[str, str], slow_modules: set[str]) -> int:
+    """Where a test's module runs under pytest-xdist (scripts/test.sh turns xdist's own reordering off), longest
+    first, so no long module starts last while the other workers have nothing left: the vLLM server's tests (its
+    worker then waits for the server to load while the other workers run tests; a worker launches it on first use),
+    the rest of the vLLM/GPU group, the modules with slow tests, then the others."""
+    path = item.nodeid.split("::")[0]
+    if item.get_closest_marker("vllm_server") is not None or _uses_critic_server(item):
+        return 0
+    return 1 if groups[path] == DEVICE_GROUP else 2 if path in slow_modules else 3
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run where CUDA is visible and are skipped, saying why, everywhere else. The vLLM-engine
     modules run one after the other, where the first of them was collected (each module's own order kept), so that
     their shared engine can be closed after the last of them instead of idling through the rest of the run
-    (`pytest_runtest_teardown`). The tests of the run's vLLM server (marked ``vllm_server``) run last."""
+    (`pytest_runtest_teardown`). The tests of the run's vLLM server (marked ``vllm_server``) run last: the server
+    loads meanwhile (tests/critic_server.py). Under pytest-xdist's ``--dist loadgroup`` (scripts/test.sh) each test
+    gets its group (`_xdist_group`) and the modules run longest first (`_xdist_rank`)."""
+    distributed = _distributed_by_group(config)
+    groups: dict[str, str] = {}  # module file -> group: a module with one vLLM or GPU test goes there whole
+    if distributed:
+        for item in items:
+            path = item.nodeid.split("::")[0]
+            if groups.get(path) != DEVICE_GROUP:
+                groups[path] = _xdist_group(item)
+        for item in items:
+            group = groups[item.nodeid.split("::")[0]]
+            item.add_marker(pytest.mark.xdist_group(group))
+            _append_group_to_node_id(item, group)
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason=f"needs a CUDA GPU: none is visible to torch {torch.__version__} here")
         for item in items:
@@ -57,8 +124,14 @@ def pytest_collection_modifyitems(config, items):
         first = engine_positions[0]  # no engine test before it, so it is also its place among the others
         others = [item for item, rank in zip(items, ranks) if rank is None]
         items[:] = others[:first] + block + others[first:]
-    # last: every other test then runs while the server they share loads (tests/critic_server.py)
-    items.sort(key=lambda item: item.get_closest_marker("vllm_server") is not None)  # stable: order kept otherwise
+    if distributed:
+        slow_modules = {item.nodeid.split("::")[0] for item in items
+                        if any(item.iter_markers("slow")) or any(item.iter_markers("multiprocess"))}
+        items.sort(key=lambda item: _xdist_rank(item, groups, slow_modules))  # stable: the engine block stays whole
+    else:  # last: every other test then runs while the server they share loads (tests/critic_server.py)
+        items.sort(key=lambda item: item.get_closest_marker("vllm_server") is not None)  # stable: order kept otherwise
+    if config is not None:  # the server stops after this test (pytest_runtest_teardown)
+        config.stash[LAST_SERVER_USER] = next((item for item in reversed(items) if _uses_critic_server(item)), None)
 
 
 # Packages of the optional extras (env.sh installs them all by default): a test that needs one where it is missing is
@@ -105,8 +178,11 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_runtest_teardown(item, nextitem):
-    """Close the shared vLLM engine after the last test of the vLLM-engine block: an idle engine's processes would
-    keep their memory and CPU (its worker polls) through every later test."""
+    """Close the shared vLLM engine after the last test of the vLLM-engine block, and stop the vLLM server after the
+    last test that uses it: an idle engine's or server's processes would keep their memory (and an engine's worker
+    its polling CPU) through every later test."""
+    if item is item.config.stash.get(LAST_SERVER_USER, None):
+        stop_server_in_use()
     if _engine_module_rank(item) is None or (nextitem is not None and _engine_module_rank(nextitem) is not None):
         return
     engine_module = sys.modules.get("text2grad.core.vllm_engine")

@@ -9,7 +9,8 @@ include ``vllm_server`` ones, `launch_early` (tests/conftest.py's ``pytest_colle
 without waiting for it, and the fixture, first asked for after the other tests, only waits for ``/health``. An idle
 server costs no CPU, only its memory (a few GB). Under pytest-xdist each worker would launch one, so there the
 fixture launches its worker's server on first use instead. Whoever launched it, the server is stopped, its whole
-process group, when the session ends, whether the tests passed, failed or were interrupted (`stop_early_launch`); a
+process group, after the last test that uses it (tests/conftest.py) or when the session ends, whether the tests
+passed, failed or were interrupted (`stop_early_launch`); a
 pytest killed outright takes the server with it (the server dies with its parent, `reward_model.serve`). Its output
 goes to a log file, whose tail is shown if it fails to start.
 
@@ -112,6 +113,17 @@ def stop_early_launch(session: pytest.Session) -> None:
         launched.server.log.close()
 
 
+_IN_USE: list[LaunchedServer] = []  # the server the fixture hands out in this process, until it is stopped
+
+
+def stop_server_in_use() -> None:
+    """Stop the server the fixture hands out in this process, if any: tests/conftest.py calls this after the last
+    test that uses it, so that under pytest-xdist an idle server does not hold its memory through the worker's other
+    tests (stopping twice is harmless)."""
+    while _IN_USE:
+        _IN_USE.pop().server.stop()
+
+
 @pytest.fixture(scope="session")
 def critic_server(request, tmp_path_factory):
     """The test run's vLLM server (see the module docs); skips where vllm is not importable."""
@@ -128,6 +140,7 @@ def critic_server(request, tmp_path_factory):
         launched = launch_critic_server(tmp_path_factory.mktemp("critic_server"))
     waited_from = time.perf_counter()
     running = wait_for_critic_server(launched)
+    _IN_USE.append(launched)
     print(f"\nvLLM server for the critic tests: {running.base_url}, launched {running.startup_s:.0f} s before its first "
           f"test, {time.perf_counter() - waited_from:.0f} s of them waited for here (log {launched.log_path})")
     try:

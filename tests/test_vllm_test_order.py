@@ -1,5 +1,7 @@
 """tests/conftest.py's ordering of the vLLM tests: the engine tests together, LoRA-request module last, engine closed
-after them; the server tests last, their server launched when the run starts and stopped when it ends."""
+after them; the server tests last, their server launched when the run starts and stopped after its last test; and,
+under pytest-xdist (``--dist loadgroup``, as scripts/test.sh runs), their group: one worker for every vLLM and GPU
+module, one group per other module."""
 
 from __future__ import annotations
 
@@ -22,14 +24,45 @@ def _module(name: str, engine: bool, lora_mode: str | None = None) -> types.Modu
 
 
 class _Item:
-    def __init__(self, name: str, module: types.ModuleType, markers: tuple[str, ...] = ()):
-        self.name, self.module, self.markers = name, module, markers
+    def __init__(self, name: str, module: types.ModuleType, markers: tuple[str, ...] = (), fixturenames: tuple[str, ...] = ()):
+        self.name, self.module, self.markers, self.fixturenames = name, module, list(markers), fixturenames
+        self.nodeid = f"{module.__name__}::{name}"  # a test's node id starts with its module's path
+        self.groups: list[str] = []
+        self.config = _Config("no")
 
     def __repr__(self) -> str:
         return self.name
 
     def get_closest_marker(self, name: str) -> str | None:
         return name if name in self.markers else None
+
+    def iter_markers(self, name: str):
+        return iter([name] if name in self.markers else [])
+
+    def add_marker(self, mark) -> None:
+        assert mark.name in ("xdist_group", "skip")  # skip: a gpu test where no GPU is visible
+        if mark.name == "xdist_group":
+            self.groups.append(mark.args[0])
+
+
+class _PluginManager:
+    def __init__(self, xdist: bool):
+        self.xdist = xdist
+
+    def hasplugin(self, name: str) -> bool:
+        return name == "xdist" and self.xdist
+
+
+class _Config:
+    """A run's config as the hook reads it; ``worker``: as an xdist worker sees it (``dist`` "no", ``loadgroup``
+    True when the run distributes by group)."""
+
+    def __init__(self, dist: str, xdist: bool = True, worker: bool = False):
+        self.pluginmanager, self.stash = _PluginManager(xdist), {}
+        self.options = {"dist": "no", "loadgroup": dist == "loadgroup"} if worker else {"dist": dist}
+
+    def getoption(self, name: str, default=None):
+        return self.options.get(name, default)
 
 
 def _items() -> list[_Item]:
@@ -126,3 +159,53 @@ def test_the_server_is_launched_at_the_start_only_for_a_run_with_server_tests(la
     assert len(launches) == 1 and launches[0].server.stopped == 0  # launched, not waited for
     conftest.pytest_sessionfinish(session)  # however the run ended, the server stops with it
     assert launches[0].server.stopped == 1 and launches[0].server.log.closed
+
+
+def _items_with_a_server_module(config: _Config) -> list[_Item]:
+    server, mixed, gpu, slow = _module("server", False), _module("mixed", False), _module("gpu", False), _module("slow", False)
+    items = [*_items(), _Item("s1", server, markers=("vllm_server", "slow"), fixturenames=("critic_server",)),
+             _Item("m1", mixed), _Item("m2", mixed, fixturenames=("tmp_path", "critic_server")), _Item("x1", slow),
+             _Item("g1", gpu, markers=("gpu",)), _Item("x2", slow, markers=("slow",))]
+    for item in items:
+        item.config = config
+    return items
+
+
+@pytest.mark.parametrize("worker", [False, True])
+def test_under_loadgroup_vllm_and_gpu_modules_share_one_group_that_runs_first_then_slow_modules(worker):
+    config = _Config("loadgroup", worker=worker)
+    items = _items_with_a_server_module(config)
+    conftest.pytest_collection_modifyitems(config, items)
+    groups = {item.name: item.groups for item in items}
+    for name in ("a1", "a2", "b1", "lora1", "lora2", "s1", "m1", "m2", "g1"):  # m1: its module has a server test
+        assert groups[name] == ["vllm-and-gpu"], name
+    assert groups["plain1"] == groups["plain2"] == ["plain"] and groups["other1"] == ["other"]
+    assert groups["x1"] == groups["x2"] == ["slow"]
+    # the one group first, its server tests leading (its worker waits for the server while the others work), then
+    # its engine block (still together, LoRA requests last); then the module with a slow test (whole), then the
+    # rest in their collected order
+    assert [item.name for item in items] == ["s1", "m2", "a1", "a2", "b1", "lora1", "lora2", "m1", "g1", "x1", "x2",
+                                             "plain1", "other1", "plain2"]
+
+
+def test_without_loadgroup_no_test_gets_a_group_or_moves():
+    for config in (_Config("load"), _Config("load", worker=True), _Config("loadgroup", xdist=False), _Config("no")):
+        items = _items_with_a_server_module(config)
+        conftest.pytest_collection_modifyitems(config, items)
+        assert all(item.groups == [] for item in items)
+        assert [item.name for item in items][:8] == ["plain1", "a1", "a2", "b1", "lora1", "lora2", "other1", "plain2"]
+
+
+def test_the_server_stops_after_the_last_test_that_uses_it(monkeypatch):
+    stopped = []
+    monkeypatch.setattr(conftest, "stop_server_in_use", lambda: stopped.append(True))
+    for config in (_Config("loadgroup"), _Config("no")):
+        items = _items_with_a_server_module(config)
+        conftest.pytest_collection_modifyitems(config, items)
+        stopped_after = []
+        for item, nextitem in zip(items, [*items[1:], None]):
+            conftest.pytest_runtest_teardown(item, nextitem)
+            if stopped:
+                stopped_after.append(item.name)
+                stopped.clear()
+        assert stopped_after == (["m2"] if config.options["dist"] == "loadgroup" else ["s1"])
