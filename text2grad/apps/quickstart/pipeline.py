@@ -347,7 +347,11 @@ def _annotate(cfg: QuickstartConfig, folder: Path, posts: Path) -> list[dict[str
         "--critic", cfg.critic, "--critic_kwargs", json.dumps(kwargs),
         "--field_map", json.dumps({"prompt": "prompt", "response": "response"}), *cfg.annotation_args,
     ])
-    return _read_jsonl(folder / "annotations.jsonl")
+    # In input order: the CLI appends each record as its worker finishes (so that a killed run resumes), which is
+    # input order only while the workers finish in turn; a busy machine swaps some, and the held-out split and the
+    # training order must not depend on that.
+    position = {record["id"]: i for i, record in enumerate(_read_jsonl(folder / "to_annotate.jsonl"))}
+    return sorted(_read_jsonl(folder / "annotations.jsonl"), key=lambda record: position[record["id"]])
 
 
 def _rm_report(eval_dir: Path) -> dict[str, Any]:
