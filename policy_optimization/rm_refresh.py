@@ -14,8 +14,8 @@ With ``rm_refresh_every N`` (`PPOConfig`), after every N-th iteration:
    of the registry: an LLM, unit tests, a fact checker) for feedback on them and shares the annotations;
    ``rm_refresh/agreement_*`` logs how well the reward model's own feedback on those same rollouts (the
    feedback PPO just trained on) agreed with the annotator's, before the refresh;
-3. the main process fine-tunes the reward model (its LoRA adapter, every member's adapter of an ensemble,
-   or all weights of a model without LoRA) for ``rm_refresh_steps`` steps on the new annotations plus
+3. the main process fine-tunes the reward model (its LoRA adapter, every member's adapter of an ensemble, every
+   member of an ensemble of separate models, or all weights of a model without LoRA) for ``rm_refresh_steps`` steps on the new annotations plus
    ``rm_refresh_replay_ratio`` times as many replayed earlier ones (``rm_refresh_replay`` files and every
    earlier refresh's annotations), then sends the new weights to every process;
 4. ``<output_dir>/rm_refresh/step-<N>/`` receives the annotations (``annotations.jsonl``, reward-model training
@@ -46,9 +46,11 @@ from reward_model.metrics import evaluate_feedback
 from reward_model.serialization import collate, encode_example, record_feedback
 from text2grad.core.critics import build_critic
 from text2grad.core.data import load_records
+from text2grad.core.ensemble import EnsembleCritic
 from text2grad.core.feedback import Feedback
 
-__all__ = ["REFRESH_DIR", "RewardModelRefresh", "agreement", "build_rm_refresh", "fine_tune", "pick_rollouts"]
+__all__ = ["REFRESH_DIR", "RewardModelRefresh", "agreement", "build_rm_refresh", "fine_tune", "pick_rollouts",
+           "reward_models"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,14 +83,37 @@ def agreement(predicted: Sequence[Feedback], reference: Sequence[Feedback], resp
             "agreement_accuracy": metrics.label_accuracy}
 
 
-def trainable_groups(critic) -> list[tuple[str | None, list[torch.nn.Parameter]]]:
-    """(adapter name or None, the parameters a refresh trains) for each model a refresh fine-tunes: each
-    member's LoRA parameters of an ensemble, the adapter of a LoRA reward model, or every weight of a plain one."""
-    model = critic.model
-    if isinstance(model, PeftModel):
-        adapters = critic.adapters if isinstance(critic, RewardModelEnsemble) else [model.active_adapter]
-        return [(name, [p for n, p in model.named_parameters() if "lora_" in n and f".{name}." in n]) for name in adapters]
-    return [(None, list(model.parameters()))]
+def reward_models(critic) -> list[GenerativeRewardModel]:
+    """The generative reward models a refresh fine-tunes: the critic itself, the one shared model of a
+    `RewardModelEnsemble` (its members are adapters), or every member of an `EnsembleCritic` (members trained without
+    LoRA load as separate models). Raises ValueError where one is not a reward model on the transformers backend."""
+    if isinstance(critic, RewardModelEnsemble):
+        models = [critic.reward_model]
+    elif isinstance(critic, EnsembleCritic):
+        models = list(critic.members)
+    else:
+        models = [critic]
+    if not all(isinstance(rm, GenerativeRewardModel) and rm.model is not None for rm in models):
+        raise ValueError("rm_refresh fine-tunes the PPO critic, so the critic must be a generative reward model "
+                         "(critic reward_model or reward_model_ensemble) on the transformers backend (not vLLM); "
+                         f"got {type(critic).__name__} of {sorted({type(rm).__name__ for rm in models})}")
+    return models
+
+
+def trainable_groups(critic) -> list[tuple[GenerativeRewardModel, str | None, list[torch.nn.Parameter]]]:
+    """(reward model, adapter name or None, the parameters a refresh trains) for each model a refresh fine-tunes:
+    each member's LoRA parameters of a `RewardModelEnsemble`, each member of an `EnsembleCritic`, the adapter of a
+    LoRA reward model, or every weight of a plain one."""
+    groups = []
+    for rm in reward_models(critic):
+        model = rm.model
+        if isinstance(model, PeftModel):
+            adapters = critic.adapters if isinstance(critic, RewardModelEnsemble) else [model.active_adapter]
+            groups += [(rm, name, [p for n, p in model.named_parameters() if "lora_" in n and f".{name}." in n])
+                       for name in adapters]
+        else:
+            groups.append((rm, None, list(model.parameters())))
+    return groups
 
 
 def fine_tune(model: torch.nn.Module, params: Sequence[torch.nn.Parameter], examples: Sequence[Mapping[str, Any]],
@@ -134,7 +159,8 @@ class RewardModelRefresh:
     """Re-teach the PPO critic (a reward model) on annotated on-policy rollouts every ``every`` iterations.
 
     Args:
-        critic: the PPO critic: a `GenerativeRewardModel` (transformers backend) or a `RewardModelEnsemble`.
+        critic: the PPO critic: a `GenerativeRewardModel` (transformers backend), a `RewardModelEnsemble`, or an
+            `EnsembleCritic` of such reward models (an ensemble whose members were trained without LoRA).
         annotator: any critic (``feedback(prompts, responses)``) whose labels the reward model learns.
         every, samples, replay_paths, replay_ratio, steps, batch_size, learning_rate, seed: the ``rm_refresh_*``
             options of `PPOConfig`.
@@ -142,11 +168,8 @@ class RewardModelRefresh:
 
     def __init__(self, critic, annotator, *, every: int, samples: int | None, replay_paths: Sequence[str],
                  replay_ratio: float, steps: int, batch_size: int, learning_rate: float, seed: int) -> None:
-        rm = critic.reward_model if isinstance(critic, RewardModelEnsemble) else critic
-        if not isinstance(rm, GenerativeRewardModel) or rm.model is None:
-            raise ValueError("rm_refresh fine-tunes the PPO critic, so the critic must be a generative reward model "
-                             "(critic reward_model or reward_model_ensemble) on the transformers backend (not vLLM); "
-                             f"got {type(critic).__name__}")
+        self.reward_models = reward_models(critic)
+        rm = self.reward_models[0]  # its tokenizer counts the agreement's tokens
         if not callable(getattr(annotator, "feedback", None)):
             raise TypeError("the annotating critic (rm_refresh_critic) has no feedback(prompts, responses) method")
         self.critic, self.rm, self.annotator = critic, rm, annotator
@@ -154,8 +177,6 @@ class RewardModelRefresh:
         self.steps, self.batch_size, self.learning_rate, self.seed = steps, batch_size, learning_rate, seed
         self.offline = [r for path in replay_paths for r in load_records(path, required=("prompt", "response"))]
         self.annotated: list[dict[str, Any]] = []  # on-policy annotations of the refreshes so far
-        # what the reward model reads (its input bound) and writes (its generation bound)
-        self.max_length = (rm.max_input_length or 1024) + rm.max_new_tokens
 
     # ---- the iteration hook --------------------------------------------------------------------------
     def after_iteration(self, step: int, prompts: Sequence[str], responses: Sequence[str],
@@ -201,35 +222,44 @@ class RewardModelRefresh:
         rng = random.Random(f"{self.seed}-replay-{step}")
         pool = self.offline + self.annotated
         replay = rng.sample(pool, min(len(pool), round(self.replay_ratio * len(new))))
-        encoded = [self._encode(r) for r in list(new) + replay]
-        examples = [e for e in encoded if e is not None]
-        if len(examples) < len(encoded):
-            logger.warning("refresh at iteration %d: %d of %d records do not fit in %d tokens (the reward model's "
-                           "max_input_length + max_new_tokens) and are left out", step, len(encoded) - len(examples),
-                           len(encoded), self.max_length)
-        results: dict[str, float] = {"too_long": float(len(encoded) - len(examples))}
+        records = list(new) + replay
+        examples = {id(rm): self._encode_all(rm, records, step) for rm in self.reward_models}
+        results: dict[str, float] = {"too_long": float(len(records) - len(examples[id(self.rm)]))}
         groups = trainable_groups(self.critic)
-        for k, (adapter, params) in enumerate(groups):
+        for k, (rm, adapter, params) in enumerate(groups):
             if adapter is not None:
-                self.rm.model.set_adapter(adapter)
+                rm.model.set_adapter(adapter)
             # an ensemble's members each learn from their own bootstrap resample, so they stay different
-            data = examples if len(groups) == 1 else [examples[i] for i in random.Random(f"{self.seed}-{step}-{k}").choices(
-                range(len(examples)), k=len(examples))]
-            out = fine_tune(self.rm.model, params, data, self.rm.tokenizer.pad_token_id, steps=self.steps,
+            data = examples[id(rm)]
+            if len(groups) > 1:
+                data = [data[i] for i in random.Random(f"{self.seed}-{step}-{k}").choices(range(len(data)), k=len(data))]
+            out = fine_tune(rm.model, params, data, rm.tokenizer.pad_token_id, steps=self.steps,
                             batch_size=self.batch_size, learning_rate=self.learning_rate, seed=self.seed + step + k)
             for key, v in out.items():  # the members' mean
                 results[key] = results.get(key, 0.0) + v / len(groups)
         return results
 
-    def _encode(self, record: Mapping[str, Any]) -> dict[str, list[int]] | None:
-        enc = encode_example(self.rm.tokenizer, str(record["prompt"]), str(record["response"]), record_feedback(dict(record)),
-                             max_length=self.max_length, instruction=self.rm.instruction, prompt_format=self.rm.prompt_format)
-        return None if enc is None else enc.as_dict()
+    def _encode_all(self, rm: GenerativeRewardModel, records: Sequence[Mapping[str, Any]], step: int) -> list[dict[str, list[int]]]:
+        """``records`` as ``rm``'s training examples (its tokenizer, instruction and prompt format); those longer than
+        what it reads (its input bound) plus what it writes (its generation bound) are left out, with a warning."""
+        max_length = (rm.max_input_length or 1024) + rm.max_new_tokens
+        encoded = [encode_example(rm.tokenizer, str(r["prompt"]), str(r["response"]), record_feedback(dict(r)),
+                                  max_length=max_length, instruction=rm.instruction, prompt_format=rm.prompt_format)
+                   for r in records]
+        examples = [e.as_dict() for e in encoded if e is not None]
+        if len(examples) < len(encoded):
+            logger.warning("refresh at iteration %d: %d of %d records do not fit in %d tokens (the reward model's "
+                           "max_input_length + max_new_tokens) and are left out", step, len(encoded) - len(examples),
+                           len(encoded), max_length)
+        return examples
 
     # ---- weights: every process the same, saved and restored -------------------------------------------
     def _refreshed_parameters(self) -> dict[str, torch.nn.Parameter]:
-        trained = {id(p) for _, params in trainable_groups(self.critic) for p in params}
-        return {n: p for n, p in self.rm.model.named_parameters() if id(p) in trained}
+        """The trained parameters by name; each separate model's names get a ``member-<k>.`` prefix."""
+        trained = {id(p) for _, _, params in trainable_groups(self.critic) for p in params}
+        several = len(self.reward_models) > 1
+        return {(f"member-{k}." if several else "") + n: p for k, rm in enumerate(self.reward_models)
+                for n, p in rm.model.named_parameters() if id(p) in trained}
 
     def _share_weights(self, accelerator) -> None:
         if accelerator.num_processes == 1:

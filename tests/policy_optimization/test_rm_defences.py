@@ -139,6 +139,27 @@ def test_a_resumed_run_continues_with_the_refreshed_reward_model(make_trainer, b
     assert (run / REFRESH_DIR / "step-3" / "annotations.jsonl").is_file()
 
 
+@pytest.mark.slow
+def test_refresh_fine_tunes_every_member_of_an_ensemble_of_separate_reward_models(make_trainer, bpe_tokenizer, tmp_path):
+    """Members trained without LoRA load as separate models (an `EnsembleCritic`): each is fine-tuned on its own
+    bootstrap resample, and each one's weights are saved under its own name and restored on resume."""
+    members = [_reward_model(bpe_tokenizer), _reward_model(bpe_tokenizer)]  # the same start (seed 3)
+    start = [{n: p.detach().clone() for n, p in m.model.named_parameters()} for m in members]
+    run = tmp_path / "run"
+    options = dict(REFRESH, rm_refresh_steps=2, rm_refresh_every=1, ensemble_aggregation="vote", output_dir=run,
+                   save_steps=1, save_total_limit=None)
+    make_trainer(EnsembleCritic(members), num_iterations=1, **options).train()
+    for k, member in enumerate(members):
+        assert any(not torch.equal(p, start[k][n]) for n, p in member.model.named_parameters()), f"member {k} unchanged"
+    assert any(not torch.equal(p, q) for p, q in zip(members[0].model.parameters(), members[1].model.parameters()))
+    saved = load_file(str(run / REFRESH_DIR / "step-1" / WEIGHTS_FILE))
+    assert set(saved) == {f"member-{k}.{n}" for k in (0, 1) for n, _ in members[0].model.named_parameters()}
+    fresh = [_reward_model(bpe_tokenizer), _reward_model(bpe_tokenizer)]
+    resumed = make_trainer(EnsembleCritic(fresh), num_iterations=2, resume="auto", **options)
+    resumed.start_run()
+    assert all(torch.equal(p, saved[f"member-{k}.{n}"]) for k, m in enumerate(fresh) for n, p in m.model.named_parameters())
+
+
 def test_pick_rollouts_is_seeded_and_skips_empty_responses():
     responses = ["a", "", "b c", "d", "e f g", "  "]
     assert pick_rollouts(responses, None, 0, 1) == [0, 2, 3, 4]
