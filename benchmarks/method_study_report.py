@@ -836,6 +836,10 @@ DEFENCE_CONTROLS = (
      "its equal-annotation control (Text2Grad + offline_matched)"),
     ("text2grad+ensemble", "text2grad", "ensemble_vs_single",
      "Text2Grad with one reward model trained on the same annotations"),
+    ("text2grad+ensemble_refresh", "text2grad+ensemble", "combination_vs_ensemble",
+     "Text2Grad with the same ensemble, never refreshed"),
+    ("text2grad+ensemble_refresh", "text2grad+refresh", "combination_vs_refresh",
+     "Text2Grad with the same refresh of one reward model"),
 )
 
 

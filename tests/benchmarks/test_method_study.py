@@ -724,6 +724,16 @@ def test_each_defence_is_compared_with_the_run_that_differs_only_by_it_seed_by_s
     assert lines == ["Text2Grad + ensemble against Text2Grad with one reward model trained on the same annotations, "
                      "at the end:", "Task instance 0: paired difference -0.100 (95 % interval [-0.348, +0.148]; ahead "
                      "on 0 of 3; exact two-sided sign test p = 0.5)."]  # the tie is dropped: 2 of 2 behind
+    # the combination against each defence alone: the same ensemble never refreshed, the same refresh of one model
+    studies[0]["final"]["learned/text2grad+ensemble_refresh"] = run("text2grad+ensemble_refresh", [0.4, 0.2, 0.6])
+    by_control = {}
+    for defended, control, key, what in msr.DEFENCE_CONTROLS[2:]:
+        assert defended == "text2grad+ensemble_refresh"
+        lines, numbers = msr.control_lines(studies, "learned", defended, control, what)
+        by_control[control] = numbers["instances"][0]["diffs"]
+        assert lines[0] == f"Text2Grad + ensemble_refresh against {what}, at the end:"
+    assert by_control["text2grad+ensemble"] == pytest.approx([0.3, 0.0, 0.3])
+    assert by_control["text2grad+refresh"] == pytest.approx([-0.1, -0.2, 0.3])
 
 
 # ------------------------------------------------------------------------------------------------
