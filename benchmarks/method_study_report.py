@@ -167,13 +167,14 @@ GOAL_SHARE = 0.8  # the study's bar: Text2Grad ahead at the end on >= 4 of 5 see
 
 def final_spread(summary: Mapping[str, Any], arm: str) -> tuple[float, float, float] | None:
     """(lowest, highest) mean final test score among the methods that read ``arm``'s critic (scalar_bt reads none),
-    and the widest 95 % half-width among them; None with fewer than two such methods."""
+    and the widest 95 % half-width among them; None with fewer than two such methods, or where one has no interval
+    (a single seed measures no seed noise to compare the range with)."""
     rows = [r for k, r in summary.items() if k.startswith(arm + "/") and r["method"] not in CRITIC_FREE]
-    if len(rows) < 2:
+    widths = [r["final_mean_ci"][1] for r in rows]
+    if len(rows) < 2 or any(math.isnan(w) for w in widths):
         return None
     means = [r["final_mean_ci"][0] for r in rows]
-    widths = [r["final_mean_ci"][1] for r in rows if r["final_mean_ci"][1] == r["final_mean_ci"][1]]
-    return min(means), max(means), max(widths, default=0.0)
+    return min(means), max(means), max(widths)
 
 
 FLAT = 0.02  # a mean test curve that moves more than this over its last evaluation interval has not flattened
@@ -365,6 +366,24 @@ def settings_from_sentence(origin: Mapping[str, Any]) -> str:
             + (f"; the base setting for {', '.join(base)}" if base else "") + ".")
 
 
+def missing_runs_lines(study: Mapping[str, Any]) -> list[str]:
+    """A sentence naming the requested final runs (``requested_final``: key -> seeds) that have not finished, so that a
+    report of a study still running says its numbers are over the finished seeds only; nothing when all have."""
+    requested, summ = study.get("requested_final", {}), study.get("final", {})
+    missing, total, left_total = [], 0, 0
+    for key, seeds in requested.items():
+        done = {str(s) for s in summ.get(key, {}).get("final", {})}
+        left = [str(s) for s in seeds if str(s) not in done]
+        total, left_total = total + len(seeds), left_total + len(left)
+        if left:
+            arm, method = key.split("/")
+            missing.append(f"{method_label(method)} ({arm} arm) seed{'s' if len(left) > 1 else ''} {', '.join(left)}")
+    if not missing:
+        return []
+    return [f"Partial: {total - left_total} of the {total} requested final runs have finished, so every number below is "
+            f"over the finished seeds only. Not run yet: {'; '.join(missing)}."]
+
+
 def markdown(study: Mapping[str, Any]) -> str:
     summ, sft = study["final"], study["sft"].get("test", {}).get("fact_score", float("nan"))
     knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
@@ -373,7 +392,8 @@ def markdown(study: Mapping[str, Any]) -> str:
              f"{cfg['iterations']} iterations x "
              f"{study['config']['batch_size']} rollouts; mean ± 95 % interval over seeds. SFT start: {sft:.3f}. "
              + (settings_from_sentence(study["settings_from"]) if study.get("settings_from") else
-                f"Settings chosen on validation over: {', '.join(knobs) if knobs else 'nothing (base setting)'}."), "",
+                f"Settings chosen on validation over: {', '.join(knobs) if knobs else 'nothing (base setting)'}."),
+             *missing_runs_lines(study), "",
              "| arm | method | chosen setting (validation) | final | early-stopped (iteration chosen) | KL at end | "
              "poor-first / good token shift (true labels) | rollouts to best scalar's final |",
              "|---|---|---|---:|---:|---:|---:|---|"]

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -162,6 +163,12 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
     return (what, result, conditions(study), command(study)), "; ".join(heads)
 
 
+def _mean_pm(mean_ci: Sequence[float]) -> str:
+    """'0.613 ± 0.169', or '0.780' where one seed gives no interval."""
+    mean, half = mean_ci
+    return f"{mean:.3f}" if math.isnan(half) else f"{mean:.3f} ± {half:.3f}"
+
+
 def study_rows(folder: Path) -> tuple[Row, str]:
     """The README row and the index headline of one study."""
     study = json.loads((folder / "study.json").read_text())
@@ -170,13 +177,19 @@ def study_rows(folder: Path) -> tuple[Row, str]:
     identity = study.get("identity", {})
     arms = [a for a in (study_arm(study, arm) for arm in ("oracle", "learned")) if a]
     seeds = max((len(r["seeds"]) for r in study["final"].values()), default=0)
+    requested = study.get("requested_final", {})
+    done = sum(len(set(map(str, seeds_)) & set(map(str, study["final"].get(k, {}).get("final", {}))))
+               for k, seeds_ in requested.items())
+    wanted = sum(len(v) for v in requested.values())
+    partial = f"; partial: {done} of {wanted} requested runs finished" if done < wanted else ""
+    how = "settings from an earlier sweep" if study.get("settings_from") else "each method at its setting chosen on validation"
     what = (f"method study `{folder.name}` (preset {identity.get('preset', '?')}, {identity.get('iterations', '?')} PPO "
-            f"iterations, {seeds} seeds; each method at its setting chosen on validation)")
+            f"iterations, {seeds} seed{'s' if seeds != 1 else ''}{partial}; {how})")
     start = study.get("sft", {}).get("test", {}).get("fact_score")
     parts = []
     for a in arms:
-        text = (f"{a['arm']} critic: Text2Grad {a['t2g'][0]:.3f} ± {a['t2g'][1]:.3f}, best baseline ({a['base_name']}) "
-                f"{a['base'][0]:.3f} ± {a['base'][1]:.3f}; ahead on {a['ahead']} of {a['seeds']} seeds")
+        text = (f"{a['arm']} critic: Text2Grad {_mean_pm(a['t2g'])}, best baseline ({a['base_name']}) "
+                f"{_mean_pm(a['base'])}; ahead on {a['ahead']} of {a['seeds']} seed{'s' if a['seeds'] != 1 else ''}")
         if a["early"]:
             text += f" (early-stopped: {a['early'][0]:.3f} vs {a['early'][1]:.3f})"
         parts.append(text)

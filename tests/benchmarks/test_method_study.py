@@ -86,6 +86,8 @@ def test_summary_and_sentences_follow_the_numbers():
     # finals 0.5 / 0.367 (scalar_bt, 0.2, reads no critic and is left out): range 0.133 against half-width 0.248
     lo, hi, widest = msr.final_spread(summ, "oracle")
     assert (lo, hi) == (pytest.approx(0.3667, abs=1e-4), pytest.approx(0.5)) and widest == pytest.approx(0.248, abs=1e-3)
+    one_seed = {k: {**r, "final_mean_ci": (r["final_mean_ci"][0], float("nan"))} for k, r in summ.items()}
+    assert msr.final_spread(one_seed, "oracle") is None  # one seed each: no seed noise to compare the range with
     assert lines[2] == ("The methods that read the oracle arm's critic end between 0.367 and 0.500 (a range of 0.133), "
                         "less than the widest 95 % interval half-width among them (0.248): by these unpaired intervals "
                         "they cannot be told apart at the end of training (the paired comparison above is the sharper "
@@ -795,3 +797,17 @@ def test_a_partial_run_whose_checkpoint_is_gone_starts_over(tmp_path, capsys):
     (tmp_path / "ppo" / "checkpoint-6" / "trainer_state.json").write_text("{}")
     assert ms.read_partial(tmp_path)["seconds"] == 1.0
     assert ms.read_partial(tmp_path / "elsewhere") is None  # no partial file: a fresh run
+
+
+def test_a_report_of_a_study_still_running_names_the_runs_not_finished():
+    study = {"requested_final": {"oracle/text2grad": [0, 1, 2], "oracle/scalar_sum": [0, 1, 2], "oracle/scalar_task": [0, 1, 2]},
+             "final": {"oracle/text2grad": {"final": {"0": 0.78}}, "oracle/scalar_sum": {"final": {"0": 0.55, "2": 0.5}}}}
+    [line] = msr.missing_runs_lines(study)
+    assert line.startswith("Partial: 3 of the 9 requested final runs have finished, so every number below is over the "
+                           "finished seeds only.")
+    assert line.endswith(f"Not run yet: {msr.method_label('text2grad')} (oracle arm) seeds 1, 2; "
+                         f"{msr.method_label('scalar_sum')} (oracle arm) seed 1; "
+                         f"{msr.method_label('scalar_task')} (oracle arm) seeds 0, 1, 2.")
+    study["requested_final"] = {"oracle/text2grad": [0]}
+    assert msr.missing_runs_lines(study) == []  # all finished: nothing to say
+    assert msr.missing_runs_lines({"final": {}}) == []  # a study stored before requests were recorded

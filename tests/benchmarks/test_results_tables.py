@@ -57,6 +57,24 @@ def test_a_new_study_folder_gets_rows_without_touching_the_script(tmp_path, monk
     assert "`zz_new_study`: oracle: Text2Grad 0.000 vs scalar PPO 0.503, ahead on 0/3 seeds at the end" in tables["index"]
 
 
+def test_a_study_still_running_says_how_many_of_its_runs_have_finished(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    results.mkdir()
+    study = json.loads((ROOT / "benchmarks" / "results" / "method_study_smollm2" / "study.json").read_text())
+    for row in study["final"].values():  # one seed each: no interval
+        row["final"], row["seeds"] = {"0": row["final"]["0"]}, [0]
+        row["final_mean_ci"] = [row["final"]["0"], float("nan")]
+    study["requested_final"] = {key: [0, 1, 2] for key in study["final"]}
+    (results / "zz_running").mkdir()
+    (results / "zz_running" / "study.json").write_text(json.dumps(study))
+    monkeypatch.setattr(rt, "RESULTS", results)
+    row = next(line for line in rt.tables()["readme"].splitlines() if "`zz_running`" in line)
+    n = len(study["final"])
+    assert f"1 seed; partial: {n} of {3 * n} requested runs finished" in row
+    assert "nan" not in row and "± " not in row.split("from an SFT start")[1]
+    assert "ahead on " in row and " of 1 seed " in row
+
+
 def test_every_benchmark_script_is_in_the_index_and_every_result_file_is_read():
     # helpers of other scripts: result files, these tables, and the method study's report (its own index row)
     helpers = {"result_file.py", "results_tables.py", "method_study_report.py"}
