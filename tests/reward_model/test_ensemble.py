@@ -98,15 +98,16 @@ def test_a_missing_ensemble_is_a_clear_error(tmp_path):
 def test_a_refresh_trains_each_members_adapter_and_nothing_else(lora_ensemble):
     ensemble = RewardModelEnsemble.from_critic_kwargs(path=str(lora_ensemble), max_new_tokens=4, dtype="fp32")
     groups = trainable_groups(ensemble)
-    assert [name for name, _ in groups] == ["member-0", "member-1"]
-    ids = [{id(p) for p in params} for _, params in groups]
+    assert [name for _, name, _ in groups] == ["member-0", "member-1"]
+    assert all(rm is ensemble.reward_model for rm, _, _ in groups)  # the members share one model
+    ids = [{id(p) for p in params} for _, _, params in groups]
     assert ids[0] and ids[1] and not ids[0] & ids[1]
     model, tok = ensemble.model, ensemble.reward_model.tokenizer
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     examples = [encode_example(tok, r["prompt"], r["response"], Feedback.from_dict(r), max_length=256,
                                instruction=ensemble.reward_model.instruction).as_dict() for r in RECORDS]
     model.set_adapter("member-1")
-    losses = fine_tune(model, groups[1][1], examples, tok.pad_token_id, steps=2, batch_size=2, learning_rate=1e-2, seed=0)
+    losses = fine_tune(model, groups[1][2], examples, tok.pad_token_id, steps=2, batch_size=2, learning_rate=1e-2, seed=0)
     assert set(losses) == {"loss_first", "loss_last"}
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all(".member-1." in n and "lora_" in n for n in changed)  # the shared base is untouched
