@@ -182,7 +182,8 @@ def study_rows(folder: Path) -> tuple[Row, str]:
                for k, seeds_ in requested.items())
     wanted = sum(len(v) for v in requested.values())
     partial = f"; partial: {done} of {wanted} requested runs finished" if done < wanted else ""
-    how = "settings from an earlier sweep" if study.get("settings_from") else "each method at its setting chosen on validation"
+    how = ("settings from an earlier sweep" if study.get("settings_from")
+           else "each method at its setting chosen on validation")
     what = (f"method study `{folder.name}` (preset {identity.get('preset', '?')}, {identity.get('iterations', '?')} PPO "
             f"iterations, {seeds} seed{'s' if seeds != 1 else ''}{partial}; {how})")
     start = study.get("sft", {}).get("test", {}).get("fact_score")

@@ -15,9 +15,9 @@ With ``rm_refresh_every N`` (`PPOConfig`), after every N-th iteration:
    ``rm_refresh/agreement_*`` logs how well the reward model's own feedback on those same rollouts (the
    feedback PPO just trained on) agreed with the annotator's, before the refresh;
 3. the main process fine-tunes the reward model (its LoRA adapter, every member's adapter of an ensemble, every
-   member of an ensemble of separate models, or all weights of a model without LoRA) for ``rm_refresh_steps`` steps on the new annotations plus
-   ``rm_refresh_replay_ratio`` times as many replayed earlier ones (``rm_refresh_replay`` files and every
-   earlier refresh's annotations), then sends the new weights to every process;
+   member of an ensemble of separate models, or all weights of a model without LoRA) for ``rm_refresh_steps``
+   steps on the new annotations plus ``rm_refresh_replay_ratio`` times as many replayed earlier ones
+   (``rm_refresh_replay`` files and every earlier refresh's annotations), then sends the new weights to every process;
 4. ``<output_dir>/rm_refresh/step-<N>/`` receives the annotations (``annotations.jsonl``, reward-model training
    records) and the refreshed weights; a resumed run reloads the newest refresh at or before its checkpoint.
 
@@ -239,7 +239,8 @@ class RewardModelRefresh:
                 results[key] = results.get(key, 0.0) + v / len(groups)
         return results
 
-    def _encode_all(self, rm: GenerativeRewardModel, records: Sequence[Mapping[str, Any]], step: int) -> list[dict[str, list[int]]]:
+    def _encode_all(self, rm: GenerativeRewardModel, records: Sequence[Mapping[str, Any]],
+                    step: int) -> list[dict[str, list[int]]]:
         """``records`` as ``rm``'s training examples (its tokenizer, instruction and prompt format); those longer than
         what it reads (its input bound) plus what it writes (its generation bound) are left out, with a warning."""
         max_length = (rm.max_input_length or 1024) + rm.max_new_tokens
