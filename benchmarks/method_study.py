@@ -111,7 +111,8 @@ from text2grad.core.spans import decode_with_offsets, feedback_token_labels  # n
 
 from benchmarks.method_study_report import (  # noqa: E402
     ARMS, CRITIC_FREE, DEFENCE_CONTROLS, KL_COEFS, KL_MATCHED_AGAINST, LABELS, LAMBDAS, METHODS, REWARD_MODE,
-    SCALAR_METHODS, Setting, choose, control_lines, end_score, early_stopped, frontier_plot, kl_matched_lines,
+    SCALAR_METHODS, Setting, choose, control_lines, edge_lines, end_score, early_stopped, frontier_plot, grid_position,
+    kl_matched_lines,
     kl_on_validation_lines, markdown, mean_ci95, method_label, paper_comparison, plot, pooled_lines, pooled_markdown,
     summarize_ablations, summarize_final, summarize_frontier,
 )
@@ -507,13 +508,6 @@ def extend_grid(tried: Sequence[float], best: float, factor: float, lo: float = 
         return None
     nxt = best * factor if best == max(tried) else best / factor
     return nxt if lo < nxt < hi else None
-
-
-def grid_position(tried: Sequence[float], chosen: float) -> str:
-    """"interior", "lowest" or "highest" of the tried values ("only" when a single value was tried)."""
-    if len(set(tried)) < 2:
-        return "only"
-    return "lowest" if chosen == min(tried) else "highest" if chosen == max(tried) else "interior"
 
 
 def sweep(ctx: StudyContext, keys, base: Setting, lrs: Sequence[float], seed: int, jobs: int,
@@ -942,7 +936,9 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
         table = json.loads(Path(args.settings_from).read_text()).get("sweep", {})
         rows = inherited_settings(table, keys)
         chosen = {(a, m): Setting(**table[row]["chosen"]) if (row := rows[f"{a}/{m}"]) else base for a, m in keys}
-        study["settings_from"] = {"study": args.settings_from, "rows": rows}
+        used = {row: table[row] for row in dict.fromkeys(rows.values()) if row}
+        # the report says where each inherited choice sat in the grid it was chosen from
+        study["settings_from"] = {"study": args.settings_from, "rows": rows, "edge_lines": edge_lines(used)}
     finals = [RunSpec(a, m, chosen[(a, m)], s, "final") for a, m in keys for s in args.seeds]
     if "final" in args.phases:
         run_all(ctx, finals, args.jobs)

@@ -361,9 +361,13 @@ def settings_from_sentence(origin: Mapping[str, Any]) -> str:
     rows = origin["rows"]
     borrowed = [f"{k} from {v}" for k, v in rows.items() if v is not None and v != k]
     base = [k for k, v in rows.items() if v is None]
+    edges = origin.get("edge_lines")
     return (f"No sweep on this instance: settings from the sweep of {origin['study']}"
             + (f" ({'; '.join(borrowed)})" if borrowed else "")
-            + (f"; the base setting for {', '.join(base)}" if base else "") + ".")
+            + (f"; the base setting for {', '.join(base)}" if base else "") + "."
+            + (" Of the rows taken there: " + " ".join(edges) if edges else
+               " Every chosen value taken from there is interior to the values it was chosen from." if edges == []
+               else ""))
 
 
 def missing_runs_lines(study: Mapping[str, Any]) -> list[str]:
@@ -574,11 +578,34 @@ def best_scalar(summary: Mapping[str, Any], arm: str) -> str | None:
     return max(keys, key=lambda k: summary[k]["final_mean_ci"][0], default=None)
 
 
+def grid_position(tried: Sequence[float], chosen: float) -> str:
+    """"interior", "lowest" or "highest" of the tried values ("only" when a single value was tried)."""
+    if len(set(tried)) < 2:
+        return "only"
+    return "lowest" if chosen == min(tried) else "highest" if chosen == max(tried) else "interior"
+
+
+def sweep_edges(row: Mapping[str, Any]) -> dict[str, str]:
+    """Where a sweep row's chosen values sit among those tried (`grid_position` per knob): the row's stored ``edges``,
+    or, for a row stored before they were (no ``edges``), derived from its tried settings: lambda over every setting
+    tried, the learning rate over those of the coordinate search's lr stage (the chosen lambda, the fixed KL
+    coefficient of the base setting)."""
+    if "edges" in row:
+        return dict(row["edges"])
+    chosen, tried = row["chosen"], [t["setting"] for t in row.get("tried", [])]
+    if not tried:
+        return {}
+    knobs = row.get("knobs", ["lambda", "lr"])
+    lr_stage = {s["lr"] for s in tried if s["lam"] == chosen["lam"] and s["kl"] == "fixed" and s.get("kl_coef") is None}
+    return {**({"lambda": grid_position(sorted({s["lam"] for s in tried}), chosen["lam"])} if "lambda" in knobs else {}),
+            **({"lr": grid_position(sorted(lr_stage), chosen["lr"])} if "lr" in knobs and lr_stage else {})}
+
+
 def edge_lines(sweep_table: Mapping[str, Any]) -> list[str]:
     """One sentence per (arm, method) whose chosen value of a swept knob sits at an edge of the values tried."""
     lines = []
     for key, row in sweep_table.items():
-        edges = {k: v for k, v in row.get("edges", {}).items() if v in ("lowest", "highest")}
+        edges = {k: v for k, v in sweep_edges(row).items() if v in ("lowest", "highest")}
         if edges:
             why = {"lambda": " (lambda's range is [0, 1]: its edges cannot be passed)"}
             lines.append(f"{key}: the chosen " + ", ".join(f"{k} is the {v} value tried{why.get(k, '')}"
@@ -958,6 +985,9 @@ def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[st
     if any(row.get("tried") for st in studies.values() for row in st.get("sweep", {}).values()):  # a sweep ran
         lines += ["", "Grid edges: " + (" ".join(edges) if edges else "every chosen learning rate and fixed KL "
                                         "coefficient is interior to the values tried.")]
+    if first.get("settings_from", {}).get("edge_lines"):
+        lines += ["", f"Grid edges of the settings taken from {first['settings_from']['study']}: "
+                  + " ".join(first["settings_from"]["edge_lines"])]
     lines += ["", "Plots: [curves per instance](task_seed{0}/curves.png), [final score vs final KL](frontier.png)."
               .replace("{0}", str(next(iter(studies))))]
     return "\n".join(lines)

@@ -202,7 +202,7 @@ def test_grid_helpers():
     assert ms.extend_grid([1e-4, 3e-4], 1e-4, 3.0) == pytest.approx(1e-4 / 3)
     assert ms.extend_grid([1e-4, 2e-4, 3e-4], 2e-4, 3.0) is None  # interior
     assert ms.extend_grid([0.3, 1.0], 1.0, 3.0, hi=2.0) is None  # the step would leave the allowed range
-    assert ms.grid_position([0.0, 0.95, 1.0], 1.0) == "highest" and ms.grid_position([0.5], 0.5) == "only"
+    assert msr.grid_position([0.0, 0.95, 1.0], 1.0) == "highest" and msr.grid_position([0.5], 0.5) == "only"
 
 
 def test_methods_read_the_right_reward_and_critic_free_methods_run_under_one_arm():
@@ -558,6 +558,34 @@ def test_settings_from_another_study_are_each_methods_own_else_its_methods_else_
     assert "learned/scalar_sum from learned/scalar_collapsed" in sentence
     assert "learned/text2grad from" not in sentence  # its own row is not a borrowing
     assert sentence.endswith("the base setting for learned/scalar_bt.")
+
+
+def test_a_sweep_row_stored_without_edges_gets_them_from_its_tried_settings():
+    """The first sweep's rows (stored before `edges` were): learned Text2Grad's lr stage tried 1e-4, 3e-5 and 3e-4
+    at lambda 0 with the fixed coefficient and chose 3e-5, then the adaptive controller at 3e-5 (not an lr-stage
+    setting); scalar_collapsed chose 1e-4 between 3e-5 and 3e-4."""
+    def tried(*settings):
+        return [{"setting": {"lr": lr, "kl": kl, "lam": lam}, "val_end": 0.0} for lr, kl, lam in settings]
+
+    table = {
+        "learned/text2grad": {"chosen": {"lr": 3e-5, "kl": "adaptive", "lam": 0.0}, "knobs": ["lambda", "lr", "kl"],
+                              "tried": tried((1e-4, "fixed", 0.95), (1e-4, "fixed", 0.0), (1e-4, "fixed", 1.0),
+                                             (3e-5, "fixed", 0.0), (3e-4, "fixed", 0.0), (3e-5, "adaptive", 0.0))},
+        "oracle/scalar_collapsed": {"chosen": {"lr": 1e-4, "kl": "fixed", "lam": 0.95}, "knobs": ["lambda", "lr", "kl"],
+                                    "tried": tried((1e-4, "fixed", 0.95), (1e-4, "fixed", 0.0), (1e-4, "fixed", 1.0),
+                                                   (3e-5, "fixed", 0.95), (3e-4, "fixed", 0.95))},
+    }
+    assert msr.sweep_edges(table["learned/text2grad"]) == {"lambda": "lowest", "lr": "lowest"}
+    assert msr.sweep_edges(table["oracle/scalar_collapsed"]) == {"lambda": "interior", "lr": "interior"}
+    assert msr.sweep_edges({**table["oracle/scalar_collapsed"], "edges": {"lr": "highest"}}) == {"lr": "highest"}
+    lines = msr.edge_lines(table)
+    assert lines == ["learned/text2grad: the chosen lambda is the lowest value tried (lambda's range is [0, 1]: its "
+                     "edges cannot be passed), lr is the lowest value tried, so that choice sits at a grid edge."]
+    rows = {"learned/text2grad": "learned/text2grad", "learned/scalar_sum": "learned/scalar_collapsed"}
+    sentence = msr.settings_from_sentence({"study": "old/study.json", "rows": rows, "edge_lines": lines})
+    assert sentence.endswith("Of the rows taken there: " + lines[0])
+    interior = msr.settings_from_sentence({"study": "old/study.json", "rows": rows, "edge_lines": []})
+    assert interior.endswith("Every chosen value taken from there is interior to the values it was chosen from.")
 
 
 def test_a_pooled_study_gets_one_results_row_per_instance_and_the_pooled_difference(tmp_path):
