@@ -169,11 +169,34 @@ def _mean_pm(mean_ci: Sequence[float]) -> str:
     return f"{mean:.3f}" if math.isnan(half) else f"{mean:.3f} ± {half:.3f}"
 
 
+def _setting_label(setting: Mapping[str, Any]) -> str:
+    kl = "KL adaptive" if setting["kl"] == "adaptive" else (
+        f"KL fixed {setting['kl_coef']:g}" if setting.get("kl_coef") is not None else "KL fixed")
+    return f"lr {setting['lr']:.3g}, {kl}, lambda {setting['lam']:g}"
+
+
+def sweep_study_rows(study: dict[str, Any]) -> tuple[Row, str]:
+    """The README row and the index headline of a study that only swept (no final runs): per (arm, method) the
+    setting chosen on validation and the validation score of every setting tried, in learning-rate order."""
+    identity = study.get("identity", {})
+    what = (f"method study sweep (preset {identity.get('preset', '?')}, task instance {identity.get('task_seed', '?')}, "
+            f"{identity.get('iterations', '?')} PPO iterations, one sweep seed; no final runs)")
+    parts, heads = [], []
+    for key, row in study["sweep"].items():
+        tried = sorted(row["tried"], key=lambda t: (t["setting"]["lr"], t["setting"]["lam"]))
+        scores = ", ".join(f"{_setting_label(t['setting'])}: {t['val_end']:.3f}" for t in tried)
+        parts.append(f"{key}: chose {_setting_label(row['chosen'])} (validation, tried {scores})")
+        heads.append(f"{key} chose {_setting_label(row['chosen'])} of {len(tried)} settings tried")
+    return (what, "<br>".join(parts), conditions(study), command(study)), "; ".join(heads)
+
+
 def study_rows(folder: Path) -> tuple[Row, str]:
     """The README row and the index headline of one study."""
     study = json.loads((folder / "study.json").read_text())
     if "pooled" in study:
         return pooled_study_rows(folder, study)
+    if not study.get("final") and study.get("sweep"):
+        return sweep_study_rows(study)
     identity = study.get("identity", {})
     arms = [a for a in (study_arm(study, arm) for arm in ("oracle", "learned")) if a]
     seeds = max((len(r["seeds"]) for r in study["final"].values()), default=0)
@@ -310,8 +333,9 @@ RESULT_FILES: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[Row, str]]]]
 }
 
 # Studies whose headline is in the benchmark index but not in README.md's table: the oracle arm at twice the budget
-# (both of its methods ended within 0.01 of their method_study figures).
-INDEX_ONLY_STUDIES = {"method_study_long"}
+# (both of its methods ended within 0.01 of their method_study figures), and the learning-rate grid's extension (a
+# sweep only; the study that runs its settings has the row).
+INDEX_ONLY_STUDIES = {"method_study_long", "method_study_lr_edge"}
 
 # Result files whose headline is in the benchmark index but not in README.md's table (which has a line budget).
 INDEX_ONLY = {"vllm_generation/vllm_generation.json", "ppo_token_level_overhead/ppo_token_level_overhead-h200.json",

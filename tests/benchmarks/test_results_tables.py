@@ -75,6 +75,25 @@ def test_a_study_still_running_says_how_many_of_its_runs_have_finished(tmp_path,
     assert "ahead on " in row and " of 1 seed " in row
 
 
+def test_a_study_that_only_swept_gets_its_choices_and_validation_scores(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    results.mkdir()
+    tried = [{"setting": {"lr": lr, "kl": "fixed", "lam": 0.0, "kl_coef": None}, "val_end": v}
+             for lr, v in ((3e-5, 0.183), (1e-5, 0.267), (1e-4, 0.0))]
+    study = {"identity": {"preset": "default", "task_seed": 0, "iterations": 90}, "final": {}, "date": "2031-01-02",
+             "cpu": "Some CPU", "command": "python benchmarks/method_study.py --phases sweep",
+             "sweep": {"learned/text2grad": {"chosen": tried[1]["setting"], "tried": tried, "knobs": ["lr"]}}}
+    (results / "zz_sweep").mkdir()
+    (results / "zz_sweep" / "study.json").write_text(json.dumps(study))
+    monkeypatch.setattr(rt, "RESULTS", results)
+    (what, result, machine, command), headline = rt.study_rows(results / "zz_sweep")
+    assert what.startswith("method study sweep (preset default, task instance 0, 90 PPO iterations")
+    assert result == ("learned/text2grad: chose lr 1e-05, KL fixed, lambda 0 (validation, tried lr 1e-05, KL fixed, "
+                      "lambda 0: 0.267, lr 3e-05, KL fixed, lambda 0: 0.183, lr 0.0001, KL fixed, lambda 0: 0.000)")
+    assert headline == "learned/text2grad chose lr 1e-05, KL fixed, lambda 0 of 3 settings tried"
+    assert machine.startswith("Some CPU; 2031-01-02") and command == "`python benchmarks/method_study.py --phases sweep`"
+
+
 def test_every_benchmark_script_is_in_the_index_and_every_result_file_is_read():
     # helpers of other scripts: result files, these tables, and the method study's report (its own index row)
     helpers = {"result_file.py", "results_tables.py", "method_study_report.py"}
