@@ -958,7 +958,9 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
                                          inherited=bool(args.settings_from))
     # a folder without the final runs (e.g. a fresh machine) keeps the summary stored in study.json
     study["final"] = summarize_final(results, keys, args.seeds, ctx.batch_size) or study.get("final", {})
-    study["requested_final"] = {f"{a}/{m}": list(args.seeds) for a, m in keys}  # what the report says is missing
+    # what the report says is missing; a study that only swept (no final phase, no final run) asked for none
+    study["requested_final"] = ({f"{a}/{m}": list(args.seeds) for a, m in keys}
+                                if "final" in args.phases or study["final"] else {})
     # a phase whose runs are not in this folder keeps the summary stored in study.json (e.g. from an earlier machine)
     study["ablations"] = summarize_ablations(results) or study.get("ablations", {})
     study["kl_frontier"] = summarize_frontier(results, ctx.kl_coef) if frontier else study.get("kl_frontier", {})

@@ -494,6 +494,24 @@ def test_a_study_resumes_and_reports_from_committed_result_files(tmp_path):
     assert not list(fresh.rglob("ppo")) and not (fresh / "task_seed0" / "shared" / "sft").exists()  # nothing trained
 
 
+def test_a_study_that_only_swept_asks_for_no_final_runs(tmp_path):
+    """A sweep-only study (no final phase, no final run) reports its sweep and names no missing final runs."""
+    base = ms.Setting(1e-4, "fixed", 0.95)
+    out = tmp_path / "sweep_only"
+    for m, val in (("text2grad", 0.3), ("scalar_sum", 0.2)):
+        spec = ms.RunSpec("learned", m, base, 100, "sweep")
+        ms._write_json(out / spec.run_id / "result.json", _result(spec, val))
+    argv = ["--output_dir", str(out), "--preset", "ci", "--arms", "learned", "--methods", "text2grad", "scalar_sum",
+            "--sweep_knobs", "lambda", "--lambdas", "0.95", "--iterations", "2", "--eval_every", "2", "--phases", "report"]
+    assert ms.main(argv) == 0
+    study = json.loads((out / "study.json").read_text())
+    assert study["requested_final"] == {} and study["final"] == {}
+    # the sweep's criterion: the mean of the last two evaluation points (0.1 at the start, 0.3 at the end)
+    assert study["sweep"]["learned/text2grad"]["tried"][0]["val_end"] == pytest.approx(0.2)
+    md = (out / "study.md").read_text()
+    assert "Partial:" not in md and "| learned/text2grad | **lr 0.0001, KL fixed, lambda 0.95: 0.200** |" in md
+
+
 def test_the_table10_reasons_follow_what_the_study_swept():
     fixed = ms.PPOConfig(model_name_or_path="m", dataset_path="d.jsonl", output_dir="o", kl_coef=0.05, adaptive_kl=False)
     rows = {r["field"]: r for r in msr.paper_comparison(fixed, knobs=("lambda", "lr"))}
