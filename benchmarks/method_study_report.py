@@ -607,7 +607,8 @@ def edge_lines(sweep_table: Mapping[str, Any]) -> list[str]:
     for key, row in sweep_table.items():
         edges = {k: v for k, v in sweep_edges(row).items() if v in ("lowest", "highest")}
         if edges:
-            why = {"lambda": " (lambda's range is [0, 1]: its edges cannot be passed)"}
+            at_range_edge = row.get("chosen", {}).get("lam") in (0.0, 1.0)  # else a lambda beyond it could be tried
+            why = {"lambda": " (lambda's range is [0, 1]: its edges cannot be passed)"} if at_range_edge else {}
             lines.append(f"{key}: the chosen " + ", ".join(f"{k} is the {v} value tried{why.get(k, '')}"
                                                           for k, v in edges.items())
                          + ", so that choice sits at a grid edge.")

@@ -595,6 +595,11 @@ def test_a_sweep_row_stored_without_edges_gets_them_from_its_tried_settings():
     }
     assert msr.sweep_edges(table["learned/text2grad"]) == {"lambda": "lowest", "lr": "lowest"}
     assert msr.sweep_edges(table["oracle/scalar_collapsed"]) == {"lambda": "interior", "lr": "interior"}
+    # 0.95 chosen of {0, 0.95}: an edge of the grid, not of lambda's range, so 1.0 could still be tried
+    two_lambdas = {"chosen": {"lr": 1e-4, "kl": "fixed", "lam": 0.95}, "knobs": ["lambda"],
+                   "tried": tried((1e-4, "fixed", 0.95), (1e-4, "fixed", 0.0))}
+    assert msr.edge_lines({"oracle/x": two_lambdas}) == ["oracle/x: the chosen lambda is the highest value tried, so "
+                                                        "that choice sits at a grid edge."]
     assert msr.sweep_edges({**table["oracle/scalar_collapsed"], "edges": {"lr": "highest"}}) == {"lr": "highest"}
     lines = msr.edge_lines(table)
     assert lines == ["learned/text2grad: the chosen lambda is the lowest value tried (lambda's range is [0, 1]: its "
