@@ -170,6 +170,8 @@ def _mean_pm(mean_ci: Sequence[float]) -> str:
 
 
 def _setting_label(setting: Mapping[str, Any]) -> str:
+    """A stored sweep setting as the study's `Setting.label` writes it; read from JSON here, because importing the
+    report module would import torch into a script that only formats tables."""
     kl = "KL adaptive" if setting["kl"] == "adaptive" else (
         f"KL fixed {setting['kl_coef']:g}" if setting.get("kl_coef") is not None else "KL fixed")
     return f"lr {setting['lr']:.3g}, {kl}, lambda {setting['lam']:g}"
