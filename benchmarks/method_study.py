@@ -84,6 +84,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
+from multiprocessing import util as mp_util
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -108,6 +109,7 @@ from text2grad.core.data import iter_jsonl, write_jsonl  # noqa: E402
 from text2grad.core.generation import generate  # noqa: E402
 from text2grad.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 from text2grad.core.spans import decode_with_offsets, feedback_token_labels  # noqa: E402
+from text2grad.core.vllm_engine import close_shared_engine  # noqa: E402
 
 from benchmarks.method_study_report import (  # noqa: E402
     ARMS, CRITIC_FREE, DEFENCE_CONTROLS, KL_COEFS, KL_MATCHED_AGAINST, LABELS, LAMBDAS, METHODS, REWARD_MODE,
@@ -432,10 +434,14 @@ def copy_results(src: Path, dst: Path, reports: bool = False) -> int:
     return copied
 
 
-def exit_with_parent(parent_pid: int) -> None:
-    """Run in each worker: on Linux, the kernel sends it SIGTERM when the study's process dies, so a killed study
+def init_run_worker(parent_pid: int) -> None:
+    """Run in each worker. On Linux, the kernel sends it SIGTERM when the study's process dies, so a killed study
     leaves no run going on that would later write its result into the folder (a resumed or renamed study would read
-    it as its own)."""
+    it as its own). And the vLLM engine its runs share (``--generation_backend vllm``: kept up for the worker's next
+    run) is stopped before the worker exits: multiprocessing joins a process's children at exit, and vLLM's
+    engine-core process runs until it is told to stop, so the worker would never exit and the study would wait on
+    it forever after its last run. A finalizer with an exit priority runs before that join."""
+    mp_util.Finalize(None, close_shared_engine, exitpriority=10)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent died before the request took effect
@@ -452,7 +458,7 @@ def run_all(ctx: StudyContext, specs: Sequence[RunSpec], jobs: int, train: bool 
     if not todo or not train:
         return done
     bar = tqdm(total=len(todo), desc=f"runs ({len(done)} already done)", unit="run")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=exit_with_parent,
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=init_run_worker,
                              initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(run_one, ctx, s): s for s in todo}
         for fut in as_completed(futures):

@@ -318,10 +318,10 @@ import os, sys, time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 sys.path.insert(0, {root!r})
-from benchmarks.method_study import exit_with_parent
+from benchmarks.method_study import init_run_worker
 
 if __name__ == "__main__":
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=exit_with_parent,
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=init_run_worker,
                              initargs=(os.getpid(),)) as pool:
         print(pool.submit(os.getpid).result(), flush=True)
         pool.submit(time.sleep, 600)
@@ -351,6 +351,50 @@ def test_a_killed_study_leaves_no_worker_running(tmp_path):
     else:
         os.kill(worker, signal.SIGKILL)
         pytest.fail("the pool's worker outlived the killed study process")
+
+
+_ENGINE_SCRIPT = """
+import multiprocessing, os, sys
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+sys.path.insert(0, {root!r})
+from benchmarks.method_study import init_run_worker
+from text2grad.core import vllm_engine
+
+
+class Engine:  # as vLLM's: a child process (its engine core) that runs until the engine is closed
+    def __init__(self):
+        fork = multiprocessing.get_context("fork")
+        self.stop = fork.Event()
+        self.core = fork.Process(target=self.stop.wait, args=(300,))  # gone in 5 minutes if the test fails
+        self.core.start()
+
+    def close(self):
+        self.stop.set()
+
+
+def run_with_an_engine():
+    vllm_engine._shared = (None, Engine())  # a run's shared engine, kept for the worker's next run
+    return os.getpid()
+
+
+if __name__ == "__main__":
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=init_run_worker,
+                             initargs=(os.getpid(),)) as pool:
+        print("ran in", pool.submit(run_with_an_engine).result(), flush=True)
+    print("study finished", flush=True)
+"""
+
+
+def test_a_worker_whose_runs_started_an_engine_still_exits(tmp_path):
+    script = tmp_path / "study.py"
+    script.write_text(_ENGINE_SCRIPT.format(root=str(ROOT)))
+    try:
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the study never finished: its worker waited on the engine's process at exit ({exc.stdout!r})")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-1] == "study finished"
 
 
 # ------------------------------------------------------------------------------------------------
