@@ -605,6 +605,15 @@ def _fixed_coef_or(default: float | None):
     return coef
 
 
+def runs_not_finished(specs: Sequence[RunSpec]) -> dict[str, dict[str, list[int]]]:
+    """The seeds of ``specs`` (runs without a result) by (arm/method) and KL setting, as the report names them."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for s in specs:
+        kl = s.setting.kl if s.setting.kl_coef is None else f"{s.setting.kl} {s.setting.kl_coef:g}"
+        out.setdefault(f"{s.arm}/{s.method}", {}).setdefault(kl, []).append(s.seed)
+    return out
+
+
 def chosen_settings(sweep_table: Mapping[str, Any], keys, base: Setting) -> dict[tuple[str, str], Setting]:
     return {(a, m): Setting(**sweep_table[f"{a}/{m}"]["chosen"]) if f"{a}/{m}" in sweep_table else base for a, m in keys}
 
@@ -970,6 +979,9 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     # a phase whose runs are not in this folder keeps the summary stored in study.json (e.g. from an earlier machine)
     study["ablations"] = summarize_ablations(results) or study.get("ablations", {})
     study["kl_frontier"] = summarize_frontier(results, ctx.kl_coef) if frontier else study.get("kl_frontier", {})
+    if frontier:  # what the report says is missing at the frontier's KL settings
+        study["frontier_requested"] = len(frontier)
+        study["frontier_not_run"] = runs_not_finished([s for s in frontier if s not in results])
     study["seconds"] = time.perf_counter() - t0
     _write_json(study_path, study)
     if study["final"]:

@@ -371,8 +371,9 @@ def settings_from_sentence(origin: Mapping[str, Any]) -> str:
 
 
 def missing_runs_lines(study: Mapping[str, Any]) -> list[str]:
-    """A sentence naming the requested final runs (``requested_final``: key -> seeds) that have not finished, so that a
-    report of a study still running says its numbers are over the finished seeds only; nothing when all have."""
+    """Sentences naming the requested final runs (``requested_final``: key -> seeds) and KL-frontier runs
+    (``frontier_not_run``: key -> KL setting -> seeds) that have not finished, so that a report of a study still
+    running says its numbers are over the finished runs only; nothing when all have."""
     requested, summ = study.get("requested_final", {}), study.get("final", {})
     missing, total, left_total = [], 0, 0
     for key, seeds in requested.items():
@@ -382,10 +383,18 @@ def missing_runs_lines(study: Mapping[str, Any]) -> list[str]:
         if left:
             arm, method = key.split("/")
             missing.append(f"{method_label(method)} ({arm} arm) seed{'s' if len(left) > 1 else ''} {', '.join(left)}")
-    if not missing:
-        return []
-    return [f"Partial: {total - left_total} of the {total} requested final runs have finished, so every number below is "
-            f"over the finished seeds only. Not run yet: {'; '.join(missing)}."]
+    lines = [f"Partial: {total - left_total} of the {total} requested final runs have finished, so every number below "
+             f"is over the finished seeds only. Not run yet: {'; '.join(missing)}."] if missing else []
+    frontier = study.get("frontier_not_run", {})
+    if frontier:
+        left = [f"{method_label(key.split('/')[1])} ({key.split('/')[0]} arm) at KL {kl}, "
+                f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+                for key, by_kl in frontier.items() for kl, seeds in by_kl.items()]
+        n_left = sum(len(seeds) for by_kl in frontier.values() for seeds in by_kl.values())
+        lines.append(f"Of the {study.get('frontier_requested', n_left)} requested runs at the KL frontier's settings, "
+                     f"{n_left} have not run, so the comparisons across KL settings choose among those that ran. "
+                     f"Not run yet: {'; '.join(left)}.")
+    return lines
 
 
 def markdown(study: Mapping[str, Any]) -> str:
@@ -979,6 +988,11 @@ def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[st
         sft = st["sft"].get("test", {})
         lines.append(f"| {ts} | {sft.get('fact_score', float('nan')):.3f} | {sft.get('n_false', float('nan')):.2f} | "
                      f"[task_seed{ts}/study.md](task_seed{ts}/study.md) |")
+    missing = {ts: missing_runs_lines(st) for ts, st in studies.items()}
+    if len({tuple(m) for m in missing.values()}) == 1:  # the same runs missing on every instance: said once
+        lines += ["", *(f"On every instance: {line}" for line in next(iter(missing.values())))]
+    else:
+        lines += ["", *(f"Task instance {ts}: {line}" for ts, m in missing.items() for line in m)]
     for arm in ARMS:
         if pooled.get(arm, {}).get("lines"):
             lines += ["", f"**{arm} feedback, at the end of training**", "", *pooled[arm]["lines"]]

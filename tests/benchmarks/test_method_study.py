@@ -906,3 +906,26 @@ def test_a_report_of_a_study_still_running_names_the_runs_not_finished():
     study["requested_final"] = {"oracle/text2grad": [0]}
     assert msr.missing_runs_lines(study) == []  # all finished: nothing to say
     assert msr.missing_runs_lines({"final": {}}) == []  # a study stored before requests were recorded
+
+
+def test_a_report_names_the_kl_frontier_runs_not_run():
+    specs = ms.frontier_specs([("learned", "text2grad"), ("learned", "scalar_sum")],
+                              {("learned", "text2grad"): ms.Setting(lr=1e-5, kl="fixed", lam=0.0),
+                               ("learned", "scalar_sum"): ms.Setting(lr=3e-6, kl="fixed", lam=0.95)},
+                              [0.1, 0.3, 1.0], [0, 1], default_coef=0.1)
+    assert len(specs) == 8  # 0.1 is the chosen setting's own coefficient: the final run, not run twice
+    ran = {s for s in specs if s.method == "text2grad"} | {specs[-1]}  # scalar_sum ran only at 1.0 with seed 1
+    not_run = ms.runs_not_finished([s for s in specs if s not in ran])
+    assert not_run == {"learned/scalar_sum": {"fixed 0.3": [0, 1], "fixed 1": [0]}}
+    study = {"final": {}, "frontier_requested": len(specs), "frontier_not_run": not_run}
+    [line] = msr.missing_runs_lines(study)
+    assert line == (f"Of the 8 requested runs at the KL frontier's settings, 3 have not run, so the comparisons across "
+                    f"KL settings choose among those that ran. Not run yet: {msr.method_label('scalar_sum')} "
+                    f"(learned arm) at KL fixed 0.3, seeds 0, 1; {msr.method_label('scalar_sum')} (learned arm) at KL "
+                    f"fixed 1, seed 0.")
+    instance = {"config": {"policy": "tiny", "iterations": 2, "batch_size": 4, "seeds": [0, 1]},
+                "sft": {"test": {"fact_score": 0.2, "n_false": 1.0}}, **study}
+    same = msr.pooled_markdown({0: instance, 1: instance}, {}, "cmd").splitlines()
+    assert f"On every instance: {line}" in same
+    other = msr.pooled_markdown({0: instance, 1: {**instance, "frontier_not_run": {}}}, {}, "cmd").splitlines()
+    assert f"Task instance 0: {line}" in other and not any(l.startswith("Task instance 1:") for l in other)
