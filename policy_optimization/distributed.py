@@ -1,5 +1,6 @@
 """How the PPO trainer's models meet `accelerate` and DeepSpeed: the accelerator, the LoRA wrap, the frozen
-reference model (partitioned by an inference engine under ZeRO-3) and the policy gathered for generation.
+reference model (partitioned by an inference engine under ZeRO-3), the policy gathered for generation, and the
+statistics taken over every process (whitening, explained variance, metric means, stop flags).
 
 Kept apart from `policy_optimization.trainer` so the PPO step there reads top to bottom without the
 device plumbing.
@@ -23,10 +24,18 @@ from trl.models.utils import add_hooks, remove_hooks
 
 from policy_optimization.ppo_config import PPOConfig
 from text2grad.core.placement import check_process_gpus
+from text2grad.core.ppo_math import (
+    explained_variance,
+    explained_variance_from_moments,
+    masked_moments,
+    masked_whiten,
+    whiten_with_moments,
+)
 
 __all__ = [
     "is_peft", "wrap_lora", "make_accelerator", "prepare_reference", "policy_for_generation", "policy_for_saving",
-    "save_policy_and_value", "check_shared_directory",
+    "save_policy_and_value", "check_shared_directory", "any_process", "mean_over_processes", "batch_whiten",
+    "batch_explained_variance",
 ]
 
 
@@ -171,3 +180,42 @@ def save_policy_and_value(accelerator, model, tokenizer, out: Path, adapter_base
     tokenizer.save_pretrained(out / "policy")
     unwrapped.value_model.save_pretrained(out / "value_model", state_dict=value_state)
     accelerator.wait_for_everyone()
+
+
+# -------------------------------------------------------------------------------------------------
+# Statistics over every process: what one process computes, reduced so all of them agree
+# -------------------------------------------------------------------------------------------------
+
+def any_process(accelerator, flag: bool) -> bool:
+    """Whether ``flag`` is true on at least one process (every process gets the same answer)."""
+    t = torch.tensor([1.0 if flag else 0.0], device=accelerator.device)
+    return float(accelerator.reduce(t, "sum")) > 0
+
+
+def mean_over_processes(accelerator, stats: dict[str, float], sums: frozenset[str] = frozenset()) -> dict[str, float]:
+    """``stats`` averaged over the processes; the keys in ``sums`` are summed instead."""
+    if accelerator.num_processes == 1:
+        return dict(stats)
+    keys = sorted(stats)
+    t = accelerator.reduce(torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=accelerator.device), "sum")
+    return {k: float(v) if k in sums else float(v) / accelerator.num_processes for k, v in zip(keys, t.tolist())}
+
+
+def batch_whiten(accelerator, x: torch.Tensor, mask: torch.Tensor, scope: str, shift_mean: bool = True) -> torch.Tensor:
+    """`masked_whiten` of ``x`` [B, T] under ``mask`` [B, T], with the moments of the whole global batch (``scope``
+    "global": the processes' moments are summed) or of this process's share ("process")."""
+    if scope == "process" or accelerator.num_processes == 1:
+        return masked_whiten(x, mask, shift_mean=shift_mean)
+    return whiten_with_moments(x, mask, accelerator.reduce(masked_moments(x, mask), "sum"), shift_mean=shift_mean)
+
+
+def batch_explained_variance(accelerator, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                             scope: str) -> float:
+    """`explained_variance` of ``values`` against ``returns`` (both [B, T] under ``mask``) over the global batch
+    (``scope`` "global") or the mean of the processes' own ("process")."""
+    if accelerator.num_processes == 1:
+        return float(explained_variance(values, returns, mask))
+    if scope == "process":
+        return mean_over_processes(accelerator, {"ev": float(explained_variance(values, returns, mask))})["ev"]
+    moments = accelerator.reduce(torch.stack([masked_moments(returns, mask), masked_moments(returns - values, mask)]), "sum")
+    return explained_variance_from_moments(moments[0], moments[1])

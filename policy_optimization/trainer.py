@@ -47,9 +47,13 @@ from policy_optimization.checkpoints import (
 )
 from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.distributed import (
+    any_process,
+    batch_explained_variance,
+    batch_whiten,
     check_shared_directory,
     is_peft,
     make_accelerator,
+    mean_over_processes,
     policy_for_generation,
     policy_for_saving,
     prepare_reference,
@@ -82,17 +86,12 @@ from text2grad.core.ppo_math import (
     adaptive_kl_coef,
     kl_controller_steps,
     entropy_from_logits,
-    explained_variance,
-    explained_variance_from_moments,
     gae,
     kl_penalty,
     logprobs_from_logits,
     masked_mean,
-    masked_moments,
-    masked_whiten,
     policy_loss,
     value_loss,
-    whiten_with_moments,
 )
 
 __all__ = ["NLGradientPPOTrainer", "NonFiniteError", "FeedbackFailureError", "TrainerState", "find_latest_checkpoint"]
@@ -273,7 +272,7 @@ class NLGradientPPOTrainer:
                 metrics = self.step()
                 bar.update(1)
                 bar.set_postfix(score=f"{metrics['reward/score_mean']:.3f}", kl=f"{metrics['objective/kl']:.2f}")
-                stop = self._stop_requested_anywhere()
+                stop = any_process(acc, self._stop_requested)
                 if stop or (self.config.save_steps and self.state.step % self.config.save_steps == 0):
                     self.save_checkpoint()
                 if stop:
@@ -330,10 +329,10 @@ class NLGradientPPOTrainer:
         kl = torch.where(mask > 0, kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator), 0.0)
         rewards = score_rewards - self.state.kl_coef * kl
         if cfg.whiten_rewards:
-            rewards = self._whiten(rewards, mask, shift_mean=False)
+            rewards = batch_whiten(acc, rewards, mask, cfg.whiten_scope, shift_mean=False)
         advantages, returns = gae(rewards, values, mask, cfg.gamma, cfg.lam)
         if cfg.whiten_advantages:
-            advantages = self._whiten(advantages, mask)
+            advantages = batch_whiten(acc, advantages, mask, cfg.whiten_scope)
         self._guard_finite(
             {"score rewards": score_rewards, "KL": kl, "values": values, "advantages": advantages, "returns": returns},
             mask, during_update=False,
@@ -347,8 +346,8 @@ class NLGradientPPOTrainer:
 
         # 8. KL controller, bookkeeping, metrics
         stats = batch_stats(score, rewards, kl, entropy, mask, generations, n_source_errors, n_score_errors)
-        stats = self._reduce_mean(stats, sums=SUM_KEYS)
-        stats["value/explained_variance"] = self._explained_variance(values, returns, mask)
+        stats = mean_over_processes(acc, stats, sums=SUM_KEYS)
+        stats["value/explained_variance"] = batch_explained_variance(acc, values, returns, mask, cfg.whiten_scope)
         global_batch = cfg.batch_size
         kl_used = self.state.kl_coef
         if cfg.adaptive_kl:
@@ -496,7 +495,7 @@ class NLGradientPPOTrainer:
                     for k, v in step_stats.items():
                         totals[k] = totals.get(k, 0.0) + v
                     n_micro += 1
-        return self._reduce_mean({k: v / n_micro for k, v in totals.items()})
+        return mean_over_processes(self.accelerator, {k: v / n_micro for k, v in totals.items()})
 
     # ---------------------------------------------------------------------------------------------
     # Guards, metrics, logging
@@ -512,8 +511,7 @@ class NLGradientPPOTrainer:
             if bool(bad.any()):
                 rows = sorted({int(r) for r in bad.nonzero()[:, 0].tolist()}) if t.dim() > 1 else []
                 bad_names.append(f"{name}" + (f" (rows {rows[:8]})" if rows else ""))
-        flag = torch.tensor([1.0 if bad_names else 0.0], device=self.accelerator.device)
-        if float(self.accelerator.reduce(flag, "sum")) == 0:
+        if not any_process(self.accelerator, bool(bad_names)):
             return
         # Never "checkpoint-<step>": that is the clean checkpoint saved after iteration <step>, and this state has
         # already consumed the next batch, so overwriting it would make --resume auto skip that batch. The
@@ -529,38 +527,10 @@ class NLGradientPPOTrainer:
             "this model; fix it and rerun with --resume auto."
         )
 
-    def _whiten(self, x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-        """`masked_whiten` over the whole batch (``whiten_scope: global``: the processes' moments are summed) or
-        over this process's share (``process``)."""
-        acc = self.accelerator
-        if self.config.whiten_scope == "process" or acc.num_processes == 1:
-            return masked_whiten(x, mask, shift_mean=shift_mean)
-        return whiten_with_moments(x, mask, acc.reduce(masked_moments(x, mask), "sum"), shift_mean=shift_mean)
-
-    def _explained_variance(self, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-        """`explained_variance` of the whole batch (global scope) or the mean of the processes' own (process)."""
-        acc = self.accelerator
-        if acc.num_processes == 1:
-            return float(explained_variance(values, returns, mask))
-        if self.config.whiten_scope == "process":
-            return self._reduce_mean({"ev": float(explained_variance(values, returns, mask))})["ev"]
-        moments = acc.reduce(torch.stack([masked_moments(returns, mask), masked_moments(returns - values, mask)]), "sum")
-        return explained_variance_from_moments(moments[0], moments[1])
-
-    def _reduce_mean(self, stats: dict[str, float], sums: frozenset[str] = frozenset()) -> dict[str, float]:
-        """Average ``stats`` over processes (keys in ``sums`` are summed instead)."""
-        acc = self.accelerator
-        if acc.num_processes == 1:
-            return dict(stats)
-        keys = sorted(stats)
-        t = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=acc.device)
-        t = acc.reduce(t, "sum")
-        return {k: float(v) if k in sums else float(v) / acc.num_processes for k, v in zip(keys, t.tolist())}
-
     def _check_feedback_errors(self, errors: list[str], n_score_errors: int, n_samples: int) -> None:
         """Warn on every iteration with feedback errors; stop before the update when their share (over all
         processes) exceeds ``max_feedback_error_rate``: training on zero rewards would only follow the KL term."""
-        counts = self._reduce_mean({"errors": float(len(errors) + n_score_errors), "samples": float(n_samples)},
+        counts = mean_over_processes(self.accelerator, {"errors": float(len(errors) + n_score_errors), "samples": float(n_samples)},
                                    sums=frozenset({"errors", "samples"}))
         if counts["errors"] == 0:
             return
@@ -574,10 +544,6 @@ class NLGradientPPOTrainer:
                 iteration, int(counts["errors"]), int(counts["samples"]), self.config.max_feedback_error_rate, cause,
                 find_latest_checkpoint(self.output_dir),
             ))
-
-    def _stop_requested_anywhere(self) -> bool:
-        flag = torch.tensor([1.0 if self._stop_requested else 0.0], device=self.accelerator.device)
-        return float(self.accelerator.reduce(flag, "sum")) > 0
 
     def _log(self, metrics, prompts, feedback_prompts, generations, feedbacks, score: ScoreRewards) -> None:
         if self._trackers:
