@@ -64,7 +64,10 @@ default for ``--preset smollm2``, a run killed midway resumes from its last eval
   and ``frontier.png`` (final score against final KL). Alone, it trains nothing and reports what has finished.
 
 ``--export_to`` copies every finished run's ``result.json`` and the reports out (to commit them); ``--resume_from``
-copies such files into a fresh ``--output_dir``, so another machine resumes the study instead of starting over.
+copies such files into a fresh ``--output_dir``, so another machine resumes the study instead of starting over. The
+setup is rebuilt there, and another kind of CPU trains a different tiny SFT policy from the same seed (SmolLM2's
+LoRA SFT came out the same): a study stops before adding runs that would start from another policy than its
+finished runs did.
 
 The test split is never read by the sweep or by early stopping: it is scored only in the final and ablation phases.
 """
@@ -685,6 +688,12 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
     sft, rm_base = qs.stage_policy(cfg, data)
     if (sft / "adapter_config.json").is_file() and not (sft / "config.json").is_file():
         sft = _merged_policy(sft, shared / "sft_merged")
+    torch.set_num_threads(1)
+    tok, model = load_tokenizer(str(sft)), load_causal_lm(str(sft)).eval()
+    sft_scores = {split: _greedy(model, tok, list(iter_jsonl(data[name])), cfg.response_length, cfg.use_chat_template)[0]
+                  for split, name in (("val", "val"), ("test", "eval"))}
+    del model
+    check_same_start(out, sft_scores)  # before the reward models: they take the longest to build
     learned = {m for a, m in keys if a == "learned" and m != "scalar_bt"}
     rm = dense_rm = scalar_rm = rm_ensemble = rm_replay = ""
     if learned - {"dense"}:
@@ -731,11 +740,30 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         rm_offline_matched=rm_offline_matched,
         checkpoint_runs=args.preset == "smollm2" if getattr(args, "checkpoint_runs", None) is None else args.checkpoint_runs,
     )
-    torch.set_num_threads(1)
-    tok, model = load_tokenizer(ctx.sft), load_causal_lm(ctx.sft).eval()
-    ctx.sft_scores = {split: _greedy(model, tok, recs, ctx.response_length, ctx.use_chat_template)[0]
-                      for split, recs in (("val", ctx.val_records), ("test", ctx.test_records))}
+    ctx.sft_scores = sft_scores
     return ctx
+
+
+def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]]) -> None:
+    """Refuse to add runs to ``folder`` when its finished runs started from another SFT policy than ``sft_scores``
+    (split -> scores) describes. The setup (data, SFT policy, reward models) is rebuilt on every machine, never
+    copied, and the same seed trains a different tiny policy on another CPU or torch build: new runs would be
+    compared with old ones as if they shared a start."""
+    mine, others = sft_scores["val"], []
+    for path in sorted(Path(folder).rglob("result.json")):
+        if path.relative_to(folder).parts[0] == "shared":
+            continue
+        start = json.loads(path.read_text())["curve"][0]["val"]
+        if any(not math.isclose(start.get(k, math.nan), v, abs_tol=1e-9) for k, v in mine.items()):
+            others.append((path.parent.relative_to(folder), start))
+    if others:
+        run, start = others[0]
+        raise SystemExit(
+            f"{folder}: the start policy built here has a validation fact score of {mine['fact_score']:.4f}, but "
+            f"{len(others)} finished run(s) there started from one scoring {start.get('fact_score', math.nan):.4f} "
+            f"(e.g. {run}). The setup is rebuilt, not copied, and the same seed trains a different SFT policy on "
+            "another CPU or torch build, so new runs cannot be compared with those. Resume on the kind of machine "
+            "that made them (study.json's `machine`), or pass a new --output_dir.")
 
 
 def study_identity(args: argparse.Namespace) -> dict[str, Any]:

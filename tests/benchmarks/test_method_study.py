@@ -288,6 +288,25 @@ def test_a_folder_of_another_study_is_refused_not_mixed_in():
         ms.check_same_study({**ident, "sft_steps": 80}, ident, "runs/x")
 
 
+def test_runs_from_another_start_policy_stop_the_study_before_it_adds_any(tmp_path):
+    def finished(run: str, val_score: float) -> None:
+        path = tmp_path / "final" / run / "result.json"
+        path.parent.mkdir(parents=True)
+        start = {"fact_score": val_score, "fact_recall": 0.4}
+        path.write_text(json.dumps({"curve": [{"iteration": 0, "val": start}, {"iteration": 6, "val": {"fact_score": 0.5}}]}))
+
+    here = {"val": {"fact_score": 0.1958, "fact_recall": 0.4}, "test": {"fact_score": 0.24}}
+    ms.check_same_start(tmp_path, here)  # nothing finished yet
+    finished("learned-text2grad-seed0", 0.1958)
+    (tmp_path / "shared" / "x").mkdir(parents=True)  # the setup's own files are not runs
+    (tmp_path / "shared" / "x" / "result.json").write_text("{}")
+    ms.check_same_start(tmp_path, here)  # the same start, resumed
+    finished("learned-scalar_sum-seed0", 0.2792)
+    with pytest.raises(SystemExit, match=r"validation fact score of 0\.1958, but 1 finished run\(s\) there started "
+                                         r"from one scoring 0\.2792 \(e\.g\. final/learned-scalar_sum-seed0\).*new --output_dir"):
+        ms.check_same_start(tmp_path, here)
+
+
 def test_paper_comparison_reads_both_sides_and_says_why_only_where_they_differ():
     cfg = ms.PPOConfig(model_name_or_path="m", dataset_path="d.jsonl", output_dir="o", learning_rate=1e-4,
                        num_ppo_epochs=4, lam=0.95, adaptive_kl=True, kl_coef=0.2, use_lora=False)
