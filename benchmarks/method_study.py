@@ -84,12 +84,13 @@ import shutil
 import signal
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
 from multiprocessing import util as mp_util
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 import transformers
@@ -744,16 +745,34 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
     return ctx
 
 
+def finished_results(folder: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """(path, result) of every finished run's result.json under ``folder`` (the setup's ``shared/`` left out)."""
+    for path in sorted(Path(folder).rglob("result.json")):
+        if path.relative_to(folder).parts[0] != "shared":
+            yield path, json.loads(path.read_text())
+
+
+def machines_of_runs(folder: Path) -> tuple[str, str] | None:
+    """Where the finished runs under ``folder`` ran, from the CPU each recorded: (the machine line, e.g. "AMD EPYC,
+    2 cores (4 runs); Intel Xeon, 2 cores (1 run)", and the CPU names joined for the results tables), the most
+    used first. None when no run recorded one. A report made elsewhere must not claim its own machine for them."""
+    counts = Counter(result.get("cpu") for _, result in finished_results(folder))
+    counts.pop(None, None)
+    if not counts:
+        return None
+    ranked = counts.most_common()
+    machine = "; ".join(f"{cpu} ({n} run{'s' if n > 1 else ''})" for cpu, n in ranked)
+    return machine, " + ".join(dict.fromkeys(cpu.rsplit(", ", 1)[0] for cpu, _ in ranked))
+
+
 def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]]) -> None:
     """Refuse to add runs to ``folder`` when its finished runs started from another SFT policy than ``sft_scores``
     (split -> scores) describes. The setup (data, SFT policy, reward models) is rebuilt on every machine, never
     copied, and the same seed trains a different tiny policy on another CPU or torch build: new runs would be
     compared with old ones as if they shared a start."""
     mine, others = sft_scores["val"], []
-    for path in sorted(Path(folder).rglob("result.json")):
-        if path.relative_to(folder).parts[0] == "shared":
-            continue
-        start = json.loads(path.read_text())["curve"][0]["val"]
+    for path, result in finished_results(folder):
+        start = result["curve"][0]["val"]
         if any(not math.isclose(start.get(k, math.nan), v, abs_tol=1e-9) for k, v in mine.items()):
             others.append((path.parent.relative_to(folder), start))
     if others:
@@ -962,9 +981,10 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
             keys = [(a, m) for a, m in keys if m.partition("+")[2] not in ENSEMBLE_VARIANTS]
     check_same_study(study.get("identity"), study_identity(args), args.output_dir)
     study["identity"] = study_identity(args)
+    machine, cpu = machines_of_runs(Path(args.output_dir)) or (cpu_model(), cpu_name())
     study.update({"config": {k: v for k, v in vars(args).items()}, "sft": ctx.sft_scores,
-                  "machine": f"{cpu_model()}, Python {platform.python_version()}", "command": command,
-                  "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d")})  # cpu and date: benchmarks/results_tables.py
+                  "machine": f"{machine}, Python {platform.python_version()}", "command": command,
+                  "cpu": cpu, "date": time.strftime("%Y-%m-%d")})  # cpu and date: benchmarks/results_tables.py
     study["config"].update(batch_size=ctx.batch_size, n_test=len(ctx.test_records), n_val=len(ctx.val_records),
                            policy="SmolLM2-135M-Instruct (LoRA SFT, LoRA PPO)" if args.preset == "smollm2" else
                            f"tiny Llama of the quickstart's {args.preset} preset")

@@ -307,6 +307,17 @@ def test_runs_from_another_start_policy_stop_the_study_before_it_adds_any(tmp_pa
         ms.check_same_start(tmp_path, here)
 
 
+def test_a_report_names_the_machines_its_runs_ran_on_not_its_own(tmp_path):
+    assert ms.machines_of_runs(tmp_path) is None  # no run yet: the study's own machine is used
+    for run, cpu in [("a", "AMD EPYC, 2 cores"), ("b", "AMD EPYC, 2 cores"), ("c", "Intel Xeon, 2 cores"), ("d", None)]:
+        (tmp_path / "final" / run).mkdir(parents=True)
+        (tmp_path / "final" / run / "result.json").write_text(json.dumps({"cpu": cpu} if cpu else {}))
+    (tmp_path / "shared" / "rm").mkdir(parents=True)
+    (tmp_path / "shared" / "rm" / "result.json").write_text(json.dumps({"cpu": "GPU box, 64 cores"}))
+    assert ms.machines_of_runs(tmp_path) == ("AMD EPYC, 2 cores (2 runs); Intel Xeon, 2 cores (1 run)",
+                                             "AMD EPYC + Intel Xeon")
+
+
 def test_paper_comparison_reads_both_sides_and_says_why_only_where_they_differ():
     cfg = ms.PPOConfig(model_name_or_path="m", dataset_path="d.jsonl", output_dir="o", learning_rate=1e-4,
                        num_ppo_epochs=4, lam=0.95, adaptive_kl=True, kl_coef=0.2, use_lora=False)
