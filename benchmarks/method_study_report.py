@@ -756,6 +756,36 @@ def _goal_conditions(pair: Mapping[str, Any], fall: Mapping[Any, float]) -> dict
 # The baselines Text2Grad is held to the KL of: the best scalar baseline (None) and the information-matched one.
 KL_MATCHED_AGAINST = (None, "scalar_sum")
 
+# A baseline that a looser KL penalty moves less than this much further from the start policy (mean final KL, nats)
+# was not held there by the penalty.
+PENALTY_BINDS_NATS = 0.05
+
+
+def fixed_coefficient(label: str) -> float | None:
+    """0.05 for the KL setting label "fixed 0.05" (`kl_setting_label`); None for "adaptive"."""
+    kind, _, coef = label.partition(" ")
+    return float(coef) if kind == "fixed" else None
+
+
+def looser_penalty(points: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    """(the chosen KL point, the point with the smallest fixed coefficient below the chosen one's) among one method's
+    frontier ``points`` (`summarize_frontier`); None when the chosen setting is adaptive or nothing looser ran."""
+    chosen = next((p for p in points if p.get("chosen")), None)
+    coef = fixed_coefficient(chosen["kl_setting"]) if chosen else None
+    looser = [p for p in points if coef is not None and (k := fixed_coefficient(p["kl_setting"])) is not None and k < coef]
+    return (chosen, min(looser, key=lambda p: fixed_coefficient(p["kl_setting"]))) if looser else None
+
+
+def looser_penalty_sentence(chosen: Mapping[str, Any], loose: Mapping[str, Any]) -> str:
+    """What a looser KL penalty did to a baseline: how much further it moved from the start policy, and its score."""
+    moved = loose["kl_end"][0] - chosen["kl_end"][0]
+    return (f"Given a looser penalty ({loose['kl_setting']}, {len(loose['seeds'])} seeds), the baseline ends at "
+            f"{loose['kl_end'][0]:.2f} nats with {_pm(loose['final_mean_ci'])} (at its chosen {chosen['kl_setting']}: "
+            f"{chosen['kl_end'][0]:.2f} nats, {_pm(chosen['final_mean_ci'])}): "
+            + ("the penalty is not what holds it near the start policy." if moved < PENALTY_BINDS_NATS else
+               f"it moves {moved:.2f} nats further from the start policy, and its score changes by "
+               f"{loose['final_mean_ci'][0] - chosen['final_mean_ci'][0]:+.3f}."))
+
 
 def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
                against: str | None = None) -> dict[str, Any] | None:
@@ -778,6 +808,7 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
     fall = pick.get("val_fall", {}) if pick else {}
     return {"baseline": base_key, "budget": budget, "base": base["final_mean_ci"], "tried": len(points),
             "point": pick, "lowest": min(points, key=lambda p: p["kl_end"][0]), "pair": pair,
+            "base_looser": looser_penalty(study.get("kl_frontier", {}).get(base_key, [])),
             "sft": study.get("sft", {}).get("test", {}).get("fact_score", math.nan),
             # the goal's other two conditions: its KL condition holds by construction
             **(_goal_conditions(pair, fall) if pair else {"ahead_goal": False, "no_late_decline": False})}
@@ -796,11 +827,12 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
     for ts, c in per.items():
         base = method_label(c["baseline"].split("/")[1])
         p = c["point"]
+        looser = f" {looser_penalty_sentence(*c['base_looser'])}" if c.get("base_looser") else ""
         if p is None:
             low = c["lowest"]
             lines.append(f"Task instance {ts}: none of the {c['tried']} KL settings tried stays within the baseline's "
                          f"({base}) {c['budget']:.2f} nats; the lowest, {low['kl_setting']}, ends at "
-                         f"{low['kl_end'][0]:.2f} nats with {_pm(low['final_mean_ci'])}.")
+                         f"{low['kl_end'][0]:.2f} nats with {_pm(low['final_mean_ci'])}.{looser}")
             continue
         worst = max(p.get("val_fall", {}).values(), default=float("nan"))
         conditions = ((f"ahead on >= {math.ceil(GOAL_SHARE * c['pair']['n'])} of {c['pair']['n']} seeds", c["ahead_goal"]),
@@ -809,7 +841,7 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
                      f"{p['kl_end'][0]:.2f} nats, the baseline ({base}) at {_pm(c['base'])} with {c['budget']:.2f}, "
                      f"the start policy at {c['sft']:.3f}; paired difference {paired_words(c['pair'])}. Largest fall from its best validation point to "
                      f"its last: {worst:.3f}. Goal {'met' if c['ahead_goal'] and c['no_late_decline'] else 'not met'} ("
-                     + ", ".join(f"{label}: {'yes' if ok else 'no'}" for label, ok in conditions) + ").")
+                     + ", ".join(f"{label}: {'yes' if ok else 'no'}" for label, ok in conditions) + ")." + looser)
     matched = {ts: c for ts, c in per.items() if c["pair"] is not None}
     pooled = pool_pairs({ts: c["pair"] for ts, c in matched.items()})
     if len(matched) > 1:

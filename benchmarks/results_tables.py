@@ -335,9 +335,10 @@ RESULT_FILES: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[Row, str]]]]
 }
 
 # Studies whose headline is in the benchmark index but not in README.md's table: the oracle arm at twice the budget
-# (both of its methods ended within 0.01 of their method_study figures), and the learning-rate grid's extension (a
-# sweep only; the study that runs its settings has the row).
-INDEX_ONLY_STUDIES = {"method_study_long", "method_study_lr_edge"}
+# (both of its methods ended within 0.01 of their method_study figures), the learning-rate grid's extension (a
+# sweep only; the study that runs its settings has the row), and the three-instance study at the first sweep's
+# learning rates (each at the lower edge of its grid; method_study_v3 reruns it at the extended grid's choices).
+INDEX_ONLY_STUDIES = {"method_study_long", "method_study_lr_edge", "method_study_v2"}
 
 # Result files whose headline is in the benchmark index but not in README.md's table (which has a line budget).
 INDEX_ONLY = {"vllm_generation/vllm_generation.json", "ppo_token_level_overhead/ppo_token_level_overhead-h200.json",

@@ -821,6 +821,32 @@ def test_the_validation_pick_compares_settings_on_the_same_seeds_and_checks_the_
     assert msr.kl_on_validation({**study, "kl_frontier": {"learned/text2grad": [fixed]}}, "learned", "text2grad") is None
 
 
+def test_held_to_a_baseline_that_a_looser_penalty_does_not_move_the_report_says_the_penalty_did_not_hold_it():
+    def chosen(point):
+        return {**point, "chosen": True}
+
+    text2grad = [chosen(_point("fixed 0.1", [0, 1], 0.40, [0.42, 0.41], 0.92)), _point("fixed 1", [0, 1], 0.33, [0.36, 0.35], 0.14)]
+    base_chosen = chosen(_point("fixed 0.1", [0, 1], 0.29, [0.35, 0.35], 0.04))
+    base_looser = _point("fixed 0.05", [0, 1], 0.29, [0.34, 0.36], 0.02)
+    study = {"kl_frontier": {"learned/text2grad": text2grad, "learned/scalar_sum": [base_looser, base_chosen]},
+             "final": {"learned/scalar_sum": {"method": "scalar_sum", "arm": "learned", "final_mean_ci": (0.35, 0.0),
+                                              "kl_end": (0.04, 0.0), "final": {0: 0.35, 1: 0.35}}},
+             "sft": {"test": {"fact_score": 0.34}}}
+    assert msr.looser_penalty(study["kl_frontier"]["learned/scalar_sum"]) == (base_chosen, base_looser)
+    assert msr.looser_penalty([base_looser]) is None  # no chosen point among them
+    assert msr.looser_penalty([chosen(_point("adaptive", [0], 0.3, [0.3], 0.1)), base_looser]) is None
+    lines, _ = msr.kl_matched_lines({0: study}, "learned", "text2grad", "scalar_sum")
+    assert lines[1] == ("Task instance 0: none of the 2 KL settings tried stays within the baseline's (scalar PPO, "
+                        "Text2Grad's token rewards summed) 0.04 nats; the lowest, fixed 1, ends at 0.14 nats with "
+                        "0.355 ± 0.000. Given a looser penalty (fixed 0.05, 2 seeds), the baseline ends at 0.02 nats "
+                        "with 0.350 ± 0.000 (at its chosen fixed 0.1: 0.04 nats, 0.350 ± 0.000): the penalty is not what "
+                        "holds it near the start policy.")
+    # a baseline that the looser penalty does move: how far, and what it gained
+    moved = {**base_looser, "kl_end": (0.60, 0.0), "final_mean_ci": (0.38, 0.0)}
+    assert msr.looser_penalty_sentence(base_chosen, moved).endswith(
+        "it moves 0.56 nats further from the start policy, and its score changes by +0.030.")
+
+
 def test_the_refresh_control_gets_as_many_annotations_and_steps_as_the_refresh_adds():
     # 90 iterations, a refresh every 15: 6 refreshes, each annotating the 16 rollouts and fine-tuning 20 steps
     assert ms.refresh_budget(90, 16) == (96, 120)
