@@ -107,7 +107,7 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
     seeds = max((len(r["seeds"]) for st in instances.values() for r in st.get("final", {}).values()), default=0)
     origin = "settings from an earlier sweep" if study.get("settings_from") else "each method at its setting chosen on validation"
     what = (f"method study `{folder.name}` (preset {identity.get('preset', '?')}, {identity.get('iterations', '?')} PPO "
-            f"iterations, {len(instances)} task instances x {seeds} seeds; {origin})")
+            f"iterations, {len(instances)} task instance{'s' if len(instances) != 1 else ''} x {seeds} seeds; {origin})")
     parts, heads = [], []
     for arm, entry in study.get("pooled", {}).items():
         # the information-matched baseline (scalar_sum: the same critic output, summed at the last token) first
