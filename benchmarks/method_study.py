@@ -690,9 +690,10 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
     if (sft / "adapter_config.json").is_file() and not (sft / "config.json").is_file():
         sft = _merged_policy(sft, shared / "sft_merged")
     torch.set_num_threads(1)
+    val_records, test_records = list(iter_jsonl(data["val"])), list(iter_jsonl(data["eval"]))
     tok, model = load_tokenizer(str(sft)), load_causal_lm(str(sft)).eval()
-    sft_scores = {split: _greedy(model, tok, list(iter_jsonl(data[name])), cfg.response_length, cfg.use_chat_template)[0]
-                  for split, name in (("val", "val"), ("test", "eval"))}
+    sft_scores = {split: _greedy(model, tok, recs, cfg.response_length, cfg.use_chat_template)[0]
+                  for split, recs in (("val", val_records), ("test", test_records))}
     del model
     check_same_start(out, sft_scores)  # before the reward models: they take the longest to build
     learned = {m for a, m in keys if a == "learned" and m != "scalar_bt"}
@@ -732,8 +733,8 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
             ])
     lora = preset_ppo_fields(args.preset, getattr(args, "generation_backend", "hf"))
     ctx = StudyContext(
-        sft=str(sft), rl=str(data["rl"]), val_records=list(iter_jsonl(data["val"])),
-        test_records=list(iter_jsonl(data["eval"])), rm=rm, dense_rm=dense_rm, scalar_rm=scalar_rm,
+        sft=str(sft), rl=str(data["rl"]), val_records=val_records,
+        test_records=test_records, rm=rm, dense_rm=dense_rm, scalar_rm=scalar_rm,
         iterations=args.iterations, eval_every=args.eval_every, batch_size=args.batch_size or cfg.ppo_batch_size,
         response_length=cfg.response_length, kl_coef=cfg.kl_coef, target_kl=args.target_kl, out=str(out),
         kl_horizon=getattr(args, "kl_horizon", 10),
@@ -940,7 +941,7 @@ def report_context(args: argparse.Namespace, stored: Mapping[str, Any]) -> Study
     out = Path(args.output_dir)
     cfg = study_config(args, out / "shared")
     sft = dict(stored.get("sft", {}))
-    starts = [json.loads(p.read_text())["curve"][0] for p in sorted(out.rglob("result.json"))]
+    starts = [result["curve"][0] for _, result in finished_results(out)]
     for split in ("val", "test"):
         if split not in sft:
             sft.update({split: p[split] for p in starts if split in p}) if any(split in p for p in starts) else None
