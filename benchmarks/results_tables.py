@@ -64,6 +64,10 @@ def read(name: str) -> dict[str, Any] | None:
 # Method studies (any benchmarks/results/*/study.json)
 # --------------------------------------------------------------------------------------------------
 
+# A paired difference this small is float noise between equal scores: a tie, not "ahead" (the study report's
+# own rule, method_study_report.TIE, kept here so that the tables do not import the study's plotting stack).
+TIE = 1e-9
+
 BASELINE_NAMES = {"scalar_collapsed": "scalar PPO", "dense": "dense-label PPO", "scalar_bt": "scalar PPO (Bradley-Terry RM)",
                   "scalar_sum": "scalar PPO (summed span rewards)", "scalar_task": "scalar PPO (task score)"}
 
@@ -81,7 +85,7 @@ def study_arm(study: dict[str, Any], arm: str) -> dict[str, Any] | None:
     early = (t2g["early_mean_ci"][0], best["early_mean_ci"][0]) if "early_mean_ci" in t2g and "early_mean_ci" in best else None
     return {"arm": arm, "t2g": t2g["final_mean_ci"], "base": best["final_mean_ci"],
             "base_name": BASELINE_NAMES.get(best["method"], best["method"]), "early": early,
-            "ahead": sum(t2g["final"][s] > best["final"][s] for s in seeds), "seeds": len(seeds)}
+            "ahead": sum(t2g["final"][s] - best["final"][s] > TIE for s in seeds), "seeds": len(seeds)}
 
 
 def _variant_name(method: str) -> str:

@@ -110,3 +110,18 @@ def test_load_decides_idle_or_shared():
     assert rt.conditions({**base, "load_before": [0.3, 0.2, 0.1], "load_after": [1.9, 1, 1]}) == "M; 2026-01-01; idle (load 0.3 -> 1.9)"
     assert rt.conditions({**base, "load_before": [6.0, 5, 4]}) == "M; 2026-01-01; shared (load 6.0)"
     assert rt.conditions(base) == "M; 2026-01-01; load not recorded"
+
+
+def test_equal_final_scores_are_a_tie_as_in_the_study_report_not_ahead(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    results.mkdir()
+    study = json.loads((ROOT / "benchmarks" / "results" / "method_study_smollm2" / "study.json").read_text())
+    t2g, base = study["final"]["oracle/text2grad"], study["final"]["oracle/scalar_collapsed"]
+    # the same score summed in another order: 0.6959999999999996 vs 0.6959999999999994
+    t2g["final"] = {seed: 0.6959999999999996 for seed in t2g["final"]}
+    base["final"] = {seed: 0.6959999999999994 for seed in base["final"]}
+    (results / "zz_tied").mkdir()
+    (results / "zz_tied" / "study.json").write_text(json.dumps(study))
+    monkeypatch.setattr(rt, "RESULTS", results)
+    row = next(line for line in rt.tables()["readme"].splitlines() if "`zz_tied`" in line)
+    assert "ahead on 0 of 3 seeds" in row
