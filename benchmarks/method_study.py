@@ -111,7 +111,7 @@ from text2grad.apps.quickstart.results import cpu_name, policy_prompts  # noqa: 
 from text2grad.apps.quickstart.task import critique_summary, fact_accuracy  # noqa: E402
 from text2grad.core.data import iter_jsonl, write_jsonl  # noqa: E402
 from text2grad.core.generation import generate  # noqa: E402
-from text2grad.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
+from text2grad.core.modeling import is_adapter_only, load_causal_lm, load_tokenizer, merge_adapter_folder  # noqa: E402
 from text2grad.core.spans import decode_with_offsets, feedback_token_labels  # noqa: E402
 from text2grad.core.vllm_engine import close_shared_engine  # noqa: E402
 
@@ -657,16 +657,6 @@ def study_config(args: argparse.Namespace, shared: Path) -> QuickstartConfig:
         n_rl=256, n_eval=100, ppo_batch_size=args.batch_size or 8, sft_args=SMOLLM2_SFT_ARGS))
 
 
-def _merged_policy(adapter_dir: Path, out: Path) -> Path:
-    """The LoRA SFT adapter folded into its base, saved once to ``out`` (the start policy every run loads)."""
-    if not (out / "config.json").is_file():
-        tmp = out.with_name(out.name + ".tmp")
-        load_causal_lm(str(adapter_dir), merge_adapter=True).save_pretrained(tmp)
-        load_tokenizer(str(adapter_dir)).save_pretrained(tmp)
-        tmp.replace(out)
-    return out
-
-
 def preset_ppo_fields(preset: str, generation_backend: str = "hf") -> dict[str, Any]:
     """The preset's own PPOConfig fields: SmolLM2's policy is a LoRA (r 16), the tiny Llama is fully fine-tuned;
     with ``generation_backend`` vllm, rollouts (and the reward model's critiques) go through vLLM."""
@@ -687,8 +677,9 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
     stages = qs.StageClock(qs.STAGES)
     data = qs.stage_data(cfg, shared)
     sft, rm_base = qs.stage_policy(cfg, data)
-    if (sft / "adapter_config.json").is_file() and not (sft / "config.json").is_file():
-        sft = _merged_policy(sft, shared / "sft_merged")
+    if is_adapter_only(sft):  # the LoRA SFT folded in once: every run's start policy, and the reward models' base
+        rm_base = rm_base if Path(rm_base).resolve() != Path(sft).resolve() else shared / "sft_merged"
+        sft = merge_adapter_folder(sft, shared / "sft_merged")
     torch.set_num_threads(1)
     val_records, test_records = list(iter_jsonl(data["val"])), list(iter_jsonl(data["eval"]))
     tok, model = load_tokenizer(str(sft)), load_causal_lm(str(sft)).eval()

@@ -44,7 +44,7 @@ from text2grad.core import run_dir
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, save_config
 from text2grad.core.data import DataError, load_records
-from text2grad.core.modeling import check_model_path, end_distributed, load_causal_lm, load_tokenizer
+from text2grad.core.modeling import check_model_path, end_distributed, is_adapter_only, load_causal_lm, load_tokenizer
 from text2grad.core.placement import check_process_gpus
 
 __all__ = ["CONFIG_FILENAME", "bootstrap_resample", "build_dataset", "ensemble_member_configs", "train", "main"]
@@ -115,12 +115,28 @@ def build_dataset(
 # --------------------------------------------------------------------------------------------------
 
 
+def check_adapter_base(cfg: RewardModelConfig) -> None:
+    """Refuse a LoRA reward model on an adapter-only ``model_name_or_path`` (e.g. a LoRA SFT output): its adapter
+    would name that adapter's bare base model and reload without the SFT weights, silently another model."""
+    path = cfg.model_name_or_path
+    if cfg.use_lora and is_adapter_only(path):
+        merged = f"{path.rstrip('/')}-merged"
+        raise ConfigError(
+            f"model_name_or_path {path} holds only a LoRA adapter: a LoRA reward model trained on it would reload on "
+            f"the adapter's base model without that adapter. Merge it first (`text2grad merge-rm --adapter {path} "
+            f"--output_dir {merged}`) and pass --model_name_or_path {merged}, or fine-tune the merged weights fully "
+            "with --use_lora false"
+        )
+
+
 def _build_model(cfg: RewardModelConfig):
-    model = load_causal_lm(cfg.model_name_or_path, dtype=cfg.dtype)
+    # an adapter-only folder (use_lora false; check_adapter_base refuses it for LoRA) is folded into its base: the
+    # full weights trained and saved are the adapted model's
+    model = load_causal_lm(cfg.model_name_or_path, dtype=cfg.dtype, merge_adapter=True)
     if cfg.gradient_checkpointing:
         model.config.use_cache = False
     if not cfg.use_lora:
-        return model
+        return model.requires_grad_(True)  # a merged adapter leaves its base frozen, as PEFT loaded it
 
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [m for m in cfg.lora_target_modules if m not in names]
@@ -273,6 +289,7 @@ def train(cfg: RewardModelConfig) -> dict[str, Any]:
     is_main = int(os.environ.get("RANK", "0")) == 0
     resume = prepare_run_dir(cfg, is_main)
     check_model_path(cfg.model_name_or_path)
+    check_adapter_base(cfg)
     if cfg.deepspeed and os.environ.get("DS_ACCELERATOR") == "cpu" and not torch.cuda.is_available():
         _allow_deepspeed_on_cpu()
     # TrainingArguments first: with a ZeRO-3 config it registers DeepSpeed so that from_pretrained

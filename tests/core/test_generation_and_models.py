@@ -7,7 +7,8 @@ import torch.distributed as dist
 
 from text2grad.core.generation import generate
 from text2grad.core.modeling import (
-    build_tiny_llama, end_distributed, load_causal_lm, load_tokenizer, merged_weights, resolve_dtype,
+    build_tiny_llama, end_distributed, is_adapter_only, load_causal_lm, load_tokenizer, merge_adapter_folder, merged_weights,
+    resolve_dtype,
 )
 
 
@@ -63,6 +64,29 @@ def test_lora_adapter_round_trip(tmp_path, bpe_tokenizer, tiny_llama):
         assert isinstance(loaded, PeftModel) and not isinstance(merged, PeftModel)
         for m in (loaded, merged, adapter_only_dir):
             torch.testing.assert_close(m(ids).logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_an_adapter_folder_merged_once_is_the_adapted_model_and_is_reused(tmp_path, bpe_tokenizer, tiny_llama):
+    tiny_llama.save_pretrained(tmp_path / "base")
+    bpe_tokenizer.save_pretrained(tmp_path / "base")
+    peft_model = get_peft_model(load_causal_lm(str(tmp_path / "base")),
+                                LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    peft_model.save_pretrained(tmp_path / "sft")
+    bpe_tokenizer.save_pretrained(tmp_path / "sft")
+    assert is_adapter_only(tmp_path / "sft") and not is_adapter_only(tmp_path / "base")
+    merged = merge_adapter_folder(tmp_path / "sft", tmp_path / "sft-merged")
+    assert merged == tmp_path / "sft-merged" and not is_adapter_only(merged)
+    assert not (tmp_path / "sft-merged.partial").exists()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        expected, bare = peft_model(ids).logits, tiny_llama(ids).logits
+        got = load_causal_lm(str(merged)).eval()(ids).logits
+    assert not torch.allclose(expected, bare, atol=1e-4)  # the adapter matters, so the comparison can fail
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert load_tokenizer(str(merged)).get_vocab() == bpe_tokenizer.get_vocab()
+    written = (merged / "config.json").stat().st_mtime_ns
+    assert merge_adapter_folder(tmp_path / "sft", merged) == merged  # found, not rebuilt
+    assert (merged / "config.json").stat().st_mtime_ns == written
 
 
 def test_missing_local_path_is_a_clear_error(tmp_path):

@@ -324,3 +324,27 @@ def test_resume_with_a_changed_config_is_refused_unless_accepted(rm_world, tmp_p
     assert change["step"] == 1 and change["changes"] == {"learning_rate": [0.003, 0.0001]}
     steps = [m["step"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in m]
     assert steps == [1, 2]  # one line per step over both parts of the run
+
+
+def test_a_lora_reward_model_on_an_adapter_only_base_is_refused_with_the_merge_command(rm_world, lora_run, tmp_path,
+                                                                                       capsys, monkeypatch):
+    # a LoRA adapter on top of another adapter would be saved against the bare base and reload without the first one
+    monkeypatch.setattr(rm_train, "_build_model", lambda cfg: (_ for _ in ()).throw(AssertionError("model loaded")))
+    rc, err = _exit_and_err(capsys, train_args(rm_world, tmp_path / "out", model_name_or_path=lora_run))
+    assert rc == 2 and f"model_name_or_path {lora_run} holds only a LoRA adapter" in err
+    assert f"text2grad merge-rm --adapter {lora_run} --output_dir {lora_run}-merged" in err and "--use_lora false" in err
+
+
+def test_full_fine_tuning_from_an_adapter_only_folder_starts_from_the_adapted_weights(rm_world, lora_run, tmp_path):
+    out = tmp_path / "full"
+    # a negligible learning rate: the saved weights are the ones training started from
+    assert main(train_args(rm_world, out, model_name_or_path=lora_run, use_lora="false", max_steps=1,
+                           learning_rate=1e-12)) == 0
+    assert (out / "config.json").is_file() and not (out / "adapter_config.json").exists()
+    ids = torch.tensor([[5, 9, 13, 21, 34]])
+    with torch.no_grad():
+        expected = load_causal_lm(str(lora_run)).eval()(ids).logits  # base + adapter
+        bare = load_causal_lm(str(rm_world / "base")).eval()(ids).logits
+        got = load_causal_lm(str(out)).eval()(ids).logits
+    assert not torch.allclose(expected, bare, atol=1e-4)  # the adapter changes the model: the check can fail
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)

@@ -24,6 +24,8 @@ __all__ = [
     "load_tokenizer",
     "check_model_path",
     "load_causal_lm",
+    "is_adapter_only",
+    "merge_adapter_folder",
     "merged_weights",
     "train_tokenizer",
     "build_tiny_llama",
@@ -82,7 +84,7 @@ def load_causal_lm(
     """
     _check_local_or_hub(name_or_path, "model")
     path = Path(name_or_path)
-    if adapter is None and (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+    if adapter is None and is_adapter_only(path):
         adapter, name_or_path = str(path), PeftConfig.from_pretrained(str(path)).base_model_name_or_path
         if not name_or_path:
             raise ValueError(
@@ -101,6 +103,25 @@ def load_causal_lm(
 
 
 @torch.no_grad()
+def is_adapter_only(path: str | Path) -> bool:
+    """Whether ``path`` is a directory holding a PEFT adapter (adapter_config.json) and no model of its own."""
+    path = Path(path)
+    return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
+
+
+def merge_adapter_folder(adapter_dir: str | Path, out: str | Path) -> Path:
+    """The adapter in ``adapter_dir`` folded into its base model, saved with the tokenizer to ``out`` once (a later
+    call finds it there). A model that starts from an adapter-only folder (e.g. a LoRA SFT) and saves its own
+    adapter needs this: that adapter would name the bare base model and reload without the first adapter."""
+    out = Path(out)
+    if not (out / "config.json").is_file():
+        tmp = out.with_name(out.name + ".partial")
+        load_causal_lm(str(adapter_dir), merge_adapter=True).save_pretrained(tmp)
+        load_tokenizer(str(adapter_dir)).save_pretrained(tmp)
+        tmp.replace(out)
+    return out
+
+
 def merged_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A model's whole weights as CPU tensors under the base checkpoint's names (``model.layers.0.self_attn.
     q_proj.weight``), each tied alias (the output layer of tied embeddings) only once. For a peft LoRA model the

@@ -59,7 +59,7 @@ from text2grad.core.cli import EXIT_OK, RunFailed, run_cli
 from text2grad.core.config import ConfigError, save_config
 from text2grad.core.critics import load_object
 from text2grad.core.data import iter_jsonl, write_jsonl
-from text2grad.core.modeling import build_tiny_llama, train_tokenizer
+from text2grad.core.modeling import build_tiny_llama, is_adapter_only, merge_adapter_folder, train_tokenizer
 from text2grad.core.vllm_engine import vllm_available
 
 __all__ = ["QuickstartConfig", "PRESETS", "resolve", "run", "main", "stage_ppo", "stage_ppo_modes", "refresh_reward_model",
@@ -271,6 +271,8 @@ def stage_reward_model(
     if cfg.reward_model:
         print(f"using the given reward model {cfg.reward_model}")
         return Path(cfg.reward_model), {}
+    if is_adapter_only(rm_base):  # e.g. a LoRA SFT: the reward model's own adapter must name a base that holds it
+        rm_base = merge_adapter_folder(rm_base, rm_base.with_name(rm_base.name + "-merged"))
     key = {"sft": str(sft.resolve()), "rm_base": str(rm_base.resolve()), "grounded": cfg.grounded_spans, "critic": cfg.critic, "critic_kwargs": cfg.critic_kwargs, "ann": cfg.annotation_args,
            "n": cfg.n_annotations, "p_wrong": cfg.rm_p_wrong, "base": cfg.rm_base_model, "steps": cfg.rm_steps, "lr": cfg.rm_learning_rate,
            "args": cfg.rm_args, "seed": cfg.seed, "v": 3}
