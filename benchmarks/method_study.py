@@ -740,7 +740,7 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
 def finished_results(folder: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     """(path, result) of every finished run's result.json under ``folder`` (the setup's ``shared/`` left out)."""
     for path in sorted(Path(folder).rglob("result.json")):
-        if path.relative_to(folder).parts[0] != "shared":
+        if "shared" not in path.relative_to(folder).parts[:2]:  # <folder>/shared, or an instance's task_seed<N>/shared
             yield path, json.loads(path.read_text())
 
 
@@ -911,6 +911,9 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
     first = next(iter(studies.values()))
     # what the results tables read: the shared settings (the instances differ only in task_seed), machine and date
     shared = {k: first.get(k) for k in ("cpu", "machine", "date", "settings_from") if first.get(k) is not None}
+    runs_on = machines_of_runs(out)
+    if runs_on:  # every instance's runs, not only the first instance's
+        shared.update(machine=f"{runs_on[0]}, Python {platform.python_version()}", cpu=runs_on[1])
     identity = {k: v for k, v in first.get("identity", {}).items() if k != "task_seed"}
     study = {"command": command, "task_seeds": list(studies), "identity": identity, **shared, "pooled": pooled,
              "instances": {str(ts): {"sft": st["sft"], "final": st.get("final", {}), "sweep": st.get("sweep", {}),
@@ -919,7 +922,7 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "study.json", study)
     frontier_plot(studies, out / "frontier.png")
-    md = pooled_markdown(studies, pooled, command)
+    md = pooled_markdown(studies, pooled, command, machine=shared.get("machine"))
     (out / "study.md").write_text(md + "\n")
     print(md)
     return study

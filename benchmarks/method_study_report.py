@@ -1005,16 +1005,18 @@ def frontier_plot(studies: Mapping[Any, Mapping[str, Any]], png: Path) -> None:
     plt.close(fig)
 
 
-def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[str, Any], command: str) -> str:
+def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[str, Any], command: str,
+                    machine: str | None = None) -> str:
     """study.md of a study over several task instances: each instance's start and table (linked), then the
-    per-instance and pooled sentences for each arm, and the grid-edge notes."""
+    per-instance and pooled sentences for each arm, and the grid-edge notes. ``machine``: where all the instances'
+    runs ran (default: the first instance's machine line)."""
     first = next(iter(studies.values()))
     cfg = first["config"]
     origin = (f"settings from the sweep of {first['settings_from']['study']} (no sweep per instance)"
               if first.get("settings_from") else "every method tuned on validation per instance")
     lines = [f"Task instances {', '.join(map(str, studies))}; policy: {cfg.get('policy')}; {cfg['iterations']} iterations "
              f"x {cfg['batch_size']} rollouts per run; seeds {', '.join(map(str, cfg['seeds']))}; {origin}. "
-             f"Machine: {first.get('machine')}. Command: `{command}`.", "",
+             f"Machine: {machine or first.get('machine')}. Command: `{command}`.", "",
              "| task instance | SFT start (test fact score) | false facts per summary | report |", "|---|---:|---:|---|"]
     for ts, st in studies.items():
         sft = st["sft"].get("test", {})

@@ -318,6 +318,21 @@ def test_a_report_names_the_machines_its_runs_ran_on_not_its_own(tmp_path):
                                              "AMD EPYC + Intel Xeon")
 
 
+def test_a_report_over_several_instances_names_the_machines_of_every_instance_s_runs(tmp_path):
+    studies = {0: _instance([0.5, 0.4], [0.3, 0.3]), 1: _instance([0.2, 0.1], [0.3, 0.3])}
+    for st in studies.values():
+        st["machine"] = "the first instance's machine line"
+    for ts, run, cpu in [(0, "a", "AMD EPYC, 2 cores"), (1, "b", "Intel Xeon, 2 cores"), (1, "c", "Intel Xeon, 2 cores")]:
+        (tmp_path / f"task_seed{ts}" / "final" / run).mkdir(parents=True)
+        (tmp_path / f"task_seed{ts}" / "final" / run / "result.json").write_text(json.dumps({"cpu": cpu}))
+    (tmp_path / "task_seed1" / "shared" / "x").mkdir(parents=True)  # an instance's setup: not a run
+    (tmp_path / "task_seed1" / "shared" / "x" / "result.json").write_text(json.dumps({"cpu": "GPU box, 64 cores"}))
+    study = ms.write_pooled_report(studies, tmp_path, "cmd")
+    assert study["machine"].startswith("Intel Xeon, 2 cores (2 runs); AMD EPYC, 2 cores (1 run), Python ")
+    assert study["cpu"] == "Intel Xeon + AMD EPYC"
+    assert "Machine: Intel Xeon, 2 cores (2 runs); AMD EPYC, 2 cores (1 run)" in (tmp_path / "study.md").read_text()
+
+
 def test_paper_comparison_reads_both_sides_and_says_why_only_where_they_differ():
     cfg = ms.PPOConfig(model_name_or_path="m", dataset_path="d.jsonl", output_dir="o", learning_rate=1e-4,
                        num_ppo_epochs=4, lam=0.95, adaptive_kl=True, kl_coef=0.2, use_lora=False)
