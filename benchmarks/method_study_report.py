@@ -39,6 +39,10 @@ SCALAR_METHODS = ("scalar_sum", "scalar_collapsed", "scalar_bt", "scalar_task")
 # Methods that read no critic: each is run under one arm only (the Bradley-Terry model is learned from preference
 # pairs; the task's own score is the oracle's).
 CRITIC_FREE = {"scalar_bt": "learned", "scalar_task": "oracle"}
+# What each arm's critic knows, in increasing order: a critic-free baseline is a fair comparison in an arm whose
+# critic knows at least what the baseline's own arm knows (the Bradley-Terry model in both arms; the task's own
+# score, which is the oracle's information, only in the oracle arm).
+ARM_INFORMATION = {"learned": 0, "oracle": 1}
 LAMBDAS = (0.0, 0.95, 1.0)
 KL_COEFS = (0.05, 0.1, 0.3, 1.0)  # the fixed-coefficient sweep, beside the adaptive controller
 
@@ -147,9 +151,9 @@ def summarize_final(results: Mapping[Any, Mapping[str, Any]], keys, seeds: Seque
                              for k in ("fact_recall", "n_false")],
         }
     for arm in {a for a, _ in keys}:
-        # every plain scalar baseline of this arm, and the critic-free ones (they read no arm's critic)
+        # every plain scalar baseline of this arm, and the critic-free ones that know no more than its critic
         scalars = [k for k in out if k.split("/")[1].partition("+")[0] in SCALAR_METHODS
-                   and (k.startswith(arm + "/") or k.split("/")[1] in CRITIC_FREE)]
+                   and compared_in(arm, *k.split("/", 1))]
         if not scalars:
             continue
         best = max(scalars, key=lambda k: out[k]["final_mean_ci"][0])
@@ -160,6 +164,15 @@ def summarize_final(results: Mapping[Any, Mapping[str, Any]], keys, seeds: Seque
             out[k].setdefault("reach", {})[arm] = {"baseline": best, "target": target,
                                                   "rollouts": {s: (None if it is None else it * batch_size) for s, it in reach.items()}}
     return out
+
+
+def compared_in(arm: str, run_arm: str, method: str) -> bool:
+    """Whether a run of ``method`` under ``run_arm`` is a baseline of ``arm``: it read that arm's critic, or it read
+    no critic (`CRITIC_FREE`) and its information is no more than the arm's (`ARM_INFORMATION`), so that a learned
+    critic is never measured against a baseline that reads the true score."""
+    if method not in CRITIC_FREE:
+        return run_arm == arm
+    return ARM_INFORMATION[CRITIC_FREE[method]] <= ARM_INFORMATION.get(arm, 0)
 
 
 GOAL_SHARE = 0.8  # the study's bar: Text2Grad ahead at the end on >= 4 of 5 seeds
@@ -521,7 +534,7 @@ def plot(summary: Mapping[str, Any], png: Path) -> None:
     fig, axes = plt.subplots(1, len(arms), figsize=(6 * len(arms), 4), squeeze=False)
     for ax, arm in zip(axes[0], arms):
         for key, r in summary.items():
-            if r["arm"] != arm and r["method"] not in CRITIC_FREE:
+            if not compared_in(arm, r["arm"], r["method"]):
                 continue
             curves = list(r["curves"].values())
             its = [p["iteration"] for p in curves[0]]
@@ -581,9 +594,9 @@ def paired_words(p: Mapping[str, Any]) -> str:
 
 def best_scalar(summary: Mapping[str, Any], arm: str) -> str | None:
     """The scalar baseline (`SCALAR_METHODS`, variants included) with the highest mean final test score among those
-    that read ``arm``'s critic or no critic at all."""
+    that are baselines of ``arm`` (`compared_in`)."""
     keys = [k for k, r in summary.items() if r["method"].partition("+")[0] in SCALAR_METHODS
-            and (r["arm"] == arm or r["method"] in CRITIC_FREE)]
+            and compared_in(arm, r["arm"], r["method"])]
     return max(keys, key=lambda k: summary[k]["final_mean_ci"][0], default=None)
 
 

@@ -493,6 +493,26 @@ def test_the_best_scalar_baseline_is_chosen_among_all_of_them():
     assert summ["learned/text2grad"]["reach"]["learned"]["baseline"] == "learned/scalar_sum"
 
 
+def test_a_learned_critic_is_never_compared_with_the_baseline_that_reads_the_true_score():
+    keys = [("oracle", "text2grad"), ("oracle", "scalar_task"), ("learned", "text2grad"), ("learned", "scalar_sum"),
+            ("learned", "scalar_bt")]
+    res = {**_final("oracle", "text2grad", [0.7] * 3, [0.7] * 3),
+           **_final("oracle", "scalar_task", [0.65] * 3, [0.6] * 3),  # the strongest scalar, on oracle information
+           **_final("learned", "text2grad", [0.4] * 3, [0.4] * 3),
+           **_final("learned", "scalar_sum", [0.3] * 3, [0.3] * 3),
+           **_final("learned", "scalar_bt", [0.35] * 3, [0.35] * 3)}
+    summ = msr.summarize_final(res, keys, [0, 1, 2], 16)
+    assert msr.best_scalar(summ, "learned") == "learned/scalar_bt"  # not oracle/scalar_task (0.65)
+    assert summ["learned/text2grad"]["reach"]["learned"]["baseline"] == "learned/scalar_bt"
+    assert msr.compare_to_best_scalar(summ, "learned")["ahead_final"] == 3
+    assert msr.best_scalar(summ, "oracle") == "oracle/scalar_task"  # the oracle arm keeps it, and the BT model
+    assert msr.compared_in("oracle", "learned", "scalar_bt") and not msr.compared_in("learned", "oracle", "scalar_task")
+    assert not msr.compared_in("learned", "oracle", "scalar_sum")  # a critic-reading run stays in its own arm
+    assert msr.interpret(summ, 0.2)[0].startswith("With oracle feedback")
+    learned = [line for line in msr.interpret(summ, 0.2) if line.startswith("With learned feedback")]
+    assert "Bradley-Terry" in learned[0] and "fact score (oracle)" not in learned[0]
+
+
 def _instance(t2g, base, kl=(2.0, 2.0), sft=0.2, decline=0.0):
     """A study of one task instance with Text2Grad and scalar_sum finals (per-seed scores)."""
     keys = [("learned", "text2grad"), ("learned", "scalar_sum")]

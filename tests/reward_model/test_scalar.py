@@ -115,6 +115,16 @@ def test_cli_errors_exit_2_before_loading(tmp_path, capsys):
     assert "error:" in capsys.readouterr().err
 
 
+def test_an_adapter_only_base_is_refused_with_the_merge_command(tmp_path, capsys):
+    adapter = tmp_path / "sft"  # a LoRA SFT output: an adapter and no model of its own
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path": ""}))
+    assert main(["--model_name_or_path", str(adapter), "--dataset_path", str(tmp_path / "pairs.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert f"model_name_or_path {adapter} holds only a LoRA adapter" in err
+    assert f"text2grad merge-rm --adapter {adapter} --output_dir {adapter}-merged" in err
+
+
 def test_scorer_needs_a_trained_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match=CONFIG_FILENAME):
         ScalarRewardScorer(str(tmp_path))

@@ -59,3 +59,13 @@ def test_a_lora_sft_policy_is_merged_before_the_reward_model_trains_on_it(monkey
     pipeline.stage_reward_model(cfg, data, sft, sft, tmp_path / "out", pipeline.StageClock(pipeline.STAGES))
     assert trained_on == [tmp_path / "policy" / "sft-merged"]
     assert (trained_on[0] / "config.json").is_file() and not is_adapter_only(trained_on[0])
+    # a reward-model base of the user's own: the SFT adapter is not its base, so nothing is merged for it
+    trained_on.clear()
+    given = resolve(QuickstartConfig(preset="ci", output_dir=str(tmp_path / "out2"), cache_dir=str(tmp_path / "cache2"),
+                                     n_train=24, n_annotations=16, rm_base_model=str(tmp_path / "base")))
+    sft2 = tmp_path / "policy2" / "sft"
+    get_peft_model(load_causal_lm(str(tmp_path / "base")), LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(sft2)
+    bpe_tokenizer.save_pretrained(sft2)
+    pipeline.stage_reward_model(given, pipeline.stage_data(given, tmp_path / "out2"), sft2, sft2, tmp_path / "out2",
+                                pipeline.StageClock(pipeline.STAGES))
+    assert trained_on == [tmp_path / "base"] and not (tmp_path / "policy2" / "sft-merged").exists()

@@ -271,7 +271,7 @@ def stage_reward_model(
     if cfg.reward_model:
         print(f"using the given reward model {cfg.reward_model}")
         return Path(cfg.reward_model), {}
-    if is_adapter_only(rm_base):  # e.g. a LoRA SFT: the reward model's own adapter must name a base that holds it
+    if not cfg.rm_base_model and is_adapter_only(rm_base):  # e.g. a LoRA SFT: the RM's adapter must name a base that holds it
         rm_base = merge_adapter_folder(rm_base, rm_base.with_name(rm_base.name + "-merged"))
     key = {"sft": str(sft.resolve()), "rm_base": str(rm_base.resolve()), "grounded": cfg.grounded_spans, "critic": cfg.critic, "critic_kwargs": cfg.critic_kwargs, "ann": cfg.annotation_args,
            "n": cfg.n_annotations, "p_wrong": cfg.rm_p_wrong, "base": cfg.rm_base_model, "steps": cfg.rm_steps, "lr": cfg.rm_learning_rate,
