@@ -238,7 +238,8 @@ def interpret(summary: Mapping[str, Any], sft_test: float, sft_recall_false: tup
                     "one seed gives no interval of the paired difference")
         sign_p = sign_test(cmp["pair_final"]["diffs"]) if "pair_final" in cmp else float("nan")
         sign = "" if sign_p != sign_p else f" (exact two-sided sign test p = {sign_p:.3g})"
-        sure = (f"{interval}{sign}, which excludes zero" if h == h and abs(d) > h else
+        sure = (f"{interval}, so this is not a reliable difference" if h != h else
+                f"{interval}{sign}, which excludes zero" if abs(d) > h else
                 f"{interval}{sign}, which includes zero, so this is not a reliable difference")
         lines.append(
             f"With {arm} feedback, Text2Grad ends training at {_pm(t2g['final_mean_ci'])} (SFT start {sft_test:.3f}), "
@@ -247,10 +248,17 @@ def interpret(summary: Mapping[str, Any], sft_test: float, sft_recall_false: tup
         if summary[cmp["baseline"]]["final_mean_ci"][0] <= sft_test:
             lines.append(f"The best scalar baseline ends no better than the start policy ({_pm(summary[cmp['baseline']]['final_mean_ci'])} "
                          f"vs {sft_test:.3f}): no scalar baseline improved on the SFT policy here.")
+        if t2g["final_mean_ci"][0] <= sft_test:
+            lines.append(f"Text2Grad itself ends no better than the start policy ({_pm(t2g['final_mean_ci'])} vs "
+                         f"{sft_test:.3f}).")
         need = math.ceil(GOAL_SHARE * cmp["seeds"])
-        lines.append(
-            f"The study's goal, Text2Grad ahead of that baseline at the end of training on at least {need} of "
-            f"{cmp['seeds']} seeds, is {'met' if cmp['ahead_final'] >= need else 'not met'} in the {arm} arm.")
+        if cmp["seeds"] < 2:  # one pair is one draw: "ahead on 1 of 1" would call the goal met on a coin flip
+            lines.append(f"With {cmp['seeds']} seed pair the study's goal (Text2Grad ahead of that baseline at the end "
+                         f"of training on at least {GOAL_SHARE:.0%} of seeds) cannot be judged in the {arm} arm.")
+        else:
+            lines.append(
+                f"The study's goal, Text2Grad ahead of that baseline at the end of training on at least {need} of "
+                f"{cmp['seeds']} seeds, is {'met' if cmp['ahead_final'] >= need else 'not met'} in the {arm} arm.")
         spread = final_spread(summary, arm)
         if spread is not None:
             lo, hi, widest = spread

@@ -107,8 +107,9 @@ def test_summary_and_sentences_follow_the_numbers():
     lines = msr.interpret(msr.summarize_final(worse, keys, [0, 1, 2], 16), 0.2)
     assert "behind the best scalar baseline" in lines[0] and "ahead on 0 of 3 seeds" in lines[0]
     assert "excludes zero" in lines[0]
-    assert "on 0 of 3 seeds." in lines[5]
-    assert lines[3].endswith("moved by +0.000, the baseline's by +0.067.")  # flat: no claim about flattening
+    assert lines[1] == "Text2Grad itself ends no better than the start policy (0.100 ± 0.000 vs 0.200)."
+    assert "on 0 of 3 seeds." in lines[6]
+    assert lines[4].endswith("moved by +0.000, the baseline's by +0.067.")  # flat: no claim about flattening
     # the same means with noisy seeds: the spread sentence turns; ahead on every seed: the goal is met
     tied = {**_final("oracle", "text2grad", [0.3, 0.5, 0.4], [0.3, 0.5, 0.4]),
             **_final("oracle", "scalar_collapsed", [0.29, 0.49, 0.39], [0.3, 0.3, 0.3])}
@@ -477,6 +478,18 @@ def test_the_instance_sentence_prints_the_interval_and_says_when_the_baseline_di
     lines = msr.interpret(summ, 0.4)  # the baseline's 0.367 is below a start of 0.4
     assert lines[1] == ("The best scalar baseline ends no better than the start policy (0.367 ± 0.190 vs 0.400): no "
                         "scalar baseline improved on the SFT policy here.")
+    lines = msr.interpret(summ, 0.55)  # both end below a start of 0.55: Text2Grad's fall is said too
+    assert lines[2] == "Text2Grad itself ends no better than the start policy (0.500 ± 0.248 vs 0.550)."
+    # one seed pair: no interval, no sign test, and no verdict on the goal from a single draw
+    one = msr.summarize_final({**_final("learned", "text2grad", [0.2], [0.5], seeds=[0]),
+                               **_final("learned", "scalar_sum", [0.05], [0.36], seeds=[0])},
+                              [("learned", "text2grad"), ("learned", "scalar_sum")], [0], 8)
+    lines = msr.interpret(one, 0.362)
+    assert lines[0].endswith("it is ahead on 1 of 1 seeds, and one seed gives no interval of the paired difference, "
+                             "so this is not a reliable difference.")
+    assert lines[2] == "Text2Grad itself ends no better than the start policy (0.200 vs 0.362)."
+    assert lines[3] == ("With 1 seed pair the study's goal (Text2Grad ahead of that baseline at the end of training on "
+                        "at least 80% of seeds) cannot be judged in the learned arm.")
     # the validation curves and each seed's final KL are stored, so early stopping can be re-derived from study.json
     assert summ["oracle/text2grad"]["val_curves"][0][-1] == {"iteration": 20, "val": pytest.approx(0.0)}
     assert summ["oracle/text2grad"]["kl_final"] == {0: 2.0, 1: 2.0, 2: 2.0}
