@@ -256,9 +256,15 @@ def interpret(summary: Mapping[str, Any], sft_test: float, sft_recall_false: tup
             lines.append(f"With {cmp['seeds']} seed pair the study's goal (Text2Grad ahead of that baseline at the end "
                          f"of training on at least {GOAL_SHARE:.0%} of seeds) cannot be judged in the {arm} arm.")
         else:
+            fall = {s: max(p["val"] for p in c) - c[-1]["val"] for s, c in t2g.get("val_curves", {}).items()}
+            conditions = {f"ahead on >= {need} of {cmp['seeds']} seeds": cmp["ahead_final"] >= need,
+                          "no late decline (<= 0.02)": bool(fall) and all(d <= 0.02 for d in fall.values()),
+                          "KL no larger": t2g["kl_end"][0] <= summary[cmp["baseline"]]["kl_end"][0]}
             lines.append(
-                f"The study's goal, Text2Grad ahead of that baseline at the end of training on at least {need} of "
-                f"{cmp['seeds']} seeds, is {'met' if cmp['ahead_final'] >= need else 'not met'} in the {arm} arm.")
+                f"The study's goal (Text2Grad ahead of that baseline at the end of training on at least {need} of "
+                f"{cmp['seeds']} seeds, within 0.02 of its own best validation point, at no larger final KL) is "
+                f"{'met' if all(conditions.values()) else 'not met'} in the {arm} arm ("
+                + ", ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in conditions.items()) + ").")
         spread = final_spread(summary, arm)
         if spread is not None:
             lo, hi, widest = spread

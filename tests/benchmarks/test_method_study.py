@@ -81,8 +81,9 @@ def test_summary_and_sentences_follow_the_numbers():
     assert lines[0].startswith("With oracle feedback, Text2Grad ends training at 0.500 ± ")
     assert "0.133 ahead of the best scalar baseline (scalar PPO, critic's quotes collapsed" in lines[0]
     assert "ahead on 2 of 3 seeds" in lines[0] and "includes zero" in lines[0]
-    assert lines[1] == ("The study's goal, Text2Grad ahead of that baseline at the end of training on at least 3 of 3 "
-                        "seeds, is not met in the oracle arm.")
+    assert lines[1] == ("The study's goal (Text2Grad ahead of that baseline at the end of training on at least 3 of 3 "
+                        "seeds, within 0.02 of its own best validation point, at no larger final KL) is not met in the "
+                        "oracle arm (ahead on >= 3 of 3 seeds: no, no late decline (<= 0.02): no, KL no larger: yes).")
     # finals 0.5 / 0.367 (scalar_bt, 0.2, reads no critic and is left out): range 0.133 against half-width 0.248
     lo, hi, widest = msr.final_spread(summ, "oracle")
     assert (lo, hi) == (pytest.approx(0.3667, abs=1e-4), pytest.approx(0.5)) and widest == pytest.approx(0.248, abs=1e-3)
@@ -114,7 +115,16 @@ def test_summary_and_sentences_follow_the_numbers():
     tied = {**_final("oracle", "text2grad", [0.3, 0.5, 0.4], [0.3, 0.5, 0.4]),
             **_final("oracle", "scalar_collapsed", [0.29, 0.49, 0.39], [0.3, 0.3, 0.3])}
     tied_lines = msr.interpret(msr.summarize_final(tied, keys[:2], [0, 1, 2], 16), 0.2)
-    assert tied_lines[1].endswith("is met in the oracle arm.")
+    # ahead on every seed, but each validation curve ends 0.5 below its peak: a late decline, so the goal is not met
+    assert tied_lines[1].endswith("is not met in the oracle arm (ahead on >= 3 of 3 seeds: yes, no late decline "
+                                  "(<= 0.02): no, KL no larger: yes).")
+    flat = msr.summarize_final(tied, keys[:2], [0, 1, 2], 16)
+    for curve in flat["oracle/text2grad"]["val_curves"].values():
+        curve[-1]["val"] = max(p["val"] for p in curve)
+    assert msr.interpret(flat, 0.2)[1].endswith("is met in the oracle arm (ahead on >= 3 of 3 seeds: yes, no late "
+                                                "decline (<= 0.02): yes, KL no larger: yes).")
+    flat["oracle/text2grad"]["kl_end"] = (3.0, 0.0)  # further from the start than the baseline (2.0): not met
+    assert msr.interpret(flat, 0.2)[1].endswith("KL no larger: no).")
     assert tied_lines[2].startswith("The methods that read the oracle arm's critic end between 0.390 and 0.400 (a "
                                     "range of 0.010), less than")
     assert tied_lines[2].endswith("they cannot be told apart at the end of training (the paired comparison above is "
