@@ -256,15 +256,12 @@ def interpret(summary: Mapping[str, Any], sft_test: float, sft_recall_false: tup
             lines.append(f"With {cmp['seeds']} seed pair the study's goal (Text2Grad ahead of that baseline at the end "
                          f"of training on at least {GOAL_SHARE:.0%} of seeds) cannot be judged in the {arm} arm.")
         else:
-            fall = {s: max(p["val"] for p in c) - c[-1]["val"] for s, c in t2g.get("val_curves", {}).items()}
-            conditions = {f"ahead on >= {need} of {cmp['seeds']} seeds": cmp["ahead_final"] >= need,
-                          "no late decline (<= 0.02)": bool(fall) and all(d <= 0.02 for d in fall.values()),
-                          "KL no larger": t2g["kl_end"][0] <= summary[cmp["baseline"]]["kl_end"][0]}
+            c = goal_conditions(cmp["pair_final"], late_declines(t2g.get("val_curves", {})),
+                                (t2g["kl_end"][0], summary[cmp["baseline"]]["kl_end"][0]))
             lines.append(
                 f"The study's goal (Text2Grad ahead of that baseline at the end of training on at least {need} of "
                 f"{cmp['seeds']} seeds, within 0.02 of its own best validation point, at no larger final KL) is "
-                f"{'met' if all(conditions.values()) else 'not met'} in the {arm} arm ("
-                + ", ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in conditions.items()) + ").")
+                f"{'met' if goal_met(c) else 'not met'} in the {arm} arm ({goal_checklist(c, cmp['seeds'])}).")
         spread = final_spread(summary, arm)
         if spread is not None:
             lo, hi, widest = spread
@@ -661,17 +658,12 @@ def instance_comparison(study: Mapping[str, Any], arm: str, method: str = "text2
         return None
     base = summ[base_key]
     pair = paired(t2g["final"], base["final"])
-    decline = {}
-    for seed, curve in t2g.get("val_curves", {}).items():
-        best_val = max(p["val"] for p in curve)
-        decline[seed] = best_val - curve[-1]["val"]
+    decline = late_declines(t2g.get("val_curves", {}))
     sft = study["sft"].get("test", {})
     return {
         "baseline": base_key, "pair": pair, "t2g": t2g["final_mean_ci"], "base": base["final_mean_ci"],
         "kl": (t2g["kl_end"][0], base["kl_end"][0]), "sft": sft.get("fact_score", math.nan), "sft_false": sft.get("n_false", math.nan),
-        "late_decline": decline, "no_late_decline": bool(decline) and all(d <= 0.02 for d in decline.values()),
-        "ahead_goal": pair["ahead"] >= math.ceil(GOAL_SHARE * pair["n"]) if pair["n"] else False,
-        "kl_goal": t2g["kl_end"][0] <= base["kl_end"][0],
+        "late_decline": decline, **goal_conditions(pair, decline, (t2g["kl_end"][0], base["kl_end"][0])),
         "base_above_start": base["final_mean_ci"][0] > sft.get("fact_score", float("nan")),
     }
 
@@ -693,17 +685,13 @@ def pooled_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
     name = "Text2Grad" + (f" + {variant}" if variant else "")
     lines = [] if not variant else [f"{name} against the best scalar baseline:"]
     for ts, c in per.items():
-        met = c["ahead_goal"] and c["no_late_decline"] and c["kl_goal"]
         worst = max(c["late_decline"].values(), default=float("nan"))
         lines.append(
             f"Task instance {ts} (SFT start {c['sft']:.3f}, {c['sft_false']:.2f} false facts per summary), {arm} "
             f"feedback: {name} ends at {_pm(c['t2g'])}, the best scalar baseline ({method_label(c['baseline'].split('/')[1])}) "
             f"at {_pm(c['base'])}; paired difference {paired_words(c['pair'])}. Final KL {c['kl'][0]:.2f} vs "
             f"{c['kl'][1]:.2f} nats; {name}'s largest fall from its best validation point to its last is {worst:.3f}. "
-            f"Goal {'met' if met else 'not met'} ("
-            + ", ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in (
-                (f"ahead on >= {math.ceil(GOAL_SHARE * c['pair']['n'])} of {c['pair']['n']} seeds", c["ahead_goal"]),
-                ("no late decline (<= 0.02)", c["no_late_decline"]), ("KL no larger", c["kl_goal"])))
+            f"Goal {'met' if goal_met(c) else 'not met'} ({goal_checklist(c, c['pair']['n'])}"
             + ")." + ("" if c["base_above_start"] else
                       " The best scalar baseline ends no better than the start policy: no scalar baseline learned here."))
     signs = {ts: (c["pair"]["mean"] > 0) - (c["pair"]["mean"] < 0) for ts, c in per.items()}
@@ -715,7 +703,7 @@ def pooled_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
     elif len(per) > 1:
         lines.append(f"The {len(per)} instances agree in direction: {name} is "
                      f"{'ahead' if ahead else 'behind' if behind else 'level'} on average on every one.")
-    goal = [ts for ts, c in per.items() if c["ahead_goal"] and c["no_late_decline"] and c["kl_goal"]]
+    goal = [ts for ts, c in per.items() if goal_met(c)]
     if len(per) > 1 and 0 < len(goal) < len(per):
         lines.append(f"The goal is met on instance(s) {', '.join(map(str, goal))} only.")
     pooled = pool_pairs({ts: c["pair"] for ts, c in per.items()})
@@ -773,11 +761,32 @@ def _comparison_names(method: str, against: str | None) -> tuple[str, str]:
     return "Text2Grad" + (f" + {variant}" if variant else ""), who
 
 
-def _goal_conditions(pair: Mapping[str, Any], fall: Mapping[Any, float]) -> dict[str, bool]:
-    """Two of the goal's conditions: ahead on >= 80 % of the seed pairs, and no seed's last validation point more
-    than 0.02 below its best (no late decline)."""
+def late_declines(val_curves: Mapping[Any, Sequence[Mapping[str, float]]]) -> dict[Any, float]:
+    """Per seed, how far the last validation point of a curve (`val_curves`) lies below its best one (>= 0)."""
+    return {seed: max(p["val"] for p in curve) - curve[-1]["val"] for seed, curve in val_curves.items()}
+
+
+def goal_conditions(pair: Mapping[str, Any], fall: Mapping[Any, float],
+                    kl: tuple[float, float] | None = None) -> dict[str, bool]:
+    """The goal's three conditions: ahead on >= 80 % of the seed pairs (`paired`); no seed's last validation point more
+    than 0.02 below its best (``fall``, `late_declines`); final KL no larger than the baseline's (``kl`` = (mine, the
+    baseline's) mean final KL; None where the comparison holds it by construction)."""
     return {"ahead_goal": pair["n"] > 0 and pair["ahead"] >= math.ceil(GOAL_SHARE * pair["n"]),
-            "no_late_decline": bool(fall) and all(d <= 0.02 for d in fall.values())}
+            "no_late_decline": bool(fall) and all(d <= 0.02 for d in fall.values()),
+            "kl_goal": kl is None or kl[0] <= kl[1]}
+
+
+def goal_met(c: Mapping[str, Any]) -> bool:
+    """All three of `goal_conditions` hold."""
+    return c["ahead_goal"] and c["no_late_decline"] and c["kl_goal"]
+
+
+def goal_checklist(c: Mapping[str, Any], n: int) -> str:
+    """'ahead on >= 4 of 5 seeds: yes, no late decline (<= 0.02): no, KL no larger: yes' for `goal_conditions` ``c``
+    over ``n`` seed pairs."""
+    return ", ".join(f"{label}: {'yes' if ok else 'no'}" for label, ok in (
+        (f"ahead on >= {math.ceil(GOAL_SHARE * n)} of {n} seeds", c["ahead_goal"]),
+        ("no late decline (<= 0.02)", c["no_late_decline"]), ("KL no larger", c["kl_goal"])))
 
 
 # The baselines Text2Grad is held to the KL of: the best scalar baseline (None) and the information-matched one.
@@ -837,8 +846,8 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
             "point": pick, "lowest": min(points, key=lambda p: p["kl_end"][0]), "pair": pair,
             "base_looser": looser_penalty(study.get("kl_frontier", {}).get(base_key, [])),
             "sft": study.get("sft", {}).get("test", {}).get("fact_score", math.nan),
-            # the goal's other two conditions: its KL condition holds by construction
-            **(_goal_conditions(pair, fall) if pair else {"ahead_goal": False, "no_late_decline": False})}
+            # its KL condition holds by construction
+            **(goal_conditions(pair, fall) if pair else {"ahead_goal": False, "no_late_decline": False, "kl_goal": True})}
 
 
 def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method: str = "text2grad",
@@ -862,17 +871,15 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
                          f"{low['kl_end'][0]:.2f} nats with {_pm(low['final_mean_ci'])}.{looser}")
             continue
         worst = max(p.get("val_fall", {}).values(), default=float("nan"))
-        conditions = ((f"ahead on >= {math.ceil(GOAL_SHARE * c['pair']['n'])} of {c['pair']['n']} seeds", c["ahead_goal"]),
-                      ("no late decline (<= 0.02)", c["no_late_decline"]), ("KL no larger", True))
         lines.append(f"Task instance {ts}: KL {p['kl_setting']} ends at {_pm(p['final_mean_ci'])} with KL "
                      f"{p['kl_end'][0]:.2f} nats, the baseline ({base}) at {_pm(c['base'])} with {c['budget']:.2f}, "
                      f"the start policy at {c['sft']:.3f}; paired difference {paired_words(c['pair'])}. Largest fall from its best validation point to "
-                     f"its last: {worst:.3f}. Goal {'met' if c['ahead_goal'] and c['no_late_decline'] else 'not met'} ("
-                     + ", ".join(f"{label}: {'yes' if ok else 'no'}" for label, ok in conditions) + ")." + looser)
+                     f"its last: {worst:.3f}. Goal {'met' if goal_met(c) else 'not met'} ("
+                     f"{goal_checklist(c, c['pair']['n'])})." + looser)
     matched = {ts: c for ts, c in per.items() if c["pair"] is not None}
     pooled = pool_pairs({ts: c["pair"] for ts, c in matched.items()})
     if len(matched) > 1:
-        goal = [str(ts) for ts, c in matched.items() if c["ahead_goal"] and c["no_late_decline"]]
+        goal = [str(ts) for ts, c in matched.items() if goal_met(c)]
         lines.append(f"Pooled over the {len(matched)} instances with a setting within the baseline's KL "
                      f"({pooled['n']} seed pairs): {paired_words(pooled)}. "
                      + (f"The goal is met on instance(s) {', '.join(goal)} of {len(per)}." if goal
@@ -909,7 +916,7 @@ def kl_on_validation(study: Mapping[str, Any], arm: str, method: str = "text2gra
     pair = paired(pick["final"], base["final"])
     fall = pick.get("val_fall", {})
     return {"baseline": base_key, "point": pick, "base_point": base, "pair": pair, "tried": len(points),
-            **_goal_conditions(pair, fall), "kl_goal": pick["kl_end"][0] <= base["kl_end"][0]}
+            **goal_conditions(pair, fall, (pick["kl_end"][0], base["kl_end"][0]))}
 
 
 def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method: str = "text2grad",
@@ -926,19 +933,16 @@ def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, m
     for ts, c in per.items():
         p, b = c["point"], c["base_point"]
         worst = max(p.get("val_fall", {}).values(), default=float("nan"))
-        conditions = ((f"ahead on >= {math.ceil(GOAL_SHARE * c['pair']['n'])} of {c['pair']['n']} seeds", c["ahead_goal"]),
-                      ("no late decline (<= 0.02)", c["no_late_decline"]), ("KL no larger", c["kl_goal"]))
-        met = all(ok for _, ok in conditions)
         lines.append(
             f"Task instance {ts}: {name} at KL {p['kl_setting']} (of {c['tried']} settings; validation "
             f"{p['val_end_mean']:.3f}) ends at {_pm(p['final_mean_ci'])} with KL {p['kl_end'][0]:.2f} nats; "
             f"{method_label(c['baseline'].split('/')[1])} at KL {b['kl_setting']} at {_pm(b['final_mean_ci'])} with "
             f"{b['kl_end'][0]:.2f}; paired difference {paired_words(c['pair'])}; {name}'s largest fall from its best "
-            f"validation point to its last is {worst:.3f}. Goal {'met' if met else 'not met'} ("
-            + ", ".join(f"{label}: {'yes' if ok else 'no'}" for label, ok in conditions) + ").")
+            f"validation point to its last is {worst:.3f}. Goal {'met' if goal_met(c) else 'not met'} ("
+            f"{goal_checklist(c, c['pair']['n'])}).")
     pooled = pool_pairs({ts: c["pair"] for ts, c in per.items()})
     if len(per) > 1:
-        goal = [str(ts) for ts, c in per.items() if c["ahead_goal"] and c["no_late_decline"] and c["kl_goal"]]
+        goal = [str(ts) for ts, c in per.items() if goal_met(c)]
         lines.append(f"Pooled over the {len(per)} instances ({pooled['n']} seed pairs): {paired_words(pooled)}. "
                      + (f"The goal is met on instance(s) {', '.join(goal)} of {len(per)}." if goal
                         else f"The goal is met on none of the {len(per)} instances."))

@@ -44,7 +44,7 @@ from reward_model.train import _allow_deepspeed_on_cpu, _strip_launcher_args, sh
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, load_config, save_config
 from text2grad.core.data import DataError, load_records
-from text2grad.core.modeling import end_distributed, is_adapter_only, load_tokenizer, resolve_dtype
+from text2grad.core.modeling import end_distributed, is_adapter_only, load_tokenizer, merge_first, resolve_dtype
 from text2grad.core.placement import resolve_device
 from text2grad.core.run_dir import MetricsJsonl
 
@@ -243,11 +243,9 @@ def train(cfg: ScalarRMConfig) -> dict[str, Any]:
     if not cfg.dataset_path:
         raise ConfigError("set --dataset_path (preference_pairs.jsonl from `text2grad prepare-data`)")
     if is_adapter_only(cfg.model_name_or_path):
-        merged = f"{cfg.model_name_or_path.rstrip('/')}-merged"
         raise ConfigError(
             f"model_name_or_path {cfg.model_name_or_path} holds only a LoRA adapter; a scalar reward model puts its "
-            f"score head on a whole model. Merge it first (`text2grad merge-rm --adapter {cfg.model_name_or_path} "
-            f"--output_dir {merged}`) and pass --model_name_or_path {merged}"
+            f"score head on a whole model. {merge_first(cfg.model_name_or_path)}"
         )
     pairs = load_pairs(cfg.dataset_path, cfg.dataset_split, cfg.field_map, cfg.limit)
     if cfg.eval_dataset_path:

@@ -44,7 +44,9 @@ from text2grad.core import run_dir
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, save_config
 from text2grad.core.data import DataError, load_records
-from text2grad.core.modeling import check_model_path, end_distributed, is_adapter_only, load_causal_lm, load_tokenizer
+from text2grad.core.modeling import (
+    check_model_path, end_distributed, is_adapter_only, load_causal_lm, load_tokenizer, merge_first,
+)
 from text2grad.core.placement import check_process_gpus
 
 __all__ = ["CONFIG_FILENAME", "bootstrap_resample", "build_dataset", "ensemble_member_configs", "train", "main"]
@@ -120,12 +122,10 @@ def check_adapter_base(cfg: RewardModelConfig) -> None:
     would name that adapter's bare base model and reload without the SFT weights, silently another model."""
     path = cfg.model_name_or_path
     if cfg.use_lora and is_adapter_only(path):
-        merged = f"{path.rstrip('/')}-merged"
         raise ConfigError(
             f"model_name_or_path {path} holds only a LoRA adapter: a LoRA reward model trained on it would reload on "
-            f"the adapter's base model without that adapter. Merge it first (`text2grad merge-rm --adapter {path} "
-            f"--output_dir {merged}`) and pass --model_name_or_path {merged}, or fine-tune the merged weights fully "
-            "with --use_lora false"
+            f"the adapter's base model without that adapter. {merge_first(path)}, or fine-tune the merged weights "
+            "fully with --use_lora false"
         )
 
 

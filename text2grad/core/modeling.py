@@ -25,6 +25,7 @@ __all__ = [
     "check_model_path",
     "load_causal_lm",
     "is_adapter_only",
+    "merge_first",
     "merge_adapter_folder",
     "merged_weights",
     "train_tokenizer",
@@ -107,6 +108,14 @@ def is_adapter_only(path: str | Path) -> bool:
     """Whether ``path`` is a directory holding a PEFT adapter (adapter_config.json) and no model of its own."""
     path = Path(path)
     return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
+
+
+def merge_first(path: str) -> str:
+    """How to turn the adapter-only folder ``path`` into a whole model another phase can start from: the
+    `text2grad merge-rm` command and the --model_name_or_path to pass after it."""
+    merged = f"{path.rstrip('/')}-merged"
+    return (f"Merge it first (`text2grad merge-rm --adapter {path} --output_dir {merged}`) and pass "
+            f"--model_name_or_path {merged}")
 
 
 def merge_adapter_folder(adapter_dir: str | Path, out: str | Path) -> Path:
