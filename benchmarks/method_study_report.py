@@ -260,8 +260,9 @@ def interpret(summary: Mapping[str, Any], sft_test: float, sft_recall_false: tup
                                 (t2g["kl_end"][0], summary[cmp["baseline"]]["kl_end"][0]))
             lines.append(
                 f"The study's goal (Text2Grad ahead of that baseline at the end of training on at least {need} of "
-                f"{cmp['seeds']} seeds, within 0.02 of its own best validation point, at no larger final KL) is "
-                f"{'met' if goal_met(c) else 'not met'} in the {arm} arm ({goal_checklist(c, cmp['seeds'])}).")
+                f"{cmp['seeds']} seeds, within 0.02 of its own best validation point, at no larger final KL) "
+                + ("cannot be judged" if (v := goal_verdict(c)) == "cannot be judged" else f"is {v}")
+                + f" in the {arm} arm ({goal_checklist(c, cmp['seeds'])}).")
         spread = final_spread(summary, arm)
         if spread is not None:
             lo, hi, widest = spread
@@ -685,13 +686,13 @@ def pooled_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
     name = "Text2Grad" + (f" + {variant}" if variant else "")
     lines = [] if not variant else [f"{name} against the best scalar baseline:"]
     for ts, c in per.items():
-        worst = max(c["late_decline"].values(), default=float("nan"))
+        worst = largest_fall(c["late_decline"])
         lines.append(
             f"Task instance {ts} (SFT start {c['sft']:.3f}, {c['sft_false']:.2f} false facts per summary), {arm} "
             f"feedback: {name} ends at {_pm(c['t2g'])}, the best scalar baseline ({method_label(c['baseline'].split('/')[1])}) "
             f"at {_pm(c['base'])}; paired difference {paired_words(c['pair'])}. Final KL {c['kl'][0]:.2f} vs "
-            f"{c['kl'][1]:.2f} nats; {name}'s largest fall from its best validation point to its last is {worst:.3f}. "
-            f"Goal {'met' if goal_met(c) else 'not met'} ({goal_checklist(c, c['pair']['n'])}"
+            f"{c['kl'][1]:.2f} nats; {name}'s largest fall from its best validation point to its last is {worst}. "
+            f"Goal {goal_verdict(c)} ({goal_checklist(c, c['pair']['n'])}"
             + ")." + ("" if c["base_above_start"] else
                       " The best scalar baseline ends no better than the start policy: no scalar baseline learned here."))
     signs = {ts: (c["pair"]["mean"] > 0) - (c["pair"]["mean"] < 0) for ts, c in per.items()}
@@ -767,24 +768,39 @@ def late_declines(val_curves: Mapping[Any, Sequence[Mapping[str, float]]]) -> di
 
 
 def goal_conditions(pair: Mapping[str, Any], fall: Mapping[Any, float],
-                    kl: tuple[float, float] | None = None) -> dict[str, bool]:
+                    kl: tuple[float, float] | None = None) -> dict[str, bool | None]:
     """The goal's three conditions: ahead on >= 80 % of the seed pairs (`paired`); no seed's last validation point more
-    than 0.02 below its best (``fall``, `late_declines`); final KL no larger than the baseline's (``kl`` = (mine, the
-    baseline's) mean final KL; None where the comparison holds it by construction)."""
+    than 0.02 below its best (``fall``, `late_declines`; None when no validation curve was recorded, e.g. in a study
+    summarised before they were stored); final KL no larger than the baseline's (``kl`` = (mine, the baseline's) mean
+    final KL; None where the comparison holds it by construction)."""
     return {"ahead_goal": pair["n"] > 0 and pair["ahead"] >= math.ceil(GOAL_SHARE * pair["n"]),
-            "no_late_decline": bool(fall) and all(d <= 0.02 for d in fall.values()),
+            "no_late_decline": all(d <= 0.02 for d in fall.values()) if fall else None,
             "kl_goal": kl is None or kl[0] <= kl[1]}
 
 
+def largest_fall(fall: Mapping[Any, float]) -> str:
+    """The largest of the seeds' falls (`late_declines`) as '0.042', or 'not recorded' when there are none."""
+    return f"{max(fall.values()):.3f}" if fall else "not recorded"
+
+
+_CONDITIONS = ("ahead_goal", "no_late_decline", "kl_goal")
+
+
 def goal_met(c: Mapping[str, Any]) -> bool:
-    """All three of `goal_conditions` hold."""
-    return c["ahead_goal"] and c["no_late_decline"] and c["kl_goal"]
+    """All three of `goal_conditions` hold (an unrecorded one does not)."""
+    return all(c[k] is True for k in _CONDITIONS)
+
+
+def goal_verdict(c: Mapping[str, Any]) -> str:
+    """'met', 'not met' (a condition fails) or 'cannot be judged' (none fails, one was not recorded)."""
+    return ("met" if goal_met(c) else "not met" if any(c[k] is False for k in _CONDITIONS)
+            else "cannot be judged")
 
 
 def goal_checklist(c: Mapping[str, Any], n: int) -> str:
     """'ahead on >= 4 of 5 seeds: yes, no late decline (<= 0.02): no, KL no larger: yes' for `goal_conditions` ``c``
-    over ``n`` seed pairs."""
-    return ", ".join(f"{label}: {'yes' if ok else 'no'}" for label, ok in (
+    over ``n`` seed pairs; a condition that was not recorded reads 'not recorded'."""
+    return ", ".join(f"{label}: {'not recorded' if ok is None else 'yes' if ok else 'no'}" for label, ok in (
         (f"ahead on >= {math.ceil(GOAL_SHARE * n)} of {n} seeds", c["ahead_goal"]),
         ("no late decline (<= 0.02)", c["no_late_decline"]), ("KL no larger", c["kl_goal"])))
 
@@ -870,11 +886,11 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
                          f"({base}) {c['budget']:.2f} nats; the lowest, {low['kl_setting']}, ends at "
                          f"{low['kl_end'][0]:.2f} nats with {_pm(low['final_mean_ci'])}.{looser}")
             continue
-        worst = max(p.get("val_fall", {}).values(), default=float("nan"))
+        worst = largest_fall(p.get("val_fall", {}))
         lines.append(f"Task instance {ts}: KL {p['kl_setting']} ends at {_pm(p['final_mean_ci'])} with KL "
                      f"{p['kl_end'][0]:.2f} nats, the baseline ({base}) at {_pm(c['base'])} with {c['budget']:.2f}, "
                      f"the start policy at {c['sft']:.3f}; paired difference {paired_words(c['pair'])}. Largest fall from its best validation point to "
-                     f"its last: {worst:.3f}. Goal {'met' if goal_met(c) else 'not met'} ("
+                     f"its last: {worst}. Goal {goal_verdict(c)} ("
                      f"{goal_checklist(c, c['pair']['n'])})." + looser)
     matched = {ts: c for ts, c in per.items() if c["pair"] is not None}
     pooled = pool_pairs({ts: c["pair"] for ts, c in matched.items()})
@@ -932,13 +948,13 @@ def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, m
              "seeds):"]
     for ts, c in per.items():
         p, b = c["point"], c["base_point"]
-        worst = max(p.get("val_fall", {}).values(), default=float("nan"))
+        worst = largest_fall(p.get("val_fall", {}))
         lines.append(
             f"Task instance {ts}: {name} at KL {p['kl_setting']} (of {c['tried']} settings; validation "
             f"{p['val_end_mean']:.3f}) ends at {_pm(p['final_mean_ci'])} with KL {p['kl_end'][0]:.2f} nats; "
             f"{method_label(c['baseline'].split('/')[1])} at KL {b['kl_setting']} at {_pm(b['final_mean_ci'])} with "
             f"{b['kl_end'][0]:.2f}; paired difference {paired_words(c['pair'])}; {name}'s largest fall from its best "
-            f"validation point to its last is {worst:.3f}. Goal {'met' if goal_met(c) else 'not met'} ("
+            f"validation point to its last is {worst}. Goal {goal_verdict(c)} ("
             f"{goal_checklist(c, c['pair']['n'])}).")
     pooled = pool_pairs({ts: c["pair"] for ts, c in per.items()})
     if len(per) > 1:

@@ -123,8 +123,15 @@ def test_summary_and_sentences_follow_the_numbers():
         curve[-1]["val"] = max(p["val"] for p in curve)
     assert msr.interpret(flat, 0.2)[1].endswith("is met in the oracle arm (ahead on >= 3 of 3 seeds: yes, no late "
                                                 "decline (<= 0.02): yes, KL no larger: yes).")
+    unrecorded = {k: {f: v for f, v in r.items() if f != "val_curves"} for k, r in flat.items()}
+    # a study summarised before validation curves were stored: the late decline is unknown, so no verdict
+    assert msr.interpret(unrecorded, 0.2)[1].endswith(
+        "at no larger final KL) cannot be judged in the oracle arm (ahead on >= 3 of 3 seeds: yes, no late decline "
+        "(<= 0.02): not recorded, KL no larger: yes).")
     flat["oracle/text2grad"]["kl_end"] = (3.0, 0.0)  # further from the start than the baseline (2.0): not met
     assert msr.interpret(flat, 0.2)[1].endswith("KL no larger: no).")
+    unrecorded["oracle/text2grad"]["kl_end"] = (3.0, 0.0)  # one condition fails: not met, whatever is unknown
+    assert "is not met in the oracle arm" in msr.interpret(unrecorded, 0.2)[1]
     assert tied_lines[2].startswith("The methods that read the oracle arm's critic end between 0.390 and 0.400 (a "
                                     "range of 0.010), less than")
     assert tied_lines[2].endswith("they cannot be told apart at the end of training (the paired comparison above is "
@@ -568,6 +575,13 @@ def test_instances_are_reported_each_and_pooled_and_their_disagreement_is_said()
     # a late decline or a larger KL fails the goal even when ahead on every seed
     late = msr.pooled_lines({0: _instance([0.5] * 5, [0.3] * 5, decline=0.05)}, "learned")[0][0]
     assert "no late decline (<= 0.02): no" in late and "Goal not met" in late
+    assert "largest fall from its best validation point to its last is 0.050." in late
+    # a study stored before validation curves were kept: the fall is unknown, and the goal cannot be judged
+    old = _instance([0.5] * 5, [0.3] * 5)
+    del old["final"]["learned/text2grad"]["val_curves"]
+    unknown = msr.pooled_lines({0: old}, "learned")[0][0]
+    assert "to its last is not recorded. Goal cannot be judged (ahead on >= 4 of 5 seeds: yes, no late decline " \
+           "(<= 0.02): not recorded, KL no larger: yes)." in unknown
     drift = msr.pooled_lines({0: _instance([0.5] * 5, [0.3] * 5, kl=(9.0, 3.0))}, "learned")[0][0]
     assert "KL no larger: no" in drift and "Final KL 9.00 vs 3.00 nats" in drift
     agree = msr.pooled_lines({0: studies[0], 1: studies[0]}, "learned")[0]
