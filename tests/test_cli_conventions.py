@@ -103,6 +103,16 @@ def test_no_command_prints_usage_and_exits_2(capsys):
     assert rc == 2 and "error: unknown command 'frobnicate'" in err
 
 
+def test_the_command_list_and_version_load_no_ml_library():
+    # `text2grad --help` and `--version` are the first things a user types: they print at once, without torch
+    script = ("import sys\nfrom text2grad.apps.cli import main\n"
+              "assert main(['--help']) == 0 and main(['--version']) == 0\n"
+              "print(sorted(m for m in ('torch', 'datasets', 'transformers', 'peft', 'trl') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "usage: text2grad <command>" in out.stdout and out.stdout.strip().endswith("[]")
+
+
 def test_help_into_a_closed_pipe_ends_quietly():
     script = (
         f"{sys.executable} -m text2grad --help | head -1; "

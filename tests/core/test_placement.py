@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from policy_optimization.train import main as ppo_main
-from text2grad.core.cli import EXIT_USAGE, guarded
+from text2grad.core.cli import EXIT_USAGE, guarded, hide_gpus_for_cpu_ranks
 from text2grad.core.placement import (
-    EnginePlacement, PlacementError, check_device, check_process_gpus, engine_placement, hide_gpus_for_cpu_ranks,
-    local_rank, local_world_size,
+    EnginePlacement, PlacementError, check_device, check_process_gpus, engine_placement, local_rank, local_world_size,
     misplaced, process_device, resolve_device, set_device_resolver, visible_gpus, world_size,
 )
 from text2grad.core.vllm_engine import place_engine

@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, MutableMapping, Sequence
 
-from text2grad.core.config import ConfigError, parse_config
-from text2grad.core.data import DataError
-from text2grad.core.placement import hide_gpus_for_cpu_ranks
+from text2grad.core.config import ConfigError, DataError, parse_config
 
 __all__ = [
     "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_NONFINITE", "EXIT_OK", "EXIT_USAGE", "RunFailed", "USER_ERRORS",
-    "print_error", "quiet_broken_pipe", "run_cli",
+    "hide_gpus_for_cpu_ranks", "print_error", "quiet_broken_pipe", "run_cli",
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -89,6 +87,23 @@ def guarded(main: Callable[[], int]) -> int:
     except BrokenPipeError:
         _stdout_to_devnull()
         return _EXIT_BROKEN_PIPE
+
+
+def hide_gpus_for_cpu_ranks(env: MutableMapping[str, str] | None = None) -> bool:
+    """Hide the GPUs from this process when DeepSpeed is asked for CPU ranks (``DS_ACCELERATOR=cpu``).
+
+    DeepSpeed's launcher writes ``CUDA_VISIBLE_DEVICES=0,...,n-1`` into every rank's environment even for its CPU
+    accelerator, so on a GPU machine each CPU rank would see the GPUs: torch and accelerate would place it on one
+    (and `check_process_gpus` refuse more ranks than GPUs) while DeepSpeed communicates over the CPU. Clearing the
+    variable before CUDA starts makes every library agree on the CPU; every command's `run_cli` calls this first.
+
+    Returns whether ``env`` (default ``os.environ``) was changed.
+    """
+    env = os.environ if env is None else env
+    if env.get("DS_ACCELERATOR") != "cpu" or env.get("CUDA_VISIBLE_DEVICES") == "":
+        return False
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    return True
 
 
 def run_cli(

@@ -39,7 +39,7 @@ from typing import Any, Iterator, Sequence, TypeVar
 import yaml
 
 __all__ = [
-    "ConfigError", "CliParser", "config_field", "parse_config", "load_config", "save_config", "config_to_dict", "configure_logging",
+    "ConfigError", "DataError", "CliParser", "config_field", "parse_config", "load_config", "save_config", "config_to_dict", "configure_logging",
     "invoked_as", "range_problems", "RENAMED_KEYS", "Renamed", "renamed_keys",
 ]
 
@@ -48,6 +48,10 @@ C = TypeVar("C")
 
 class ConfigError(ValueError):
     """A configuration value or file is wrong; the message says which and how to fix it."""
+
+
+class DataError(ValueError):
+    """Input data is missing, malformed, or lacks a field; the message names where."""
 
 
 def config_field(default: Any, help: str, **kwargs: Any) -> Any:

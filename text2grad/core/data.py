@@ -16,11 +16,9 @@ from typing import Any, Iterator, Mapping
 
 import datasets
 
+from text2grad.core.config import DataError  # defined beside ConfigError, so the CLI catches it without datasets
+
 __all__ = ["DataError", "load_records", "write_jsonl", "append_jsonl", "iter_jsonl", "render_template", "record_id"]
-
-
-class DataError(ValueError):
-    """Input data is missing, malformed, or lacks a field; the message names where."""
 
 
 def iter_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:

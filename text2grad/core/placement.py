@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, MutableMapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -33,7 +33,7 @@ from text2grad.core.config import ConfigError
 
 __all__ = [
     "EnginePlacement", "PlacementError", "check_device", "check_process_gpus", "engine_placement",
-    "hide_gpus_for_cpu_ranks", "local_rank", "local_world_size", "misplaced", "process_device", "resolve_device",
+    "local_rank", "local_world_size", "misplaced", "process_device", "resolve_device",
     "set_device_resolver", "visible_gpus", "world_size",
 ]
 
@@ -98,23 +98,6 @@ def _visible_description(env: Mapping[str, str] | None, count: int) -> str:
     listed = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
     names = f"cuda:0..cuda:{count - 1}" if count > 1 else "cuda:0" if count == 1 else "none"
     return f"{count} visible GPU(s) ({names}; CUDA_VISIBLE_DEVICES={'unset' if listed is None else repr(listed)})"
-
-
-def hide_gpus_for_cpu_ranks(env: MutableMapping[str, str] | None = None) -> bool:
-    """Hide the GPUs from this process when DeepSpeed is asked for CPU ranks (``DS_ACCELERATOR=cpu``).
-
-    DeepSpeed's launcher writes ``CUDA_VISIBLE_DEVICES=0,...,n-1`` into every rank's environment even for its CPU
-    accelerator, so on a GPU machine each CPU rank would see the GPUs: torch and accelerate would place it on one
-    (and `check_process_gpus` refuse more ranks than GPUs) while DeepSpeed communicates over the CPU. Clearing the
-    variable before CUDA starts makes every library agree on the CPU; every command's `run_cli` calls this first.
-
-    Returns whether ``env`` (default ``os.environ``) was changed.
-    """
-    env = os.environ if env is None else env
-    if env.get("DS_ACCELERATOR") != "cpu" or env.get("CUDA_VISIBLE_DEVICES") == "":
-        return False
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    return True
 
 
 def check_process_gpus(env: Mapping[str, str] | None = None, cuda_available: bool | None = None,
