@@ -984,21 +984,35 @@ def control_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, defended: 
     """``defended`` against ``control`` at the end of training, seed by seed at their chosen settings, per instance
     and pooled (e.g. Text2Grad + refresh against Text2Grad + offline_matched, as many more annotations and
     reward-model steps offline: what annotating the policy's own current samples adds beyond the count)."""
-    pairs = {}
+    pairs, kls = {}, {}
     for ts, st in studies.items():
         summ = st.get("final", {})
         a, b = summ.get(f"{arm}/{defended}"), summ.get(f"{arm}/{control}")
         if a and b and (pair := paired(a["final"], b["final"]))["n"]:
             pairs[ts] = pair
+            if "kl_end" in a and "kl_end" in b:
+                kls[ts] = (a["kl_end"][0], b["kl_end"][0])
     if not pairs:
         return [], {}
     name = "Text2Grad + " + defended.partition("+")[2]
     lines = [f"{name} against {what}, at the end:"]
-    lines += [f"Task instance {ts}: paired difference {paired_words(p)}." for ts, p in pairs.items()]
+    lines += [f"Task instance {ts}: paired difference {paired_words(p)}"
+              + (f"; final KL {kls[ts][0]:.2f} vs {kls[ts][1]:.2f} nats." if ts in kls else ".")
+              for ts, p in pairs.items()]
     pooled = pool_pairs(pairs)
     if len(pairs) > 1:
         lines.append(f"Pooled over the {len(pairs)} instances ({pooled['n']} seed pairs): {paired_words(pooled)}.")
-    return lines, {"instances": pairs, "pooled": pooled}
+    if len(kls) > 1:
+        lower = [str(ts) for ts, (mine, theirs) in kls.items() if mine < theirs]
+        higher = [str(ts) for ts, (mine, theirs) in kls.items() if mine > theirs]
+        if lower and higher:
+            lines.append(f"{name}'s final KL is lower than the control's on instance(s) {', '.join(lower)} and higher "
+                         f"on {', '.join(higher)}: it does not hold the policy nearer the start on every instance.")
+        elif lower or higher:
+            lines.append(f"{name}'s final KL is {'lower' if lower else 'higher'} than the control's on "
+                         + ("every instance." if len(lower or higher) == len(kls) else
+                            f"instance(s) {', '.join(lower or higher)} and equal on the others."))
+    return lines, {"instances": pairs, "pooled": pooled, "kl": kls}
 
 
 def frontier_markdown(study: Mapping[str, Any]) -> list[str]:

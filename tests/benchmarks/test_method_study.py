@@ -959,6 +959,17 @@ def test_each_defence_is_compared_with_the_run_that_differs_only_by_it_seed_by_s
         assert lines[0] == f"Text2Grad + ensemble_refresh against {what}, at the end:"
     assert by_control["text2grad+ensemble"] == pytest.approx([0.3, 0.0, 0.3])
     assert by_control["text2grad+refresh"] == pytest.approx([-0.1, -0.2, 0.3])
+    # with each run's final KL: said per instance, and whether the defence holds the policy nearer the start
+    for ts, (defended_kl, control_kl) in {0: (0.4, 0.9), 1: (1.9, 0.8)}.items():
+        studies[ts]["final"]["learned/text2grad+refresh"]["kl_end"] = (defended_kl, 0.1)
+        studies[ts]["final"]["learned/text2grad+offline_matched"]["kl_end"] = (control_kl, 0.1)
+    lines, numbers = msr.control_lines(studies, "learned", *msr.DEFENCE_CONTROLS[0][:2], msr.DEFENCE_CONTROLS[0][3])
+    assert lines[1].endswith("; final KL 0.40 vs 0.90 nats.") and numbers["kl"] == {0: (0.4, 0.9), 1: (1.9, 0.8)}
+    assert lines[-1] == ("Text2Grad + refresh's final KL is lower than the control's on instance(s) 0 and higher on 1: "
+                         "it does not hold the policy nearer the start on every instance.")
+    studies[1]["final"]["learned/text2grad+refresh"]["kl_end"] = (0.5, 0.1)
+    lines = msr.control_lines(studies, "learned", *msr.DEFENCE_CONTROLS[0][:2], msr.DEFENCE_CONTROLS[0][3])[0]
+    assert lines[-1] == "Text2Grad + refresh's final KL is lower than the control's on every instance."
 
 
 # ------------------------------------------------------------------------------------------------
