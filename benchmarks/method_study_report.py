@@ -13,7 +13,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import matplotlib
 import yaml
@@ -149,6 +149,7 @@ def summarize_final(results: Mapping[Any, Mapping[str, Any]], keys, seeds: Seque
             "true_label_shift": shift,
             "recall_false": [statistics.fmean(r["final"]["test"].get(k, float("nan")) for r in runs.values())
                              for k in ("fact_recall", "n_false")],
+            **({"reward_signal": signal} if (signal := reward_signal(runs.values())) else {}),
         }
     for arm in {a for a, _ in keys}:
         # every plain scalar baseline of this arm, and the critic-free ones that know no more than its critic
@@ -163,6 +164,22 @@ def summarize_final(results: Mapping[Any, Mapping[str, Any]], keys, seeds: Seque
                      for s, c in out[k]["curves"].items()}
             out[k].setdefault("reach", {})[arm] = {"baseline": best, "target": target,
                                                   "rollouts": {s: (None if it is None else it * batch_size) for s, it in reach.items()}}
+    return out
+
+
+# The training metrics that show what reward a run's critic gave (policy_optimization/rollout.py,
+# text2grad/core/rewards.py): the summed token reward per response, and the share of its tokens labelled +-1.
+SIGNAL_METRICS = ("reward/score_mean", "tokens/labelled_share")
+
+
+def reward_signal(runs: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Each of `SIGNAL_METRICS` averaged over every logged iteration of every run (its ``metrics`` list); a metric
+    no run logged is left out."""
+    out = {}
+    for name in SIGNAL_METRICS:
+        values = [m[name] for r in runs for m in r.get("metrics", []) if m.get(name) is not None]
+        if values:
+            out[name] = statistics.fmean(values)
     return out
 
 
@@ -984,7 +1001,7 @@ def control_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, defended: 
     """``defended`` against ``control`` at the end of training, seed by seed at their chosen settings, per instance
     and pooled (e.g. Text2Grad + refresh against Text2Grad + offline_matched, as many more annotations and
     reward-model steps offline: what annotating the policy's own current samples adds beyond the count)."""
-    pairs, kls = {}, {}
+    pairs, kls, rewards = {}, {}, {}
     for ts, st in studies.items():
         summ = st.get("final", {})
         a, b = summ.get(f"{arm}/{defended}"), summ.get(f"{arm}/{control}")
@@ -992,13 +1009,22 @@ def control_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, defended: 
             pairs[ts] = pair
             if "kl_end" in a and "kl_end" in b:
                 kls[ts] = (a["kl_end"][0], b["kl_end"][0])
+            signals = [r.get("reward_signal", {}) for r in (a, b)]
+            if all(set(SIGNAL_METRICS) <= set(x) for x in signals):
+                rewards[ts] = tuple((x["reward/score_mean"], x["tokens/labelled_share"]) for x in signals)
     if not pairs:
         return [], {}
     name = "Text2Grad + " + defended.partition("+")[2]
     lines = [f"{name} against {what}, at the end:"]
-    lines += [f"Task instance {ts}: paired difference {paired_words(p)}"
-              + (f"; final KL {kls[ts][0]:.2f} vs {kls[ts][1]:.2f} nats." if ts in kls else ".")
-              for ts, p in pairs.items()]
+    for ts, p in pairs.items():
+        line = f"Task instance {ts}: paired difference {paired_words(p)}"
+        if ts in kls:
+            line += f"; final KL {kls[ts][0]:.2f} vs {kls[ts][1]:.2f} nats"
+        if ts in rewards:
+            (mine, mine_share), (theirs, their_share) = rewards[ts]
+            line += (f"; the critic's token rewards summed per response, mean over training, {mine:+.2f} vs "
+                     f"{theirs:+.2f} (share of tokens labelled +-1: {mine_share:.2f} vs {their_share:.2f})")
+        lines.append(line + ".")
     pooled = pool_pairs(pairs)
     if len(pairs) > 1:
         lines.append(f"Pooled over the {len(pairs)} instances ({pooled['n']} seed pairs): {paired_words(pooled)}.")
@@ -1012,7 +1038,12 @@ def control_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, defended: 
             lines.append(f"{name}'s final KL is {'lower' if lower else 'higher'} than the control's on "
                          + ("every instance." if len(lower or higher) == len(kls) else
                             f"instance(s) {', '.join(lower or higher)} and equal on the others."))
-    return lines, {"instances": pairs, "pooled": pooled, "kl": kls}
+    flipped = [str(ts) for ts, ((mine, _), (theirs, _)) in rewards.items() if mine < 0 < theirs]
+    if flipped:
+        lines.append(f"On instance(s) {', '.join(flipped)} the average response's token rewards sum below zero under "
+                     f"{name} and above zero under the control: there the defence turns the critic's verdict on the "
+                     "average response from good to poor.")
+    return lines, {"instances": pairs, "pooled": pooled, "kl": kls, "reward_signal": rewards}
 
 
 def frontier_markdown(study: Mapping[str, Any]) -> list[str]:

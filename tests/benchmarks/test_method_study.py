@@ -970,6 +970,25 @@ def test_each_defence_is_compared_with_the_run_that_differs_only_by_it_seed_by_s
     studies[1]["final"]["learned/text2grad+refresh"]["kl_end"] = (0.5, 0.1)
     lines = msr.control_lines(studies, "learned", *msr.DEFENCE_CONTROLS[0][:2], msr.DEFENCE_CONTROLS[0][3])[0]
     assert lines[-1] == "Text2Grad + refresh's final KL is lower than the control's on every instance."
+    # the reward the critic gave (from the runs' logged metrics): where the defence flips its sign, the report says so
+    logged = {"text2grad+refresh": [(-2.0, 0.5), (-1.0, 0.5)], "text2grad+offline_matched": [(1.0, 0.4), (2.0, 0.6)]}
+    for method, metrics in logged.items():
+        runs = [{"metrics": [{"reward/score_mean": score, "tokens/labelled_share": share}
+                             for score, share in metrics]}, {"metrics": [{"iteration": 0}]}]
+        assert msr.reward_signal(runs) == pytest.approx({"reward/score_mean": sum(x for x, _ in metrics) / 2,
+                                                         "tokens/labelled_share": 0.5})
+        studies[0]["final"][f"learned/{method}"]["reward_signal"] = msr.reward_signal(runs)
+    assert msr.reward_signal([{"metrics": []}]) == {}
+    lines, numbers = msr.control_lines(studies, "learned", *msr.DEFENCE_CONTROLS[0][:2], msr.DEFENCE_CONTROLS[0][3])
+    assert lines[1].endswith("; final KL 0.40 vs 0.90 nats; the critic's token rewards summed per response, mean over "
+                             "training, -1.50 vs +1.50 (share of tokens labelled +-1: 0.50 vs 0.50).")
+    assert lines[2].endswith("final KL 0.50 vs 0.80 nats.")  # instance 1 logged no metrics: no reward clause
+    assert lines[-1] == ("On instance(s) 0 the average response's token rewards sum below zero under Text2Grad + "
+                         "refresh and above zero under the control: there the defence turns the critic's verdict on "
+                         "the average response from good to poor.")
+    studies[0]["final"]["learned/text2grad+refresh"]["reward_signal"]["reward/score_mean"] = 0.5
+    assert not any("from good to poor" in x for x in
+                   msr.control_lines(studies, "learned", *msr.DEFENCE_CONTROLS[0][:2], msr.DEFENCE_CONTROLS[0][3])[0])
 
 
 # ------------------------------------------------------------------------------------------------
