@@ -236,8 +236,7 @@ def train_grpo(cfg: GRPORunConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_cli(GRPORunConfig, train_grpo, argv,
-                   description="Text2Grad-GRPO (group advantages + span rewards per token).")
+    return run_cli(GRPORunConfig, train_grpo, argv)
 
 
 if __name__ == "__main__":

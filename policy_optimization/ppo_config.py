@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from text2grad.core.config import config_field, literal_choices, range_problems
-from text2grad.core.model_config import ModelConfig
-from text2grad.core.modeling import resolve_dtype
+from text2grad.core.model_config import ModelConfig, dtype_problem
 from text2grad.core.reward_options import (
     REWARD_MODES,
     Aggregation,
@@ -306,10 +305,8 @@ class PPOConfig(ModelConfig):
             share=("lora_dropout", "top_p", "vllm_gpu_memory_utilization"),
         )
 
-        try:
-            resolve_dtype(self.dtype)
-        except ValueError as exc:
-            problems.append(str(exc))
+        if dtype_problem(self.dtype):
+            problems.append(dtype_problem(self.dtype))
         for name in ("batch_size", "num_mini_batches", "gradient_accumulation_steps", "num_ppo_epochs", "response_length", "max_prompt_length"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")

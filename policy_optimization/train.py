@@ -179,8 +179,7 @@ def train_policy(cfg: PPOConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_cli(PPOConfig, train_policy, argv,
-                   description="Text2Grad PPO (token-level rewards from natural-language feedback).")
+    return run_cli(PPOConfig, train_policy, argv)
 
 
 if __name__ == "__main__":

@@ -306,8 +306,7 @@ def train_scalar_reward_model(cfg: ScalarRMConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_cli(ScalarRMConfig, train_scalar_reward_model, _strip_launcher_args(sys.argv[1:] if argv is None else argv),
-                   description="Scalar (Bradley-Terry) reward model on preference pairs.")
+    return run_cli(ScalarRMConfig, train_scalar_reward_model, _strip_launcher_args(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import torch
 
+from reward_model.train_config import DEFAULT_INSTRUCTION, NOCOT_INSTRUCTION, PromptFormat, TargetFormat
 from text2grad.core.feedback import Feedback, ParseResult, format_feedback, parse_feedback
 from text2grad.core.generation import apply_chat_template
 from text2grad.core.spans import GOOD, POOR, CharSpan
@@ -62,23 +63,7 @@ __all__ = [
     "collate",
 ]
 
-PromptFormat = Literal["auto", "chat", "plain"]
-TargetFormat = Literal["cot", "nocot"]
-
 IGNORE_INDEX = -100  # label value that PyTorch's cross-entropy (and every HF causal LM) skips
-
-DEFAULT_INSTRUCTION = (
-    "You are a careful reviewer. Critique the response to the prompt below: say what it does well and what "
-    "is wrong or missing. Write the critique as one paragraph, then on the last line a JSON object "
-    '{"good_spans": [...], "poor_spans": [...]} listing short phrases copied exactly from the response '
-    "that are good or poor. Use [] when there are none."
-)
-
-NOCOT_INSTRUCTION = (
-    "You are a careful reviewer. Judge the response to the prompt below without explaining: answer only with a "
-    'JSON object {"good_spans": [...], "poor_spans": [...]} listing short phrases copied exactly from the '
-    "response that are good or poor. Use [] when there are none."
-)
 
 PLAIN_TEMPLATE = "{instruction}\n\n### Prompt\n{prompt}\n\n### Response\n{response}\n\n### Critique\n"
 # The user message when a chat template is used; the instruction goes in the user turn (not a system turn)

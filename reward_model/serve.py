@@ -306,17 +306,8 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-DESCRIPTION = (
-    "Serve a trained reward model from vLLM's OpenAI-compatible server (started as python -m "
-    "vllm.entrypoints.openai.api_server: the `vllm serve` script of vLLM's CPU build fails). Waits for /health, "
-    "prints the base URL and the critic settings to paste into PPO (critic reward_model, backend openai), and runs "
-    "until Ctrl-C or SIGTERM, which stop the server. Example: text2grad serve-critic --reward_model "
-    "outputs/slf5k/reward_model --port 8000"
-)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_cli(ServeCriticConfig, serve, argv, description=DESCRIPTION)
+    return run_cli(ServeCriticConfig, serve, argv)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from text2grad.core.config import ConfigError, config_field, range_problems
 
@@ -16,6 +16,15 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 class ServeCriticConfig:
     """Serve a trained generative reward model from vLLM's OpenAI-compatible server, for PPO's critic
     (backend "openai"), annotation or the judge. Runs until Ctrl-C (or SIGTERM), then stops the server."""
+
+    # what `--help` says above the options (`text2grad.core.config.build_parser`)
+    CLI_DESCRIPTION: ClassVar[str] = (
+        "Serve a trained reward model from vLLM's OpenAI-compatible server (started as python -m "
+        "vllm.entrypoints.openai.api_server: the `vllm serve` script of vLLM's CPU build fails). Waits for /health, "
+        "prints the base URL and the critic settings to paste into PPO (critic reward_model, backend openai), and "
+        "runs until Ctrl-C or SIGTERM, which stop the server. Example: text2grad serve-critic --reward_model "
+        "outputs/slf5k/reward_model --port 8000"
+    )
 
     reward_model: str = config_field(
         "",

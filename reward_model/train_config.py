@@ -4,12 +4,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from reward_model.serialization import DEFAULT_INSTRUCTION, NOCOT_INSTRUCTION, PromptFormat, TargetFormat
 from text2grad.core.config import ConfigError, config_field, range_problems
 from text2grad.core.model_config import ModelConfig
 
-__all__ = ["RewardModelConfig", "LLAMA_LINEAR_MODULES", "CONFIG_FILENAME", "MEMBER_PREFIX"]
+__all__ = ["RewardModelConfig", "LLAMA_LINEAR_MODULES", "CONFIG_FILENAME", "MEMBER_PREFIX", "DEFAULT_INSTRUCTION",
+           "NOCOT_INSTRUCTION", "PromptFormat", "TargetFormat"]
+
+# How the reward model's input is laid out, what it learns to write, and the instruction it is given (defined
+# with the config that chooses them; reward_model.serialization builds the texts from them).
+PromptFormat = Literal["auto", "chat", "plain"]
+TargetFormat = Literal["cot", "nocot"]
+
+DEFAULT_INSTRUCTION = (
+    "You are a careful reviewer. Critique the response to the prompt below: say what it does well and what "
+    "is wrong or missing. Write the critique as one paragraph, then on the last line a JSON object "
+    '{"good_spans": [...], "poor_spans": [...]} listing short phrases copied exactly from the response '
+    "that are good or poor. Use [] when there are none."
+)
+
+NOCOT_INSTRUCTION = (
+    "You are a careful reviewer. Judge the response to the prompt below without explaining: answer only with a "
+    'JSON object {"good_spans": [...], "poor_spans": [...]} listing short phrases copied exactly from the '
+    "response that are good or poor. Use [] when there are none."
+)
 
 # Every linear projection of a Llama block: the default LoRA targets of both reward models.
 LLAMA_LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -40,7 +40,9 @@ from text2grad.apps.quickstart.quickstart_config import QuickstartConfig
 import text2grad.core.config as config_module
 from text2grad.core.critics import load_object
 from text2grad.core.data import DataError
-from text2grad.core.config import RENAMED_KEYS, ConfigError, configure_logging, load_config, parse_config, renamed_keys
+from text2grad.core.config import (
+    RENAMED_KEYS, ConfigError, configure_logging, invoked_as, load_config, parse_config, renamed_keys,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = sorted(available())
@@ -195,6 +197,27 @@ def test_quiet_logs_hide_library_noise_and_log_level_info_shows_it():
 
 def test_every_subcommand_has_its_config_listed_here():
     assert set(CONFIGS) == set(COMMANDS)
+    for command, sub in available().items():  # the config `text2grad <command> --help` reads is the command's own
+        assert load_object(sub.config) is CONFIGS[command], command
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_the_dispatcher_prints_the_same_help_as_the_command_itself(command, capsys):
+    # `text2grad <command> --help` builds the parser from the config alone; the command's main builds it itself
+    rc, fast, _ = _run([command, "--help"], capsys)
+    with invoked_as(f"text2grad {command}"), pytest.raises(SystemExit) as exc:
+        load_object(f"{available()[command].module}:main")(["--help"])
+    assert rc == exc.value.code == 0 and fast == capsys.readouterr().out
+
+
+def test_the_options_of_the_training_commands_print_without_loading_ml_libraries():
+    script = ("import sys\nfrom text2grad.apps.cli import main\n"
+              "for command in ('train-policy', 'train-rm', 'train-scalar-rm', 'annotate'):\n"
+              "    try:\n        main([command, '--help'])\n    except SystemExit as exc:\n        assert exc.code == 0\n"
+              "print(sorted(m for m in ('torch', 'datasets', 'transformers', 'peft', 'trl') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "usage: text2grad train-policy" in out.stdout and out.stdout.strip().endswith("[]")
 
 
 def test_renamed_keys_fail_naming_the_new_key_on_the_command_line(capsys):
@@ -292,7 +315,7 @@ def test_an_old_key_names_the_new_key_of_that_command(cls, old, new):
 def test_every_command_main_runs_under_the_shared_wrapper(command, monkeypatch, capsys):
     """Each module's own ``main`` (what ``python -m`` runs, without the dispatcher's guard) goes through
     `text2grad.core.cli.run_cli`: a data error after parsing is ``error: ...`` + exit 2, Ctrl-C is exit 130."""
-    command_main = load_object(f"{available()[command][0]}:main")
+    command_main = load_object(f"{available()[command].module}:main")
 
     def raise_(exc):
         def load(*args, **kwargs):

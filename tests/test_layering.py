@@ -120,3 +120,41 @@ def test_no_import_cycles():
         if v not in index:
             visit(v)
     assert cycles == [], f"import cycles: {cycles}"
+
+
+# What `text2grad <command> --help` must not wait for: it builds the parser from the command's config module alone.
+HEAVY = {"torch", "transformers", "peft", "trl", "datasets", "deepspeed", "accelerate", "vllm", "openai"}
+
+
+# Config modules that check more than values when they load a config: the quickstart's presets look for the
+# model assets and vLLM, and the code benchmarks' table comes with the data loader.
+LOADS_MORE = {"text2grad.apps.quickstart.quickstart_config", "text2grad.apps.evaluation.code.code_eval_config"}
+
+
+def _external_imports(module: str) -> set[str]:
+    """The third-party packages ``module`` imports when it loads (not those imported inside its functions)."""
+    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
+    loaded, todo = [], list(tree.body)
+    while todo:  # module-level statements, including those inside top-level try/if blocks
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.Import):
+            loaded += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            loaded.append(node.module)
+        else:
+            todo.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt))
+    return {name.split(".")[0] for name in loaded if _resolve(name) is None}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.endswith("_config") and m not in LOADS_MORE))
+def test_config_modules_load_no_ml_library(module):
+    seen, todo, heavy = set(), [module], {}
+    while todo:  # the module and every project module it imports, transitively (package __init__s not counted)
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            heavy.update({lib: current for lib in _external_imports(current) & HEAVY})
+            todo.extend(GRAPH[current])
+    assert heavy == {}, f"{module} loads {sorted(heavy)} (through {sorted(set(heavy.values()))})"

@@ -1,52 +1,118 @@
 """The ``text2grad`` command: one entry point that lists and dispatches to every phase's CLI.
 
 Each subcommand is an ordinary module with a ``main(argv)`` function, so ``text2grad annotate ...`` and
-``python -m text2grad.annotate ...`` are the same program.
+``python -m text2grad.annotate ...`` are the same program. ``text2grad <command> --help`` reads only the command's
+config dataclass, which imports no ML library, so the options print at once.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from text2grad.core.cli import EXIT_OK, EXIT_USAGE, guarded, print_error
-from text2grad.core.config import invoked_as, version
+from text2grad.core.config import invoked_as, parse_config, version
 from text2grad.core.critics import load_object
 
-# subcommand -> (module with main(argv), one-line description)
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "quickstart": ("text2grad.apps.quickstart", "Run all three phases offline on a generated toy task (the embedded default)."),
-    "prepare-data": ("text2grad.apps.prepare_data", "Phase 0: the paper's datasets (hub id or local copy) -> the files each phase reads."),
-    "annotate": ("annotation.cli", "Phase 1: annotate (prompt, response) records with critiques and good/poor spans."),
-    "feedback-ui": ("text2grad.apps.feedback_ui", "Phase 1 by hand: a local web page where people critique responses and mark spans."),
-    "train-rm": ("reward_model.train", "Phase 2: train the generative reward model (LoRA or full)."),
-    "eval-rm": ("reward_model.evaluate", "Phase 2: evaluate a reward model on held-out annotations."),
-    "merge-rm": ("reward_model.merge", "Phase 2: merge a LoRA reward model into its base model."),
-    "serve-critic": ("reward_model.serve", "Phase 2: serve a trained reward model from vLLM's OpenAI server (PPO critic backend openai)."),
-    "train-scalar-rm": ("reward_model.scalar", "Phase 2 baseline: scalar Bradley-Terry reward model on preference pairs (PPO baseline)."),
-    "sft": ("policy_optimization.sft", "Phase 3: supervised fine-tuning of the policy (TRL SFTTrainer)."),
-    "train-policy": ("policy_optimization.train", "Phase 3: Text2Grad PPO (or the scalar/dense/score_spread/mixed modes)."),
-    "train-grpo": ("policy_optimization.grpo", "Phase 3 variant: Text2Grad-GRPO (group advantages + span rewards per token)."),
-    "dpo": ("policy_optimization.dpo", "Phase 3 baseline: DPO on chosen/rejected pairs (TRL DPOTrainer)."),
-    "code-pairs": ("policy_optimization.code_pairs", "Phase 3 baseline: KodCode DPO pairs from unit tests run in the sandbox."),
-    "eval-summarization": ("text2grad.apps.evaluation.summarization", "Evaluate a policy on SLF5K-style summarization."),
-    "eval-code": ("text2grad.apps.evaluation.code", "Evaluate a policy on HumanEval/MBPP(+) in the sandbox (pass@k)."),
-    "eval-qa": ("text2grad.apps.evaluation.qa", "Evaluate a policy on ARC-Challenge and judged QA (AlpacaEval/MT-Bench style)."),
-    "compare-feedback": ("text2grad.apps.evaluation.compare_feedback", "Compare two critics' feedback: LLM-judge pairwise win rate + token metrics."),
+HELP_FLAGS = {"-h", "--help"}
+
+
+class Subcommand(NamedTuple):
+    """A ``text2grad`` subcommand: the module whose ``main(argv)`` runs it, its config dataclass ("module:Class",
+    read alone for ``--help``, so the options print without loading the command's libraries) and one line of help."""
+
+    module: str
+    config: str
+    help: str
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "quickstart": Subcommand(
+        "text2grad.apps.quickstart", "text2grad.apps.quickstart.quickstart_config:QuickstartConfig",
+        "Run all three phases offline on a generated toy task (the embedded default).",
+    ),
+    "prepare-data": Subcommand(
+        "text2grad.apps.prepare_data", "text2grad.apps.prepare_data.prepare_data_config:PrepareDataConfig",
+        "Phase 0: the paper's datasets (hub id or local copy) -> the files each phase reads.",
+    ),
+    "annotate": Subcommand(
+        "annotation.cli", "annotation.annotation_config:AnnotationConfig",
+        "Phase 1: annotate (prompt, response) records with critiques and good/poor spans.",
+    ),
+    "feedback-ui": Subcommand(
+        "text2grad.apps.feedback_ui", "text2grad.apps.feedback_ui.feedback_ui_config:FeedbackUIConfig",
+        "Phase 1 by hand: a local web page where people critique responses and mark spans.",
+    ),
+    "train-rm": Subcommand(
+        "reward_model.train", "reward_model.train_config:RewardModelConfig",
+        "Phase 2: train the generative reward model (LoRA or full).",
+    ),
+    "eval-rm": Subcommand(
+        "reward_model.evaluate", "reward_model.evaluate_config:EvalConfig",
+        "Phase 2: evaluate a reward model on held-out annotations.",
+    ),
+    "merge-rm": Subcommand(
+        "reward_model.merge", "reward_model.merge_config:MergeConfig",
+        "Phase 2: merge a LoRA reward model into its base model.",
+    ),
+    "serve-critic": Subcommand(
+        "reward_model.serve", "reward_model.serve_config:ServeCriticConfig",
+        "Phase 2: serve a trained reward model from vLLM's OpenAI server (PPO critic backend openai).",
+    ),
+    "train-scalar-rm": Subcommand(
+        "reward_model.scalar", "reward_model.scalar_config:ScalarRMConfig",
+        "Phase 2 baseline: scalar Bradley-Terry reward model on preference pairs (PPO baseline).",
+    ),
+    "sft": Subcommand(
+        "policy_optimization.sft", "policy_optimization.sft_config:SFTRunConfig",
+        "Phase 3: supervised fine-tuning of the policy (TRL SFTTrainer).",
+    ),
+    "train-policy": Subcommand(
+        "policy_optimization.train", "policy_optimization.ppo_config:PPOConfig",
+        "Phase 3: Text2Grad PPO (or the scalar/dense/score_spread/mixed modes).",
+    ),
+    "train-grpo": Subcommand(
+        "policy_optimization.grpo", "policy_optimization.grpo_config:GRPORunConfig",
+        "Phase 3 variant: Text2Grad-GRPO (group advantages + span rewards per token).",
+    ),
+    "dpo": Subcommand(
+        "policy_optimization.dpo", "policy_optimization.dpo_config:DPORunConfig",
+        "Phase 3 baseline: DPO on chosen/rejected pairs (TRL DPOTrainer).",
+    ),
+    "code-pairs": Subcommand(
+        "policy_optimization.code_pairs", "policy_optimization.code_pairs_config:CodePairsConfig",
+        "Phase 3 baseline: KodCode DPO pairs from unit tests run in the sandbox.",
+    ),
+    "eval-summarization": Subcommand(
+        "text2grad.apps.evaluation.summarization", "text2grad.apps.evaluation.summarization_config:SummarizationEvalConfig",
+        "Evaluate a policy on SLF5K-style summarization.",
+    ),
+    "eval-code": Subcommand(
+        "text2grad.apps.evaluation.code", "text2grad.apps.evaluation.code.code_eval_config:CodeEvalConfig",
+        "Evaluate a policy on HumanEval/MBPP(+) in the sandbox (pass@k).",
+    ),
+    "eval-qa": Subcommand(
+        "text2grad.apps.evaluation.qa", "text2grad.apps.evaluation.qa_config:QAEvalConfig",
+        "Evaluate a policy on ARC-Challenge and judged QA (AlpacaEval/MT-Bench style).",
+    ),
+    "compare-feedback": Subcommand(
+        "text2grad.apps.evaluation.compare_feedback", "text2grad.apps.evaluation.compare_feedback_config:CompareConfig",
+        "Compare two critics' feedback: LLM-judge pairwise win rate + token metrics.",
+    ),
 }
 
 
-def available() -> dict[str, tuple[str, str]]:
+def available() -> dict[str, Subcommand]:
     """Subcommands whose module exists in this installation."""
     out = {}
-    for name, (module, help_text) in SUBCOMMANDS.items():
+    for name, sub in SUBCOMMANDS.items():
         try:
-            found = importlib.util.find_spec(module) is not None
+            found = importlib.util.find_spec(sub.module) is not None
         except ModuleNotFoundError:
             found = False
         if found:
-            out[name] = (module, help_text)
+            out[name] = sub
     return out
 
 
@@ -59,7 +125,7 @@ def usage() -> str:
         "",
         "commands:",
     ]
-    lines += [f"  {name.ljust(width)}  {help_text}" for name, (_, help_text) in commands.items()]
+    lines += [f"  {name.ljust(width)}  {sub.help}" for name, sub in commands.items()]
     return "\n".join(lines)
 
 
@@ -80,8 +146,11 @@ def _dispatch(argv: list[str]) -> int:
         print(usage(), file=sys.stderr)
         print_error(f"unknown command {name!r}; pick one of the commands above")
         return EXIT_USAGE
-    command_main = load_object(f"{commands[name][0]}:main")  # the one by-name loader (README: conventions)
+    sub = commands[name]
     with invoked_as(f"text2grad {name}"):
+        if HELP_FLAGS & set(rest):  # argparse prints the help and exits: the command's own parser, built alone
+            parse_config(load_object(sub.config), rest)
+        command_main = load_object(f"{sub.module}:main")  # the one by-name loader (README: conventions)
         return int(command_main(rest) or 0)
 
 

@@ -298,11 +298,12 @@ def version() -> str:
 
 def build_parser(cls: type, description: str | None = None, prog: str | None = None) -> argparse.ArgumentParser:
     """The parser of a config dataclass: ``--config``, one ``--field`` per field (grouped as in the source, help
-    text and default shown), ``--log_level`` and ``--version``."""
+    text and default shown), ``--log_level`` and ``--version``. Its description is ``description``, else the
+    class's ``CLI_DESCRIPTION``, else the first line of its docstring."""
     parser = CliParser(
         prog=prog or program_name(),
         usage="%(prog)s [--config FILE] [--<option> VALUE ...]",
-        description=description or (cls.__doc__ or "").strip().split("\n")[0],
+        description=description or getattr(cls, "CLI_DESCRIPTION", None) or (cls.__doc__ or "").strip().split("\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     general = parser.add_argument_group("general")

@@ -12,7 +12,22 @@ from dataclasses import dataclass
 
 from text2grad.core.config import config_field
 
-__all__ = ["ModelConfig"]
+__all__ = ["DTYPE_NAMES", "ModelConfig", "dtype_problem"]
+
+# The weights dtypes a config accepts, each with torch's name for it ("auto" or None: transformers chooses). Kept
+# here, free of torch, so that every config checks its dtype before anything heavy loads.
+DTYPE_NAMES = {
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp16": "float16", "float16": "float16", "half": "float16",
+    "fp32": "float32", "float32": "float32", "float": "float32",
+}
+
+
+def dtype_problem(name: str | None) -> str | None:
+    """What is wrong with the dtype name ``name`` (None if nothing: one of `DTYPE_NAMES`, "auto" or None)."""
+    if name in (None, "auto") or name in DTYPE_NAMES:
+        return None
+    return f"unknown dtype {name!r}; use one of {sorted(DTYPE_NAMES)} or 'auto'"
 
 
 @dataclass

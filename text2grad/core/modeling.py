@@ -19,6 +19,8 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 import torch.distributed as dist
 
+from text2grad.core.model_config import DTYPE_NAMES, dtype_problem
+
 __all__ = [
     "resolve_dtype",
     "load_tokenizer",
@@ -38,17 +40,14 @@ SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>",
 
 
 def resolve_dtype(name: str | None) -> torch.dtype | None:
-    """"auto" / None -> None (let transformers choose); "bf16", "bfloat16", "fp16", "float32", ... -> dtype."""
+    """"auto" / None -> None (let transformers choose); "bf16", "bfloat16", "fp16", "float32", ... (`DTYPE_NAMES`)
+    -> dtype."""
     if name in (None, "auto"):
         return None
-    table = {
-        "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-        "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-        "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-    }
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; use one of {sorted(table)} or 'auto'")
-    return table[name]
+    problem = dtype_problem(name)
+    if problem:
+        raise ValueError(problem)
+    return getattr(torch, DTYPE_NAMES[name])
 
 
 def load_tokenizer(name_or_path: str, padding_side: Literal["left", "right"] = "left", **kwargs):

@@ -104,8 +104,7 @@ def run_compare(cfg: CompareConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_cli(CompareConfig, run_compare, argv,
-                   description="Compare two critics: LLM-judge pairwise win rate + token metrics.")
+    return run_cli(CompareConfig, run_compare, argv)
 
 
 if __name__ == "__main__":
