@@ -51,7 +51,8 @@ if str(ROOT) not in sys.path:  # the phase CLIs import "benchmarks.baselines:Den
     sys.path.insert(0, str(ROOT))
 
 from text2grad.apps.quickstart import pipeline as qs  # noqa: E402
-from text2grad.apps.quickstart.quickstart_config import QuickstartConfig, resolve  # noqa: E402
+from text2grad.apps.quickstart.presets import resolve  # noqa: E402
+from text2grad.apps.quickstart.quickstart_config import QuickstartConfig  # noqa: E402
 from text2grad.apps.quickstart.results import evaluate_policy  # noqa: E402
 from text2grad.apps.quickstart.task import FactCritic, TaskConfig, fact_scores, noisy_summary  # noqa: E402
 from text2grad.core.data import iter_jsonl, write_jsonl  # noqa: E402

@@ -105,7 +105,8 @@ from policy_optimization.checkpoints import STATE_FILE  # noqa: E402
 from policy_optimization.ppo_config import PPOConfig  # noqa: E402
 from policy_optimization.train import build_trainer  # noqa: E402
 from text2grad.apps.quickstart import pipeline as qs  # noqa: E402
-from text2grad.apps.quickstart.quickstart_config import SMOLLM2, QuickstartConfig, resolve  # noqa: E402
+from text2grad.apps.quickstart.presets import resolve  # noqa: E402
+from text2grad.apps.quickstart.quickstart_config import SMOLLM2, QuickstartConfig  # noqa: E402
 from text2grad.apps.quickstart.report import token_logprobs  # noqa: E402
 from text2grad.apps.quickstart.results import cpu_name, policy_prompts  # noqa: E402
 from text2grad.apps.quickstart.task import critique_summary, fact_accuracy  # noqa: E402

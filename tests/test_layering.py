@@ -126,10 +126,6 @@ def test_no_import_cycles():
 HEAVY = {"torch", "transformers", "peft", "trl", "datasets", "deepspeed", "accelerate", "vllm", "openai"}
 
 
-# Config modules that check more than values when they load a config: the quickstart's presets look for the
-# model assets and vLLM, and the code benchmarks' table comes with the data loader.
-LOADS_MORE = {"text2grad.apps.quickstart.quickstart_config", "text2grad.apps.evaluation.code.code_eval_config"}
-
 
 def _external_imports(module: str) -> set[str]:
     """The third-party packages ``module`` imports when it loads (not those imported inside its functions)."""
@@ -148,13 +144,19 @@ def _external_imports(module: str) -> set[str]:
     return {name.split(".")[0] for name in loaded if _resolve(name) is None}
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.endswith("_config") and m not in LOADS_MORE))
+def _packages(module: str) -> list[str]:
+    """The packages Python imports before ``module`` (their ``__init__``s run first)."""
+    parts = module.split(".")
+    return [name for name in (".".join(parts[:i]) for i in range(1, len(parts))) if name in MODULES]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.endswith("_config")))
 def test_config_modules_load_no_ml_library(module):
     seen, todo, heavy = set(), [module], {}
-    while todo:  # the module and every project module it imports, transitively (package __init__s not counted)
+    while todo:  # the module, its packages and every project module they import, transitively
         current = todo.pop()
         if current not in seen:
             seen.add(current)
             heavy.update({lib: current for lib in _external_imports(current) & HEAVY})
-            todo.extend(GRAPH[current])
+            todo.extend([*GRAPH[current], *_packages(current)])
     assert heavy == {}, f"{module} loads {sorted(heavy)} (through {sorted(set(heavy.values()))})"

@@ -16,7 +16,7 @@ from tests.apps.feedback_ui.fbui_testlib import ITEMS, REPO, Server, read_record
 from tests.test_cli_conventions import CONFIGS
 
 from text2grad.apps.cli import main as text2grad
-import text2grad.apps.feedback_ui as feedback_ui
+import text2grad.apps.feedback_ui.cli as feedback_ui
 from text2grad.apps.feedback_ui import main
 from text2grad.core.config import parse_config
 

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from tests.apps.feedback_ui.fbui_testlib import ITEMS
 
-from text2grad.apps.feedback_ui import resolve_token
+from text2grad.apps.feedback_ui.cli import resolve_token
 from text2grad.apps.feedback_ui.feedback_ui_config import FeedbackUIConfig, is_loopback
 from text2grad.apps.feedback_ui.server import MAX_BODY_BYTES, STATIC_DIR, bind_socket, create_app
 from text2grad.apps.feedback_ui.store import FeedbackStore

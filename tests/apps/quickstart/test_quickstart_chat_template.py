@@ -19,7 +19,8 @@ from reward_model.inference import GenerativeRewardModel
 from reward_model.serialization import build_rm_input
 from reward_model.train_config import CONFIG_FILENAME, RewardModelConfig
 from text2grad.apps.quickstart import pipeline, results
-from text2grad.apps.quickstart.quickstart_config import PRESETS, QuickstartConfig, resolve
+from text2grad.apps.quickstart.presets import PRESETS, resolve
+from text2grad.apps.quickstart.quickstart_config import QuickstartConfig
 from text2grad.apps.quickstart.task import TaskConfig, generate_task
 from text2grad.core.assets import real_tokenizer
 from text2grad.core.config import save_config

@@ -24,7 +24,7 @@ import torch
 from tests.apps.quickstart.browser import render_dom, screenshot
 from text2grad.apps.quickstart import main
 from text2grad.apps.quickstart.pipeline import STAGES
-from text2grad.apps.quickstart.quickstart_config import PRESETS
+from text2grad.apps.quickstart.presets import PRESETS
 from text2grad.apps.quickstart.results import read_lock
 
 EXPECTED = Path(__file__).with_name("expected_ci_results.json")

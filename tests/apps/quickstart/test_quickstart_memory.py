@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from text2grad.apps.quickstart.quickstart_config import PRESET_ARGS
+from text2grad.apps.quickstart.presets import PRESET_ARGS
 from text2grad.apps.quickstart.results import peak_rss_mb
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from text2grad.apps.quickstart.parallel import iterations_done, run_side_by_side, torch_threads, usable_cores
-from text2grad.apps.quickstart.quickstart_config import QuickstartConfig, resolve
+from text2grad.apps.quickstart.presets import resolve
+from text2grad.apps.quickstart.quickstart_config import QuickstartConfig
 
 
 def report_job(tag: str) -> dict:
@@ -81,7 +82,7 @@ def test_tiny_presets_decode_on_one_thread_side_by_side_and_smollm2_does_not():
 
 def test_smollm2_preset_runs_its_modes_one_after_the_other(monkeypatch, tmp_path):
     # the preset resolves the installed SmolLM2 path; only the knobs matter here
-    monkeypatch.setattr("text2grad.apps.quickstart.quickstart_config.smollm2_path", lambda: tmp_path)
+    monkeypatch.setattr("text2grad.apps.quickstart.presets.smollm2_path", lambda: tmp_path)
     cfg = resolve(QuickstartConfig(preset="smollm2"))
     assert (cfg.decode_threads, cfg.parallel_modes) == (0, False)
 

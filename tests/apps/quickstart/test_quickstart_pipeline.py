@@ -7,7 +7,8 @@ from pathlib import Path
 from peft import LoraConfig, get_peft_model
 
 from text2grad.apps.quickstart import pipeline
-from text2grad.apps.quickstart.quickstart_config import QuickstartConfig, resolve
+from text2grad.apps.quickstart.presets import resolve
+from text2grad.apps.quickstart.quickstart_config import QuickstartConfig
 from text2grad.core.data import iter_jsonl, write_jsonl
 from text2grad.core.generation import Generation
 from text2grad.core.modeling import is_adapter_only, load_causal_lm

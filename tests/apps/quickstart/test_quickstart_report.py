@@ -16,7 +16,8 @@ import torch
 from transformers import get_scheduler
 
 from text2grad.apps.quickstart.pipeline import STAGES, SFT_WARMUP_STEPS, _sft_schedule_args, stage_data, start_policy_note
-from text2grad.apps.quickstart.quickstart_config import PRESETS, QuickstartConfig, resolve
+from text2grad.apps.quickstart.presets import PRESETS, resolve
+from text2grad.apps.quickstart.quickstart_config import QuickstartConfig
 from text2grad.apps.quickstart.report import (
     logprob_shift,
     logprob_shift_by_position,

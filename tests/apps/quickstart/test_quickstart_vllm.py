@@ -11,20 +11,21 @@ from tests.apps.quickstart.test_quickstart_chat_template import _flag, _Recorded
 from tests.vllm_testlib import make_smollm2_lora_adapter
 from transformers import AutoTokenizer
 
-import text2grad.apps.quickstart.quickstart_config as quickstart_config
+import text2grad.apps.quickstart.presets as presets
 import text2grad.core.vllm_engine as vllm_engine
 from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.vllm_rollouts import VLLMRollouts
 from reward_model.inference import GenerativeRewardModel
 from text2grad.apps.quickstart import pipeline
-from text2grad.apps.quickstart.quickstart_config import QuickstartConfig, resolve
+from text2grad.apps.quickstart.presets import resolve
+from text2grad.apps.quickstart.quickstart_config import QuickstartConfig
 from text2grad.core.assets import smollm2_path
 from text2grad.core.config import parse_config
 
 
 @pytest.mark.parametrize("installed", [True, False], ids=["vllm", "no-vllm"])
 def test_smollm2_samples_with_vllm_where_installed_and_the_tiny_presets_with_transformers(monkeypatch, installed):
-    monkeypatch.setattr(quickstart_config, "vllm_available", lambda: installed)
+    monkeypatch.setattr(presets, "vllm_available", lambda: installed)
     assert resolve(QuickstartConfig(preset="smollm2")).generation_backend == ("vllm" if installed else "hf")
     assert resolve(QuickstartConfig(preset="smollm2", generation_backend="hf")).generation_backend == "hf"
     for preset in ("ci", "default", "large"):
@@ -51,7 +52,7 @@ class _EngineStarts:
 
 
 def test_the_reward_model_shares_the_policys_engine_in_the_ppo_command(tmp_path, monkeypatch):
-    monkeypatch.setattr(quickstart_config, "vllm_available", lambda: True)
+    monkeypatch.setattr(presets, "vllm_available", lambda: True)
     calls = _RecordedPhases()
     monkeypatch.setattr(pipeline, "_call", calls)
     cfg = resolve(QuickstartConfig(preset="smollm2", generation_backend="vllm", output_dir=str(tmp_path / "out"),

@@ -1,5 +1,5 @@
 import sys
 
-from text2grad.apps.feedback_ui import main
+from text2grad.apps.feedback_ui.cli import main
 
 sys.exit(main())

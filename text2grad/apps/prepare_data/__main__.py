@@ -1,5 +1,5 @@
 import sys
 
-from text2grad.apps.prepare_data import main
+from text2grad.apps.prepare_data.cli import main
 
 sys.exit(main())

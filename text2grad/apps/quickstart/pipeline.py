@@ -38,7 +38,8 @@ import torch
 
 from policy_optimization.ppo_config import PPOConfig
 from reward_model.serialization import PLAIN_TEMPLATE
-from text2grad.apps.quickstart.quickstart_config import PRESETS, SMOLLM2_VLLM_HINT, QuickstartConfig, resolve
+from text2grad.apps.quickstart.presets import PRESETS, SMOLLM2_VLLM_HINT, resolve
+from text2grad.apps.quickstart.quickstart_config import QuickstartConfig
 from text2grad.apps.quickstart.report import write_report
 from text2grad.apps.quickstart.parallel import iterations_done, run_side_by_side, torch_threads
 from text2grad.apps.quickstart.results import (

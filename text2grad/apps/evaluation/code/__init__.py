@@ -2,37 +2,30 @@
 
 One module per job: `benchmarks` (loading the formats), `evalplus_release` (EvalPlus release files scored by
 evalplus's own check), `harness` (program assembly, scoring, summary), `passk` (the estimator), `cli` (the
-command) and `code_eval_config` (its configuration). README_code.md describes the formats, the commands and how each benchmark is scored.
+command) and `code_eval_config` (its configuration). Names are loaded on first use
+(`text2grad.core.critics.load_object`): the configuration alone, as ``text2grad eval-code --help`` reads it, loads no
+ML library. README_code.md describes the formats, the commands and how each benchmark is scored.
 """
 
-from text2grad.apps.evaluation.code.benchmarks import BENCHMARKS, CodeProblem, load_problems
-from text2grad.apps.evaluation.code.cli import evaluate_code, main
-from text2grad.apps.evaluation.code.code_eval_config import CodeEvalConfig
-from text2grad.apps.evaluation.code.harness import (
-    Sample,
-    SampleResult,
-    build_program,
-    load_samples,
-    reference_samples,
-    score_samples,
-    summarize,
-)
-from text2grad.apps.evaluation.code.passk import mean_pass_at_k, pass_at_k
+from __future__ import annotations
 
-__all__ = [
-    "BENCHMARKS",
-    "CodeProblem",
-    "Sample",
-    "SampleResult",
-    "pass_at_k",
-    "mean_pass_at_k",
-    "build_program",
-    "load_problems",
-    "load_samples",
-    "reference_samples",
-    "score_samples",
-    "summarize",
-    "CodeEvalConfig",
-    "evaluate_code",
-    "main",
-]
+from typing import Any
+
+from text2grad.core.critics import load_object
+
+_MODULES = {
+    "benchmarks": ["BENCHMARKS", "CodeProblem", "load_problems"],
+    "cli": ["evaluate_code", "main"],
+    "code_eval_config": ["CodeEvalConfig"],
+    "harness": ["Sample", "SampleResult", "build_program", "load_samples", "reference_samples", "score_samples", "summarize"],
+    "passk": ["mean_pass_at_k", "pass_at_k"],
+}
+_EXPORTS = {name: f"text2grad.apps.evaluation.code.{module}" for module, names in _MODULES.items() for name in names}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return load_object(f"{_EXPORTS[name]}:{name}")
+    raise AttributeError(f"module 'text2grad.apps.evaluation.code' has no attribute {name!r}")

@@ -25,17 +25,15 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
+from text2grad.apps.evaluation.code.code_eval_config import BENCHMARKS, Benchmark
 from text2grad.apps.evaluation.code.evalplus_release import EvalPlusTask, check_test_module, is_release_record, load_release
 from text2grad.core.config import ConfigError
 from text2grad.core.critics import with_solution_import
 from text2grad.core.data import DataError, load_records, record_id
 
 __all__ = ["BENCHMARKS", "Benchmark", "CodeProblem", "load_problems"]
-
-BENCHMARKS = ("humaneval", "humaneval_plus", "mbpp", "mbpp_plus", "kodcode")
-Benchmark = Literal["humaneval", "humaneval_plus", "mbpp", "mbpp_plus", "kodcode"]
 
 _SOURCE_HINTS = {
     "humaneval_plus": "download HumanEvalPlus-v0.1.10.jsonl.gz from github.com/evalplus/humanevalplus_release and pass "

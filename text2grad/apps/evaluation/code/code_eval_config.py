@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from text2grad.apps.evaluation.code.benchmarks import BENCHMARKS
 from text2grad.core.config import ConfigError, config_field
 from text2grad.core.generation_options import GENERATION_BACKEND_HELP, VLLM_KWARGS_HELP, GenerationBackend
 
-__all__ = ["CodeEvalConfig"]
+__all__ = ["BENCHMARKS", "Benchmark", "CodeEvalConfig"]
+
+
+# The benchmarks the loader (benchmarks.py) reads.
+BENCHMARKS = ("humaneval", "humaneval_plus", "mbpp", "mbpp_plus", "kodcode")
+Benchmark = Literal["humaneval", "humaneval_plus", "mbpp", "mbpp_plus", "kodcode"]
 
 
 @dataclass
