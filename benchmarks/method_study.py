@@ -27,7 +27,8 @@ Bradley-Terry baseline asks for them. Methods (PPO reward modes of `policy_optim
                       ``(#good - #poor quotes) / (#good + #poor)`` (``reward_mode scalar``, ``quote_count``)
 ``dense``             span token rewards from a critic that labels every clause (``reward_mode dense``)
 ``scalar_bt``         the score of a Bradley-Terry reward model trained on preference pairs at the last token
-                      (the paper's PPO baseline; it reads no critic and runs under the learned arm)
+                      (the paper's PPO baseline; it reads no critic and runs under the learned arm; on SmolLM2 it
+                      trains with the generative reward model's budget, `scalar_rm_recipe`)
 ``scalar_task``       the task's own fact score at the last token (oracle arm only: the strongest scalar baseline)
 ====================  ==========================================================================================
 
@@ -658,6 +659,18 @@ def study_config(args: argparse.Namespace, shared: Path) -> QuickstartConfig:
         n_rl=256, n_eval=100, ppo_batch_size=args.batch_size or 8, sft_args=SMOLLM2_SFT_ARGS))
 
 
+def scalar_rm_recipe(preset: str, cfg: QuickstartConfig) -> list[str]:
+    """How the Bradley-Terry reward model trains. The tiny Llama presets: the whole model, 300 steps of 16 pairs.
+    SmolLM2: the generative reward model's own budget and adapter (LoRA r 16; its steps, batch 8, learning rate and
+    length), so neither critic of the learned arm is trained for longer than the other (and a full fine-tune of 135M
+    parameters, 300 steps of 16 pairs, would take hours of CPU)."""
+    if preset != "smollm2":
+        return ["--use_lora", "false", "--max_length", "256", "--max_steps", "300", "--learning_rate", "5e-4",
+                "--per_device_train_batch_size", "16"]
+    return [*SMOLLM2_LORA, "--max_length", "320", "--max_steps", str(cfg.rm_steps), "--learning_rate",
+            f"{cfg.rm_learning_rate:g}", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "4"]
+
+
 def preset_ppo_fields(preset: str, generation_backend: str = "hf") -> dict[str, Any]:
     """The preset's own PPOConfig fields: SmolLM2's policy is a LoRA (r 16), the tiny Llama is fully fine-tuned;
     with ``generation_backend`` vllm, rollouts (and the reward model's critiques) go through vLLM."""
@@ -719,9 +732,9 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
             write_jsonl(shared / "preference_pairs.jsonl", pairs)
             qs._call("reward_model.scalar", [
                 "--model_name_or_path", str(rm_base), "--dataset_path", str(shared / "preference_pairs.jsonl"),
-                "--eval_fraction", "0.1", "--output_dir", scalar_rm, "--use_lora", "false", "--prompt_template", "{prompt}",
-                "--max_length", "256", "--max_steps", "300", "--learning_rate", "5e-4", "--per_device_train_batch_size", "16",
-                "--logging_steps", "50", "--save_steps", str(10 ** 9), "--progress_bar", "false", "--seed", str(cfg.seed),
+                "--eval_fraction", "0.1", "--output_dir", scalar_rm, "--prompt_template", "{prompt}",
+                *scalar_rm_recipe(args.preset, cfg), "--logging_steps", "10", "--save_steps", str(10 ** 9),
+                "--progress_bar", "false", "--seed", str(cfg.seed),
             ])
     lora = preset_ppo_fields(args.preset, getattr(args, "generation_backend", "hf"))
     ctx = StudyContext(

@@ -305,8 +305,8 @@ class PPOConfig(ModelConfig):
             share=("lora_dropout", "top_p", "vllm_gpu_memory_utilization"),
         )
 
-        if dtype_problem(self.dtype):
-            problems.append(dtype_problem(self.dtype))
+        if problem := dtype_problem(self.dtype):
+            problems.append(problem)
         for name in ("batch_size", "num_mini_batches", "gradient_accumulation_steps", "num_ppo_epochs", "response_length", "max_prompt_length"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")

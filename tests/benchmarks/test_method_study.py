@@ -20,8 +20,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import method_study as ms  # noqa: E402
 from benchmarks import method_study_report as msr  # noqa: E402
 from benchmarks import results_tables as rt  # noqa: E402
+from reward_model.scalar_config import ScalarRMConfig  # noqa: E402
 from policy_optimization.trainer import NLGradientPPOTrainer  # noqa: E402
 from text2grad.apps.quickstart.task import TaskConfig, generate_task  # noqa: E402
+from text2grad.core.config import parse_config  # noqa: E402
 from text2grad.core.data import write_jsonl  # noqa: E402
 
 
@@ -1087,3 +1089,14 @@ def test_a_report_names_the_kl_frontier_runs_not_run():
     assert f"On every instance: {line}" in same
     other = msr.pooled_markdown({0: instance, 1: {**instance, "frontier_not_run": {}}}, {}, "cmd").splitlines()
     assert f"Task instance 0: {line}" in other and not any(l.startswith("Task instance 1:") for l in other)
+
+
+def test_the_bradley_terry_reward_model_of_smollm2_trains_with_the_generative_reward_models_budget():
+    toy = ms.resolve(ms.QuickstartConfig(preset="default"))
+    assert ms.scalar_rm_recipe("default", toy)[:8] == ["--use_lora", "false", "--max_length", "256", "--max_steps",
+                                                       "300", "--learning_rate", "5e-4"]
+    smollm2 = replace(toy, rm_steps=40, rm_learning_rate=1e-3)  # the smollm2 preset's reward-model budget
+    recipe = parse_config(ScalarRMConfig, ["--dataset_path", "pairs.jsonl", *ms.scalar_rm_recipe("smollm2", smollm2)])
+    assert (recipe.use_lora, recipe.lora_r, recipe.max_steps, recipe.learning_rate) == (True, 16, 40, 1e-3)
+    # the generative reward model's batch: 2 pairs per micro-step, 4 micro-steps per optimizer step
+    assert recipe.per_device_train_batch_size * recipe.gradient_accumulation_steps == 8
