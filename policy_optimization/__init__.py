@@ -7,14 +7,12 @@
 - sft.py / dpo.py: TRL SFTTrainer and DPOTrainer runs (``text2grad sft`` / ``text2grad dpo``); their configs in
   sft_config.py / dpo_config.py.
 
-Names are loaded on first use (`text2grad.core.critics.load_object`), so ``import policy_optimization`` stays cheap.
+Names are loaded on first use (`text2grad.core.critics.lazy_exports`), so ``import policy_optimization`` stays cheap.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from text2grad.core.critics import load_object
+from text2grad.core.critics import lazy_exports
 
 _EXPORTS = {
     "PPOConfig": "policy_optimization.ppo_config",
@@ -28,9 +26,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return load_object(f"{_EXPORTS[name]}:{name}")
-    raise AttributeError(f"module 'policy_optimization' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

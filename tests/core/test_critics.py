@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from reward_model.ensemble import RewardModelEnsemble
 from reward_model.inference import GenerativeRewardModel
 from text2grad.core.critics import (
     CRITICS,
+    lazy_exports,
     CallableFeedbackSource,
     FeedbackSource,
     build_critic,
@@ -98,6 +100,13 @@ def test_load_object_reads_dotted_attributes_and_explains_failures():
         load_object("no_such_package.mod:Thing")
     with pytest.raises(ValueError, match="has no attribute 'Missing'"):
         load_object(f"{__name__}:Missing")
+
+
+def test_lazy_exports_load_a_name_from_its_module_and_refuse_unknown_names():
+    getattr_ = lazy_exports("mypackage", {"dumps": "json", "scorer_feedback": __name__})
+    assert getattr_("dumps") is json.dumps and getattr_("scorer_feedback") is scorer_feedback
+    with pytest.raises(AttributeError, match="module 'mypackage' has no attribute 'loads'"):
+        getattr_("loads")  # json has it, but the package does not export it
 
 
 def test_every_registered_name_resolves_to_the_critic_that_implements_it():

@@ -51,6 +51,7 @@ __all__ = [
     "build_critic",
     "extract_code",
     "feedback_per_pair",
+    "lazy_exports",
     "load_object",
     "with_solution_import",
 ]
@@ -102,6 +103,21 @@ def load_object(spec: str) -> Any:
             raise ValueError(f"module {module_name!r} has no attribute {attr!r} (from {spec!r})")
         obj = getattr(obj, part)
     return obj
+
+
+def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package's module ``__getattr__`` that loads ``name`` from ``exports[name]`` (a module path) on first use,
+    so that importing the package, or one light module of it (a command's config), loads none of the heavy ones.
+
+        __getattr__ = lazy_exports(__name__, {"main": "text2grad.apps.quickstart.pipeline"})
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name in exports:
+            return load_object(f"{exports[name]}:{name}")
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 class CallableFeedbackSource:

@@ -10,13 +10,10 @@ Shared helpers (loading a policy, continuation log-probs, writing reports) live 
 
 from __future__ import annotations
 
-from text2grad.core.critics import load_object
+from text2grad.core.critics import lazy_exports
 
-__all__ = ["load_policy", "write_report", "continuation_logprobs", "markdown_table"]
+_EXPORTS = dict.fromkeys(["load_policy", "write_report", "continuation_logprobs", "markdown_table"],
+                         "text2grad.apps.evaluation.common")
 
-
-def __getattr__(name: str):
-    # Lazy re-exports: `from text2grad.apps.evaluation import load_policy` without importing torch at package import.
-    if name in __all__:
-        return load_object(f"text2grad.apps.evaluation.common:{name}")
-    raise AttributeError(f"module 'text2grad.apps.evaluation' has no attribute {name!r}")
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

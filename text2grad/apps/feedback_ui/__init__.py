@@ -11,20 +11,15 @@ unmatched_spans, source, meta``) with ``source: "human"``, ``annotator``, ``star
 exact ``span_offsets``; see the package README for the page, the guarantees and the multi-person set-up.
 
 The command is in cli.py, its configuration in feedback_ui_config.py. Names are loaded on first use
-(`text2grad.core.critics.load_object`), so the configuration alone, as ``text2grad feedback-ui --help`` reads it, loads no
+(`text2grad.core.critics.lazy_exports`), so the configuration alone, as ``text2grad feedback-ui --help`` reads it, loads no
 ML library.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from text2grad.core.critics import lazy_exports
 
-from text2grad.core.critics import load_object
+_EXPORTS = dict.fromkeys(["FeedbackUIConfig", "load_items", "build_server", "run", "main"], "text2grad.apps.feedback_ui.cli")
 
-__all__ = ["FeedbackUIConfig", "load_items", "build_server", "run", "main"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return load_object(f"text2grad.apps.feedback_ui.cli:{name}")
-    raise AttributeError(f"module 'text2grad.apps.feedback_ui' has no attribute {name!r}")
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

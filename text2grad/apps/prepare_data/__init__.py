@@ -16,20 +16,16 @@ A missing split or column stops the run before anything is written: ``error: <da
 column(s) [...]; it has columns [...]`` on stderr and exit status 2.
 
 The command is in cli.py, its configuration in prepare_data_config.py. Names are loaded on first use
-(`text2grad.core.critics.load_object`), so the configuration alone, as ``text2grad prepare-data --help`` reads it, loads no
+(`text2grad.core.critics.lazy_exports`), so the configuration alone, as ``text2grad prepare-data --help`` reads it, loads no
 ML library.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from text2grad.core.critics import lazy_exports
 
-from text2grad.core.critics import load_object
+_EXPORTS = dict.fromkeys(["PrepareDataConfig", "SchemaError", "OUTPUT_FILES", "prepare", "main"],
+                         "text2grad.apps.prepare_data.cli")
 
-__all__ = ["PrepareDataConfig", "SchemaError", "OUTPUT_FILES", "prepare", "main"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return load_object(f"text2grad.apps.prepare_data.cli:{name}")
-    raise AttributeError(f"module 'text2grad.apps.prepare_data' has no attribute {name!r}")
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -3,15 +3,13 @@
 `QuickstartConfig` is in quickstart_config.py, the size presets and `resolve` in presets.py, the stages and `main`
 in pipeline.py.
 
-Names are loaded on first use (`text2grad.core.critics.load_object`), so importing the configuration alone (as
+Names are loaded on first use (`text2grad.core.critics.lazy_exports`), so importing the configuration alone (as
 ``text2grad quickstart --help`` does) loads no ML library.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from text2grad.core.critics import load_object
+from text2grad.core.critics import lazy_exports
 
 _EXPORTS = {
     "QuickstartConfig": "text2grad.apps.quickstart.quickstart_config",
@@ -20,9 +18,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return load_object(f"{_EXPORTS[name]}:{name}")
-    raise AttributeError(f"module 'text2grad.apps.quickstart' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -3,15 +3,13 @@
 One module per job: `benchmarks` (loading the formats), `evalplus_release` (EvalPlus release files scored by
 evalplus's own check), `harness` (program assembly, scoring, summary), `passk` (the estimator), `cli` (the
 command) and `code_eval_config` (its configuration). Names are loaded on first use
-(`text2grad.core.critics.load_object`): the configuration alone, as ``text2grad eval-code --help`` reads it, loads no
+(`text2grad.core.critics.lazy_exports`): the configuration alone, as ``text2grad eval-code --help`` reads it, loads no
 ML library. README_code.md describes the formats, the commands and how each benchmark is scored.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from text2grad.core.critics import load_object
+from text2grad.core.critics import lazy_exports
 
 _MODULES = {
     "benchmarks": ["BENCHMARKS", "CodeProblem", "load_problems"],
@@ -23,9 +21,4 @@ _MODULES = {
 _EXPORTS = {name: f"text2grad.apps.evaluation.code.{module}" for module, names in _MODULES.items() for name in names}
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return load_object(f"{_EXPORTS[name]}:{name}")
-    raise AttributeError(f"module 'text2grad.apps.evaluation.code' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
