@@ -751,6 +751,25 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
     return ctx
 
 
+def critic_quality(shared: Path) -> dict[str, dict[str, float]]:
+    """The learned critics' quality on held-out data, read from what their training wrote under the study's
+    ``shared`` folder (a critic not trained there is left out): the generative reward model's token-label accuracy,
+    good- and poor-token F1 and valid-JSON rate on its held-out annotations (reward_model.evaluate, queried as PPO
+    queries it), and the Bradley-Terry reward model's pairwise accuracy on its held-out pairs."""
+    quality: dict[str, dict[str, float]] = {}
+    generative = shared / "text2grad_rm" / "reward_model" / "eval" / "report.json"
+    if generative.is_file():
+        r = json.loads(generative.read_text())
+        quality["generative"] = {"n": r["n_examples"], "token_accuracy": r["token_label_accuracy"],
+                                 "good_f1": r["token"]["positive"]["f1"], "poor_f1": r["token"]["negative"]["f1"],
+                                 "json_validity": r["json_validity_rate"]}
+    pairwise = shared / "scalar_rm" / "eval_pairwise.json"
+    if pairwise.is_file():
+        r = json.loads(pairwise.read_text())
+        quality["bradley_terry"] = {"n": r["pairs"], "pairwise_accuracy": r["accuracy"]}
+    return quality
+
+
 def finished_results(folder: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     """(path, result) of every finished run's result.json under ``folder`` (the setup's ``shared/`` left out)."""
     for path in sorted(Path(folder).rglob("result.json")):
@@ -931,7 +950,7 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
     identity = {k: v for k, v in first.get("identity", {}).items() if k != "task_seed"}
     study = {"command": command, "task_seeds": list(studies), "identity": identity, **shared, "pooled": pooled,
              "instances": {str(ts): {"sft": st["sft"], "final": st.get("final", {}), "sweep": st.get("sweep", {}),
-                                     "kl_frontier": st.get("kl_frontier", {}),
+                                     "kl_frontier": st.get("kl_frontier", {}), "critics": st.get("critics", {}),
                                      "machine": st.get("machine")} for ts, st in studies.items()}}
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "study.json", study)
@@ -994,6 +1013,8 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     study.update({"config": {k: v for k, v in vars(args).items()}, "sft": ctx.sft_scores,
                   "machine": f"{machine}, Python {platform.python_version()}", "command": command,
                   "cpu": cpu, "date": time.strftime("%Y-%m-%d")})  # cpu and date: benchmarks/results_tables.py
+    # a folder without the reward models' files (e.g. a fresh machine) keeps what study.json recorded
+    study["critics"] = critic_quality(Path(args.output_dir) / "shared") or study.get("critics", {})
     study["config"].update(batch_size=ctx.batch_size, n_test=len(ctx.test_records), n_val=len(ctx.val_records),
                            policy="SmolLM2-135M-Instruct (LoRA SFT, LoRA PPO)" if args.preset == "smollm2" else
                            f"tiny Llama of the quickstart's {args.preset} preset")

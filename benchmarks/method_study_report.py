@@ -398,6 +398,30 @@ def start_policy_lines(study: Mapping[str, Any]) -> list[str]:
                 f"and {now['test']['fact_score']:.3f}."]
 
 
+def critic_quality_cells(study: Mapping[str, Any]) -> tuple[str, str]:
+    """The learned critics' held-out quality (`method_study.critic_quality`) as two table cells, e.g.
+    '0.759 (F1 good 0.70, poor 0.55; 200 annotations)' for the generative reward model's token-label accuracy and
+    '0.702 (171 pairs)' for the Bradley-Terry model's pairwise accuracy; '-' for a critic not recorded."""
+    gen, bt = study.get("critics", {}).get("generative"), study.get("critics", {}).get("bradley_terry")
+    return ((f"{gen['token_accuracy']:.3f} (F1 good {gen['good_f1']:.2f}, poor {gen['poor_f1']:.2f}; {gen['n']} "
+             f"annotations)" if gen else "-"),
+            f"{bt['pairwise_accuracy']:.3f} ({bt['n']} pairs)" if bt else "-")
+
+
+def critic_quality_lines(study: Mapping[str, Any]) -> list[str]:
+    """A sentence on how good the learned critics are on held-out data; nothing when none was recorded."""
+    quality = study.get("critics", {})
+    gen, bt = critic_quality_cells(study)
+    parts = []
+    if "generative" in quality:
+        parts.append(f"the generative reward model labels this share of tokens as the annotating critic does: {gen}; "
+                     f"its output is valid JSON in {quality['generative']['json_validity'] * 100:.1f} % of cases")
+    if "bradley_terry" in quality:
+        parts.append(f"the Bradley-Terry reward model scores the better response of a pair higher in this share of "
+                     f"pairs: {bt}")
+    return ["", "The learned critics on held-out data: " + "; ".join(parts) + "."] if parts else []
+
+
 def settings_from_sentence(origin: Mapping[str, Any]) -> str:
     """Where the settings came from when the study did not sweep (``--settings_from``): each method's row."""
     rows = origin["rows"]
@@ -463,6 +487,7 @@ def markdown(study: Mapping[str, Any]) -> str:
             f"{shift.get('poor_first', float('nan')):+.3f} / {shift.get('good', float('nan')):+.3f} | "
             + (", ".join("-" if v is None else str(v) for v in reach.values()) or "") + " |")
     lines += start_policy_lines(study)
+    lines += critic_quality_lines(study)
     sft_all = study["sft"].get("test", {})
     lines += ["", *interpret(summ, sft, (sft_all.get("fact_recall", float("nan")), sft_all.get("n_false", float("nan"))))]
     if frontier := frontier_markdown(study):
@@ -1106,14 +1131,18 @@ def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[st
     cfg = first["config"]
     origin = (f"settings from the sweep of {first['settings_from']['study']} (no sweep per instance)"
               if first.get("settings_from") else "every method tuned on validation per instance")
+    critics = any(st.get("critics") for st in studies.values())  # older studies did not record them
     lines = [f"Task instances {', '.join(map(str, studies))}; policy: {cfg.get('policy')}; {cfg['iterations']} iterations "
              f"x {cfg['batch_size']} rollouts per run; seeds {', '.join(map(str, cfg['seeds']))}; {origin}. "
              f"Machine: {machine or first.get('machine')}. Command: `{command}`.", "",
-             "| task instance | SFT start (test fact score) | false facts per summary | report |", "|---|---:|---:|---|"]
+             "| task instance | SFT start (test fact score) | false facts per summary | "
+             + ("generative reward model, held-out token accuracy | Bradley-Terry reward model, held-out pairwise "
+                "accuracy | " if critics else "") + "report |", "|---|---:|---:|" + ("---:|---:|" if critics else "") + "---|"]
     for ts, st in studies.items():
         sft = st["sft"].get("test", {})
         lines.append(f"| {ts} | {sft.get('fact_score', float('nan')):.3f} | {sft.get('n_false', float('nan')):.2f} | "
-                     f"[task_seed{ts}/study.md](task_seed{ts}/study.md) |")
+                     + ("".join(f"{cell} | " for cell in critic_quality_cells(st)) if critics else "")
+                     + f"[task_seed{ts}/study.md](task_seed{ts}/study.md) |")
     missing = {ts: missing_runs_lines(st) for ts, st in studies.items()}
     if len({tuple(m) for m in missing.values()}) == 1:  # the same runs missing on every instance: said once
         lines += ["", *(f"On every instance: {line}" for line in next(iter(missing.values())))]
