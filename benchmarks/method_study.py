@@ -752,21 +752,24 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
 
 
 def critic_quality(shared: Path) -> dict[str, dict[str, float]]:
-    """The learned critics' quality on held-out data, read from what their training wrote under the study's
-    ``shared`` folder (a critic not trained there is left out): the generative reward model's token-label accuracy,
-    good- and poor-token F1 and valid-JSON rate on its held-out annotations (reward_model.evaluate, queried as PPO
-    queries it), and the Bradley-Terry reward model's pairwise accuracy on its held-out pairs."""
+    """The learned critics' training data and quality on held-out data, read from what their training wrote under the
+    study's ``shared`` folder (a critic not trained there is left out): the generative reward model's token-label
+    accuracy, good- and poor-token F1 and valid-JSON rate on its held-out annotations (reward_model.evaluate, queried as
+    PPO queries it), the Bradley-Terry reward model's pairwise accuracy on its held-out pairs, and how many annotations
+    or pairs each trained on."""
     quality: dict[str, dict[str, float]] = {}
-    generative = shared / "text2grad_rm" / "reward_model" / "eval" / "report.json"
-    if generative.is_file():
-        r = json.loads(generative.read_text())
-        quality["generative"] = {"n": r["n_examples"], "token_accuracy": r["token_label_accuracy"],
+    folder = shared / "text2grad_rm" / "reward_model"
+    if (folder / "eval" / "report.json").is_file():
+        r = json.loads((folder / "eval" / "report.json").read_text())
+        # annotations.jsonl holds every annotation, the held-out ones included
+        n_train = sum(1 for _ in iter_jsonl(folder / "annotations.jsonl")) - r["n_examples"]
+        quality["generative"] = {"n": r["n_examples"], "n_train": n_train, "token_accuracy": r["token_label_accuracy"],
                                  "good_f1": r["token"]["positive"]["f1"], "poor_f1": r["token"]["negative"]["f1"],
                                  "json_validity": r["json_validity_rate"]}
-    pairwise = shared / "scalar_rm" / "eval_pairwise.json"
-    if pairwise.is_file():
-        r = json.loads(pairwise.read_text())
-        quality["bradley_terry"] = {"n": r["pairs"], "pairwise_accuracy": r["accuracy"]}
+    if (shared / "scalar_rm" / "eval_pairwise.json").is_file():
+        r = json.loads((shared / "scalar_rm" / "eval_pairwise.json").read_text())
+        trained = json.loads((shared / "scalar_rm" / "train_results.json").read_text())
+        quality["bradley_terry"] = {"n": r["pairs"], "n_train": trained["train_pairs"], "pairwise_accuracy": r["accuracy"]}
     return quality
 
 

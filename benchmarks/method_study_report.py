@@ -400,12 +400,13 @@ def start_policy_lines(study: Mapping[str, Any]) -> list[str]:
 
 def critic_quality_cells(study: Mapping[str, Any]) -> tuple[str, str]:
     """The learned critics' held-out quality (`method_study.critic_quality`) as two table cells, e.g.
-    '0.759 (F1 good 0.70, poor 0.55; 200 annotations)' for the generative reward model's token-label accuracy and
-    '0.702 (171 pairs)' for the Bradley-Terry model's pairwise accuracy; '-' for a critic not recorded."""
+    '0.759 (F1 good 0.70, poor 0.53; 200 held-out annotations, 1800 for training)' for the generative reward model's
+    token-label accuracy and '0.702 (171 held-out pairs, 1541 for training)' for the Bradley-Terry model's pairwise
+    accuracy; '-' for a critic not recorded."""
     gen, bt = study.get("critics", {}).get("generative"), study.get("critics", {}).get("bradley_terry")
     return ((f"{gen['token_accuracy']:.3f} (F1 good {gen['good_f1']:.2f}, poor {gen['poor_f1']:.2f}; {gen['n']} "
-             f"annotations)" if gen else "-"),
-            f"{bt['pairwise_accuracy']:.3f} ({bt['n']} pairs)" if bt else "-")
+             f"held-out annotations, {gen['n_train']} for training)" if gen else "-"),
+            f"{bt['pairwise_accuracy']:.3f} ({bt['n']} held-out pairs, {bt['n_train']} for training)" if bt else "-")
 
 
 def critic_quality_lines(study: Mapping[str, Any]) -> list[str]:

@@ -597,21 +597,25 @@ def test_the_learned_critics_held_out_quality_is_read_from_their_training_files_
     report.parent.mkdir(parents=True)
     report.write_text(json.dumps({"n_examples": 16, "token_label_accuracy": 0.625, "json_validity_rate": 0.9375,
                                   "token": {"positive": {"f1": 0.43}, "negative": {"f1": 0.31}}}))
+    write_jsonl(report.parent.parent / "annotations.jsonl", [{"id": i} for i in range(160)])  # held-out ones included
     quality = ms.critic_quality(shared)
-    assert quality == {"generative": {"n": 16, "token_accuracy": 0.625, "good_f1": 0.43, "poor_f1": 0.31,
-                                      "json_validity": 0.9375}}
+    assert quality == {"generative": {"n": 16, "n_train": 144, "token_accuracy": 0.625, "good_f1": 0.43,
+                                      "poor_f1": 0.31, "json_validity": 0.9375}}
     (shared / "scalar_rm").mkdir()
     (shared / "scalar_rm" / "eval_pairwise.json").write_text(json.dumps({"pairs": 52, "accuracy": 0.75}))
+    (shared / "scalar_rm" / "train_results.json").write_text(json.dumps({"train_pairs": 467, "train_loss": 0.4}))
     quality = ms.critic_quality(shared)
-    assert quality["bradley_terry"] == {"n": 52, "pairwise_accuracy": 0.75}
+    assert quality["bradley_terry"] == {"n": 52, "n_train": 467, "pairwise_accuracy": 0.75}
     line = msr.critic_quality_lines({"critics": quality})[1]
-    assert "0.625 (F1 good 0.43, poor 0.31; 16 annotations)" in line and "valid JSON in 93.8 % of cases" in line
-    assert "higher in this share of pairs: 0.750 (52 pairs)" in line
+    assert "0.625 (F1 good 0.43, poor 0.31; 16 held-out annotations, 144 for training)" in line
+    assert "valid JSON in 93.8 % of cases" in line
+    assert "higher in this share of pairs: 0.750 (52 held-out pairs, 467 for training)" in line
     assert msr.critic_quality_lines({}) == []
     # the pooled table gets the two columns once any instance recorded its critics
     studies = {0: {**_instance([0.5], [0.3]), "critics": quality}, 1: _instance([0.2], [0.3])}
     md = msr.pooled_markdown(studies, {}, "cmd")
-    assert "| 0 | 0.200 | 1.50 | 0.625 (F1 good 0.43, poor 0.31; 16 annotations) | 0.750 (52 pairs) | [task_seed0" in md
+    assert ("| 0 | 0.200 | 1.50 | 0.625 (F1 good 0.43, poor 0.31; 16 held-out annotations, 144 for training) | "
+            "0.750 (52 held-out pairs, 467 for training) | [task_seed0") in md
     assert "| 1 | 0.200 | 1.50 | - | - | [task_seed1/study.md]" in md
 
 
