@@ -17,7 +17,7 @@ from text2grad.core.vllm_engine import vllm_available, vllm_missing_message
 __all__ = ["PRESETS", "PRESET_ARGS", "SMOLLM2_ASSET_HINT", "SMOLLM2_VLLM_HINT", "resolve"]
 
 
-# Preset values for every None field above. ``default`` takes ~3-4 min on 2 idle CPU cores
+# Preset values for every None field of `QuickstartConfig`. ``default`` takes ~3-4 min on 2 idle CPU cores
 # (benchmarks/quickstart_time.py).
 PRESETS: dict[str, dict[str, Any]] = {
     "ci": dict(
