@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from text2grad.core.config import ConfigError, config_field
 from text2grad.core.generation_options import GENERATION_BACKEND_HELP, VLLM_KWARGS_HELP, GenerationBackend
@@ -13,8 +13,8 @@ __all__ = ["BENCHMARKS", "Benchmark", "CodeEvalConfig"]
 
 
 # The benchmarks the loader (benchmarks.py) reads.
-BENCHMARKS = ("humaneval", "humaneval_plus", "mbpp", "mbpp_plus", "kodcode")
 Benchmark = Literal["humaneval", "humaneval_plus", "mbpp", "mbpp_plus", "kodcode"]
+BENCHMARKS: tuple[str, ...] = get_args(Benchmark)
 
 
 @dataclass
