@@ -183,7 +183,7 @@ class StudyContext:
     checkpoint_runs: bool = False  # checkpoint each run at its evaluation points, so a killed run resumes there
 
 
-REFRESH_EVERY = 15  # iterations between on-policy reward-model refreshes (six refreshes in a 90-iteration run)
+REFRESHES_PER_RUN = 6  # on-policy reward-model refreshes over a run (every 15 iterations of 90, every 8 of 48)
 ENSEMBLE_SIZE = 3
 
 
@@ -206,19 +206,26 @@ def _ensemble(ctx: StudyContext) -> dict[str, Any]:
             "ensemble_aggregation": "vote"}
 
 
+def refresh_every(iterations: int) -> int:
+    """Iterations between refreshes: `REFRESHES_PER_RUN` of them spread over a run of ``iterations``."""
+    return max(1, iterations // REFRESHES_PER_RUN)
+
+
 def _refresh(ctx: StudyContext) -> dict[str, Any]:
-    """Every REFRESH_EVERY iterations the task's critic (the annotator the reward model learned from) labels the
-    iteration's rollouts and the reward model is fine-tuned on them with its own training annotations replayed."""
-    return {"rm_refresh_every": REFRESH_EVERY, "rm_refresh_critic": "text2grad.apps.quickstart.task:FactCritic",
+    """Every `refresh_every` iterations the task's critic (the annotator the reward model learned from) labels the
+    iteration's rollouts and the reward model is fine-tuned on them with its own training annotations replayed (a
+    reward model behind vLLM: a copy of its adapter, `policy_optimization.rm_refresh`)."""
+    return {"rm_refresh_every": refresh_every(ctx.iterations),
+            "rm_refresh_critic": "text2grad.apps.quickstart.task:FactCritic",
             "rm_refresh_critic_kwargs": {"data_path": ctx.rl}, "rm_refresh_replay": [ctx.rm_replay]}
 
 
-def refresh_budget(iterations: int, batch_size: int, every: int = REFRESH_EVERY,
+def refresh_budget(iterations: int, batch_size: int, every: int | None = None,
                    steps_per_refresh: int = PPOConfig().rm_refresh_steps) -> tuple[int, int]:
     """(annotations, optimizer steps) the ``refresh`` variant adds to the reward model over a run: each of its
-    ``iterations // every`` refreshes annotates the iteration's whole batch (rm_refresh_samples' default) and
-    fine-tunes for ``steps_per_refresh`` steps."""
-    refreshes = iterations // every
+    ``iterations // every`` refreshes (default ``every``: `refresh_every`) annotates the iteration's whole batch
+    (rm_refresh_samples' default) and fine-tunes for ``steps_per_refresh`` steps."""
+    refreshes = iterations // (every or refresh_every(iterations))
     return refreshes * batch_size, refreshes * steps_per_refresh
 
 
@@ -650,6 +657,8 @@ SMOLLM2_SFT_ARGS = [*SMOLLM2_LORA, "--per_device_train_batch_size", "8", "--grad
 def study_config(args: argparse.Namespace, shared: Path) -> QuickstartConfig:
     """The quickstart configuration the study builds its task, SFT policy and reward models with."""
     base = dict(output_dir=str(shared), seed=args.task_seed, modes=["nl_gradient"], early_stopping=True)
+    if getattr(args, "rm_annotations", 0):
+        base["n_annotations"] = args.rm_annotations
     if args.preset != "smollm2":
         return resolve(QuickstartConfig(preset=args.preset, **base))
     # the quickstart's smollm2 preset starts PPO from SmolLM2 as it is; the study fine-tunes it on the task first
@@ -821,6 +830,8 @@ def study_identity(args: argparse.Namespace) -> dict[str, Any]:
         ident["kl_horizon"] = args.kl_horizon
     if args.preset == "smollm2":
         ident.update(sft_steps=args.sft_steps, sft_learning_rate=args.sft_learning_rate)
+    if getattr(args, "rm_annotations", 0):  # studies before this option stored no such key
+        ident["rm_annotations"] = args.rm_annotations
     return ident
 
 
@@ -855,6 +866,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="smollm2: LoRA SFT steps (batch 16). 10 leave room for PPO (validation fact score 0.34, "
                         "1.5 false facts per summary); 40 already reach 0.94, leaving PPO little to improve")
     parser.add_argument("--sft_learning_rate", type=float, default=1e-3, help="smollm2: LoRA SFT learning rate")
+    parser.add_argument("--rm_annotations", type=int, default=0,
+                        help="responses annotated for the generative reward model (0: the preset's; smollm2: 160, "
+                             "144 of them for training, while the Bradley-Terry model trains on 467 pairs): a study "
+                             "of its own (use a new --output_dir)")
     parser.add_argument("--generation_backend", default="hf", choices=["hf", "vllm"],
                         help="PPO rollouts and the reward model's critiques through transformers or vLLM (evaluation "
                         "stays greedy transformers decoding)")

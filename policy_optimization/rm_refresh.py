@@ -18,6 +18,8 @@ With ``rm_refresh_every N`` (`PPOConfig`), after every N-th iteration:
    member of an ensemble of separate models, or all weights of a model without LoRA) for ``rm_refresh_steps``
    steps on the new annotations plus ``rm_refresh_replay_ratio`` times as many replayed earlier ones
    (``rm_refresh_replay`` files and every earlier refresh's annotations), then sends the new weights to every process;
+   a reward model that writes its critiques through vLLM (``backend: vllm``) is trained as a transformers copy of its
+   LoRA adapter, and the engine serves the refreshed adapter from then on (`attach_training_copy`);
 4. ``<output_dir>/rm_refresh/step-<N>/`` receives the annotations (``annotations.jsonl``, reward-model training
    records) and the refreshed weights; a resumed run reloads the newest refresh at or before its checkpoint.
 
@@ -31,6 +33,7 @@ import json
 import logging
 import random
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -48,9 +51,11 @@ from text2grad.core.critics import build_critic
 from text2grad.core.data import load_records
 from text2grad.core.ensemble import EnsembleCritic
 from text2grad.core.feedback import Feedback
+from text2grad.core.modeling import load_causal_lm
+from text2grad.core.placement import resolve_device
 
-__all__ = ["REFRESH_DIR", "RewardModelRefresh", "agreement", "build_rm_refresh", "fine_tune", "pick_rollouts",
-           "reward_models"]
+__all__ = ["REFRESH_DIR", "RewardModelRefresh", "agreement", "attach_training_copy", "build_rm_refresh", "fine_tune",
+           "pick_rollouts", "reward_models"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,20 +88,40 @@ def agreement(predicted: Sequence[Feedback], reference: Sequence[Feedback], resp
             "agreement_accuracy": metrics.label_accuracy}
 
 
+def attach_training_copy(rm: GenerativeRewardModel) -> None:
+    """Give a reward model that generates through vLLM a transformers copy to train (``rm.model``, on this process's
+    device): an engine generates but cannot be trained, so a refresh fine-tunes the copy's LoRA adapter and then
+    serves it on the engine (`RewardModelRefresh`); the critiques keep coming from the engine. No-op when ``rm``
+    already has a model. Raises ValueError for a vLLM reward model without a LoRA adapter (whole weights are not
+    refreshed on an engine)."""
+    if rm.model is not None or rm.backend != "vllm":
+        return
+    engine = rm.engine
+    if not getattr(engine, "adapter_dir", None):
+        raise ValueError("rm_refresh trains a vLLM-served reward model through its LoRA adapter, and this one has "
+                         "none (whole weights); train the reward model with LoRA, or use backend 'hf'")
+    model = load_causal_lm(engine.base_model, adapter=engine.adapter_dir, dtype=engine.dtype, trainable_adapter=True)
+    rm.model = model.to(resolve_device(None)).eval()
+
+
 def reward_models(critic) -> list[GenerativeRewardModel]:
     """The generative reward models a refresh fine-tunes: the critic itself, the one shared model of a
     `RewardModelEnsemble` (its members are adapters), or every member of an `EnsembleCritic` (members trained without
-    LoRA load as separate models). Raises ValueError where one is not a reward model on the transformers backend."""
+    LoRA load as separate models). A vLLM-served one gets its training copy here (`attach_training_copy`). Raises
+    ValueError where one is not a reward model this process can train (e.g. one behind a server)."""
     if isinstance(critic, RewardModelEnsemble):
         models = [critic.reward_model]
     elif isinstance(critic, EnsembleCritic):
         models = list(critic.members)
     else:
         models = [critic]
+    for rm in models:
+        if isinstance(rm, GenerativeRewardModel):
+            attach_training_copy(rm)
     if not all(isinstance(rm, GenerativeRewardModel) and rm.model is not None for rm in models):
         raise ValueError("rm_refresh fine-tunes the PPO critic, so the critic must be a generative reward model "
-                         "(critic reward_model or reward_model_ensemble) on the transformers backend (not vLLM); "
-                         f"got {type(critic).__name__} of {sorted({type(rm).__name__ for rm in models})}")
+                         "(critic reward_model or reward_model_ensemble) on the transformers or vLLM backend (not "
+                         f"behind a server); got {type(critic).__name__} of {sorted({type(rm).__name__ for rm in models})}")
     return models
 
 
@@ -159,8 +184,9 @@ class RewardModelRefresh:
     """Re-teach the PPO critic (a reward model) on annotated on-policy rollouts every ``every`` iterations.
 
     Args:
-        critic: the PPO critic: a `GenerativeRewardModel` (transformers backend), a `RewardModelEnsemble`, or an
-            `EnsembleCritic` of such reward models (an ensemble whose members were trained without LoRA).
+        critic: the PPO critic: a `GenerativeRewardModel` (transformers backend, or vLLM with a LoRA adapter), a
+            `RewardModelEnsemble`, or an `EnsembleCritic` of such reward models (an ensemble whose members were
+            trained without LoRA).
         annotator: any critic (``feedback(prompts, responses)``) whose labels the reward model learns.
         every, samples, replay_paths, replay_ratio, steps, batch_size, learning_rate, seed: the ``rm_refresh_*``
             options of `PPOConfig`.
@@ -177,6 +203,10 @@ class RewardModelRefresh:
         self.steps, self.batch_size, self.learning_rate, self.seed = steps, batch_size, learning_rate, seed
         self.offline = [r for path in replay_paths for r in load_records(path, required=("prompt", "response"))]
         self.annotated: list[dict[str, Any]] = []  # on-policy annotations of the refreshes so far
+        # the refreshed adapters of vLLM-served reward models, kept while their engines may still read them
+        self._served = tempfile.TemporaryDirectory(prefix="text2grad-rm-refresh-") if any(
+            rm.backend == "vllm" for rm in self.reward_models) else None
+        self._serves = 0
 
     # ---- the iteration hook --------------------------------------------------------------------------
     def after_iteration(self, step: int, prompts: Sequence[str], responses: Sequence[str],
@@ -196,6 +226,7 @@ class RewardModelRefresh:
         new, stats = shared[0]
         losses = self._fine_tune(new, step) if accelerator.is_main_process and new else {}
         self._share_weights(accelerator)
+        self._serve_on_engines()
         self.annotated.extend(new)
         if accelerator.is_main_process:
             self._save(output_dir / REFRESH_DIR / f"step-{step}", new)
@@ -269,6 +300,17 @@ class RewardModelRefresh:
             for p in self._refreshed_parameters().values():
                 torch.distributed.broadcast(p.data, src=0)
 
+    def _serve_on_engines(self) -> None:
+        """Each vLLM-served reward model's engine serves its copy's adapter as it is now."""
+        if self._served is None:
+            return
+        self._serves += 1
+        for k, rm in enumerate(self.reward_models):
+            if rm.backend == "vllm":
+                folder = Path(self._served.name) / f"serve-{self._serves}-member-{k}"
+                rm.model.save_pretrained(str(folder))
+                rm.engine.serve_adapter(folder)
+
     def _save(self, folder: Path, new: Sequence[Mapping[str, Any]]) -> None:
         tmp = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -303,6 +345,7 @@ class RewardModelRefresh:
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(weights[name].to(p.device, p.dtype))
+        self._serve_on_engines()
         return done[-1][0]
 
 

@@ -428,8 +428,18 @@ class _VLLMEngine:
             self.engine = shared_engine(model, tokenizer=tokenizer, dtype=dtype, max_lora_rank=rank, **engine_kwargs)
         except ImportError as exc:
             raise ImportError(vllm_missing_message("backend='vllm'")) from exc
-        # a LoRA request, or (lora_mode merged) the adapter folded into whole weights the engine swaps in
-        self.weights = self.engine.adapter(adapter, name="text2grad-reward-model") if adapter else None
+        # what a trainer needs to rebuild the reward model in transformers (`policy_optimization.rm_refresh`)
+        self.base_model, self.adapter_dir, self.dtype = model, adapter, dtype
+        self.weights = None
+        if adapter:
+            self.serve_adapter(adapter)
+
+    def serve_adapter(self, adapter_dir: str | Path) -> None:
+        """Serve the LoRA adapter saved in ``adapter_dir`` from now on (an adapter of the same base model, e.g.
+        the reward model after a refresh): a new LoRA request, or (lora_mode merged) the adapter folded into whole
+        weights the engine swaps in. The folder must stay until the next call (vLLM may read it lazily)."""
+        self.weights = self.engine.adapter(adapter_dir, name="text2grad-reward-model")
+        self.adapter_dir = str(adapter_dir)
 
     def generate(
         self, tokenizer, input_ids: list[list[int]], max_new_tokens: int, *, do_sample: bool, temperature: float,

@@ -280,7 +280,7 @@ def test_the_defence_variants_are_valid_ppo_configs_changing_only_the_critic_sid
     if ensemble:
         assert varied.critic == "reward_model_ensemble" and varied.critic_kwargs["path"] == "shared/ens/model"
     if refresh:
-        assert varied.rm_refresh_replay == ["shared/rm/rm_train.jsonl"] and varied.rm_refresh_every == ms.REFRESH_EVERY
+        assert varied.rm_refresh_replay == ["shared/rm/rm_train.jsonl"] and varied.rm_refresh_every == 15  # 6 refreshes in 90 iterations
     assert ("oracle", f"text2grad+{variant}") not in ms.method_keys(["oracle", "learned"], ["text2grad"], [variant])
 
 
@@ -306,6 +306,17 @@ def test_a_folder_of_another_study_is_refused_not_mixed_in():
         ms.check_same_study({**ident, "preset": "ci"}, ident, "runs/x")
     with pytest.raises(SystemExit, match="sft_steps: 80 there, 12 now"):
         ms.check_same_study({**ident, "sft_steps": 80}, ident, "runs/x")
+    # a reward model trained on more annotations is another study; the preset's count keeps older folders valid
+    more = ms.study_identity(ms.argparse.Namespace(**vars(args), rm_annotations=520))
+    assert ms.study_identity(ms.argparse.Namespace(**vars(args), rm_annotations=0)) == ident
+    with pytest.raises(SystemExit, match="rm_annotations"):
+        ms.check_same_study(ident, more, "runs/x")
+
+
+def test_the_reward_models_annotation_count_reaches_the_quickstart_config(tmp_path):
+    args = dict(preset="smollm2", task_seed=0, sft_steps=10, sft_learning_rate=1e-3, batch_size=0)
+    assert ms.study_config(ms.argparse.Namespace(**args, rm_annotations=520), tmp_path).n_annotations == 520
+    assert ms.study_config(ms.argparse.Namespace(**args, rm_annotations=0), tmp_path).n_annotations == 160  # the preset's
 
 
 def test_runs_from_another_start_policy_stop_the_study_before_it_adds_any(tmp_path):
@@ -953,7 +964,10 @@ def test_held_to_a_baseline_that_a_looser_penalty_does_not_move_the_report_says_
 def test_the_refresh_control_gets_as_many_annotations_and_steps_as_the_refresh_adds():
     # 90 iterations, a refresh every 15: 6 refreshes, each annotating the 16 rollouts and fine-tuning 20 steps
     assert ms.refresh_budget(90, 16) == (96, 120)
-    assert ms.refresh_budget(14, 16) == (0, 0) and ms.refresh_budget(30, 8, every=10, steps_per_refresh=5) == (24, 15)
+    assert ms.refresh_budget(30, 8, every=10, steps_per_refresh=5) == (24, 15)
+    # the refreshes spread over the run: 48 iterations (SmolLM2), one every 8; runs shorter than 6, every iteration
+    assert ms.refresh_every(48) == 8 and ms.refresh_budget(48, 8) == (48, 120)
+    assert ms.refresh_every(4) == 1 and ms.refresh_budget(4, 16) == (64, 80)
     assert ms.refresh_budget(90, 16, steps_per_refresh=ms.PPOConfig().rm_refresh_steps) == ms.refresh_budget(90, 16)
 
 

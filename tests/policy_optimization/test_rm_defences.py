@@ -4,14 +4,18 @@ reward-model refresh (the reward model learns the annotating critic's labels on 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors.torch import load_file
 from tests.policy_optimization.po_testlib import first_and_last_words
 
 from policy_optimization.ppo_config import PPOConfig
-from policy_optimization.rm_refresh import REFRESH_DIR, WEIGHTS_FILE, agreement, pick_rollouts
+from policy_optimization.rm_refresh import (REFRESH_DIR, WEIGHTS_FILE, RewardModelRefresh, agreement,
+                                            attach_training_copy, pick_rollouts)
 from reward_model.inference import GenerativeRewardModel
 from text2grad.core.critics import CallableFeedbackSource
 from text2grad.core.ensemble import EnsembleCritic
@@ -175,3 +179,76 @@ def test_refresh_options_are_checked(make_trainer):
         PPOConfig(num_iterations=1, rm_refresh_every=2, rm_refresh_critic="llm", critic="reference")
     with pytest.raises(ValueError, match="generative reward model"):
         make_trainer(CallableFeedbackSource(first_word_good), rm_refresh_every=1, **{k: v for k, v in REFRESH.items()})
+
+
+# --------------------------------------------------------------------------------------------------
+# Refresh of a reward model that generates through vLLM (the engine itself is tested in
+# tests/reward_model/test_inference_vllm.py; here a stand-in records what it is asked to serve)
+# --------------------------------------------------------------------------------------------------
+
+
+class RecordingEngine:
+    """Stands in for the reward model's vLLM engine wrapper: the base and adapter it was started with, and every
+    adapter folder a refresh asks it to serve (with the weights that folder held at that moment)."""
+
+    def __init__(self, base_model: str, adapter_dir: str | None):
+        self.base_model, self.adapter_dir, self.dtype = base_model, adapter_dir, "fp32"
+        self.served: list[dict[str, torch.Tensor]] = []
+
+    def serve_adapter(self, adapter_dir) -> None:
+        self.served.append(load_file(str(Path(adapter_dir) / "adapter_model.safetensors")))
+        self.adapter_dir = str(adapter_dir)
+
+
+@pytest.fixture
+def saved_lora_reward_model(bpe_tokenizer, tmp_path):
+    """(base model folder, LoRA adapter folder) of a tiny reward model, saved as training saves them."""
+    base = build_tiny_llama(bpe_tokenizer, hidden_size=64, num_layers=2, num_heads=4, seed=3)
+    base.save_pretrained(str(tmp_path / "base"))
+    lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    lora.save_pretrained(str(tmp_path / "adapter"))
+    return str(tmp_path / "base"), str(tmp_path / "adapter")
+
+
+def _vllm_reward_model(tokenizer, base: str, adapter: str | None) -> GenerativeRewardModel:
+    return GenerativeRewardModel(None, tokenizer, backend="vllm", engine=RecordingEngine(base, adapter),
+                                 instruction=INSTRUCTION, prompt_format="plain", max_new_tokens=48, max_input_length=128)
+
+
+def _refresh(critic) -> RewardModelRefresh:
+    return RewardModelRefresh(critic, CallableFeedbackSource(first_word_good), every=1, samples=None, replay_paths=[],
+                              replay_ratio=0.0, steps=3, batch_size=2, learning_rate=1e-2, seed=0)
+
+
+def test_a_vllm_served_reward_model_is_refreshed_through_a_trained_copy_of_its_adapter(
+        bpe_tokenizer, saved_lora_reward_model, tmp_path):
+    base, adapter = saved_lora_reward_model
+    rm = _vllm_reward_model(bpe_tokenizer, base, adapter)
+    refresh = _refresh(rm)
+    assert isinstance(rm.model, PeftModel)  # the training copy, from the engine's own base and adapter
+    start = {n: t.clone() for n, t in get_peft_model_state_dict(rm.model).items()}
+    assert start.keys() == load_file(f"{adapter}/adapter_model.safetensors").keys()
+    run = tmp_path / "run"
+    prompts, responses = ["p1", "p2", "p3"], ["the cat sat", "a dog ran far", "birds sing"]
+    metrics = refresh.after_iteration(1, prompts, responses, [Feedback()] * 3,
+                                      SimpleNamespace(num_processes=1, is_main_process=True), run)
+    assert metrics["rm_refresh/annotations"] == 3
+    trained = get_peft_model_state_dict(rm.model)
+    assert any(not torch.equal(trained[n], start[n]) for n in start)  # the refresh trained the adapter...
+    served = rm.engine.served[-1]  # ...and the engine serves exactly what it trained
+    assert len(rm.engine.served) == 1 and all(torch.equal(served[n], trained[n]) for n in trained)
+    assert (run / REFRESH_DIR / "step-1" / WEIGHTS_FILE).is_file()
+
+    # a resumed run: the engine of a fresh reward model serves the refreshed adapter again
+    fresh = _vllm_reward_model(bpe_tokenizer, base, adapter)
+    assert _refresh(fresh).restore(run, 1, is_main=True) == 1
+    assert all(torch.equal(fresh.engine.served[-1][n], trained[n]) for n in trained)
+
+
+def test_a_vllm_served_reward_model_without_an_adapter_cannot_be_refreshed(bpe_tokenizer, saved_lora_reward_model):
+    rm = _vllm_reward_model(bpe_tokenizer, saved_lora_reward_model[0], None)
+    with pytest.raises(ValueError, match="LoRA adapter"):
+        attach_training_copy(rm)
+    remote = GenerativeRewardModel(None, bpe_tokenizer, backend="openai", engine=object())
+    with pytest.raises(ValueError, match="behind a server"):
+        _refresh(remote)

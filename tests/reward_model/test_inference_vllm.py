@@ -8,6 +8,8 @@ Slow: it uses the engine shared by the whole pytest run (`tests/vllm_testlib.py`
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from tests.reward_model.grounding_testlib import SPAN_LIST_OPENING, RowConstraints, forced_span_list
@@ -15,8 +17,11 @@ from tests.vllm_testlib import engine_for_tests, engine_options, make_smollm2_lo
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from policy_optimization.ppo_config import PPOConfig
+from policy_optimization.rm_refresh import RewardModelRefresh
 from reward_model.inference import GenerativeRewardModel
 from text2grad.core.assets import smollm2_path
+from text2grad.core.critics import CallableFeedbackSource
+from text2grad.core.feedback import Feedback
 from text2grad.core.generation import apply_chat_template, encode_prompt_ids, generate
 from text2grad.core.vllm_engine import request_constraint
 
@@ -101,3 +106,27 @@ def test_the_reward_models_grounded_spans_reach_the_engine_per_request(lora_rewa
     specs = [next(iter(c.values())) for c in sent[0]]
     assert {s["factory"] for s in specs} == {"reward_model.decoding:grounded_request_constraint"}
     assert {s["kwargs"]["source"] for s in specs} == set(RESPONSES[:2])
+
+
+def _last_word_poor(prompt: str, response: str) -> Feedback:
+    return Feedback(poor_spans=(response.split()[-1],))
+
+
+def test_after_a_refresh_the_engine_writes_the_critiques_of_the_refreshed_adapter(lora_reward_model, tmp_path):
+    """PPO's on-policy refresh of a reward model served by vLLM: it trains a transformers copy of the adapter and the
+    engine then serves the trained adapter, so its critiques equal the transformers critiques of that adapter."""
+    engine_for_tests()
+    options = dict(max_new_tokens=32, dtype="fp32", tokenizer_name_or_path=str(smollm2_path()))
+    vl = GenerativeRewardModel.from_pretrained(str(lora_reward_model), backend="vllm", vllm_kwargs=engine_options(),
+                                               **options)
+    inputs = vl._inputs(PROMPTS, RESPONSES)
+    before = [o.text for o in vl._generate(inputs, RESPONSES)]
+    refresh = RewardModelRefresh(vl, CallableFeedbackSource(_last_word_poor), every=1, samples=None, replay_paths=[],
+                                 replay_ratio=0.0, steps=4, batch_size=2, learning_rate=1e-2, seed=0)
+    refresh.after_iteration(1, PROMPTS, RESPONSES, [Feedback()] * len(PROMPTS),
+                            SimpleNamespace(num_processes=1, is_main_process=True), tmp_path / "run")
+    after = vl._generate(inputs, RESPONSES)
+    assert [o.text for o in after] != before  # the engine no longer serves the adapter it started with
+    hf = GenerativeRewardModel.from_pretrained(vl.engine.adapter_dir, batch_size=1, merge_adapter=True, **options)
+    hf_out = hf._generate(hf._inputs(PROMPTS, RESPONSES), RESPONSES)
+    assert [(o.text, o.finished) for o in after] == [(o.text, o.finished) for o in hf_out]
