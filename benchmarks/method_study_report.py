@@ -491,6 +491,9 @@ def markdown(study: Mapping[str, Any]) -> str:
     lines += critic_quality_lines(study)
     sft_all = study["sft"].get("test", {})
     lines += ["", *interpret(summ, sft, (sft_all.get("fact_recall", float("nan")), sft_all.get("n_false", float("nan"))))]
+    task = study.get("identity", {}).get("task_seed", 0)
+    for variant in sorted({(r["arm"], r["method"]) for r in summ.values() if r["method"].startswith("text2grad+")}):
+        lines += ["", *pooled_lines({task: study}, *variant)[0]]  # each defended Text2Grad against the best scalar
     if frontier := frontier_markdown(study):
         lines += ["", *frontier]
         task = study.get("identity", {}).get("task_seed", 0)

@@ -149,6 +149,22 @@ def test_summary_and_sentences_follow_the_numbers():
     json.dumps(summ, default=str)  # the study file is JSON
 
 
+def test_a_one_instance_report_compares_each_defended_text2grad_with_the_best_scalar_baseline():
+    keys = [("learned", "text2grad"), ("learned", "scalar_bt"), ("learned", "text2grad+refresh")]
+    res = {**_final("learned", "text2grad", [0.2, 0.3, 0.4], [0.3, 0.3, 0.3]),
+           **_final("learned", "scalar_bt", [0.7, 0.5, 0.5], [0.3, 0.3, 0.3]),
+           **_final("learned", "text2grad+refresh", [0.4], [0.3], seeds=(0,))}  # one seed finished so far
+    study = {"final": msr.summarize_final(res, keys, [0, 1, 2], 16), "sft": {"test": {"fact_score": 0.2, "n_false": 1.0}},
+             "config": {"iterations": 20, "batch_size": 16}, "ablations": {}}
+    lines = ms.markdown(study).splitlines()
+    at = lines.index("Text2Grad + refresh against the best scalar baseline:")
+    # paired on the one seed both have: 0.4 vs 0.7
+    assert "Text2Grad + refresh ends at 0.400, the best scalar baseline (scalar PPO, Bradley-Terry RM)" in lines[at + 1]
+    assert "paired difference -0.300 (no interval from one pair; ahead on 0 of 1;" in lines[at + 1]
+    plain = ms.markdown({**study, "final": msr.summarize_final(res, keys[:2], [0, 1, 2], 16)})
+    assert "against the best scalar baseline:" not in plain  # no defended run, no such block
+
+
 def test_ablation_sentences_compare_with_the_unchanged_setting():
     abl = {"none": {"final": (0.2, 0.05), "peak": (0.4, 0.02), "kl": (9.0, 1.0)},
            "span_normalize": {"final": (0.38, 0.03), "peak": (0.39, 0.02), "kl": (2.0, 0.5)},
