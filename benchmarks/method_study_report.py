@@ -496,7 +496,6 @@ def markdown(study: Mapping[str, Any]) -> str:
         lines += ["", *pooled_lines({task: study}, *variant)[0]]  # each defended Text2Grad against the best scalar
     if frontier := frontier_markdown(study):
         lines += ["", *frontier]
-        task = study.get("identity", {}).get("task_seed", 0)
         for key in study["kl_frontier"]:
             arm, method = key.split("/")
             if method.partition("+")[0] == "text2grad":
