@@ -226,14 +226,14 @@ def test_a_vllm_served_reward_model_is_refreshed_through_a_trained_copy_of_its_a
     rm = _vllm_reward_model(bpe_tokenizer, base, adapter)
     refresh = _refresh(rm)
     assert isinstance(rm.model, PeftModel)  # the training copy, from the engine's own base and adapter
-    start = {n: t.clone() for n, t in get_peft_model_state_dict(rm.model).items()}
+    start = {n: t.detach().cpu().clone() for n, t in get_peft_model_state_dict(rm.model).items()}
     assert start.keys() == load_file(f"{adapter}/adapter_model.safetensors").keys()
     run = tmp_path / "run"
     prompts, responses = ["p1", "p2", "p3"], ["the cat sat", "a dog ran far", "birds sing"]
     metrics = refresh.after_iteration(1, prompts, responses, [Feedback()] * 3,
                                       SimpleNamespace(num_processes=1, is_main_process=True), run)
     assert metrics["rm_refresh/annotations"] == 3
-    trained = get_peft_model_state_dict(rm.model)
+    trained = {n: t.cpu() for n, t in get_peft_model_state_dict(rm.model).items()}  # on a GPU the copy is on cuda
     assert any(not torch.equal(trained[n], start[n]) for n in start)  # the refresh trained the adapter...
     served = rm.engine.served[-1]  # ...and the engine serves exactly what it trained
     assert len(rm.engine.served) == 1 and all(torch.equal(served[n], trained[n]) for n in trained)
