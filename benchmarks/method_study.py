@@ -12,6 +12,8 @@
         --iterations 12 --eval_every 6 --phases sweep final report
     python benchmarks/method_study.py --output_dir runs/study_v2 --task_seeds 0 1 2 --arms learned \
         --methods text2grad scalar_sum scalar_collapsed --kl_frontier 0.3 1.0 --phases frontier report  # KL frontier
+    python benchmarks/method_study.py --output_dir runs/study_v2 --task_seeds 0 1 2 --arms learned \
+        --methods text2grad scalar_sum --lr_frontier 3.3e-6 1e-5 --phases frontier report  # the step size's points
 
 Every method starts from the same SFT policy of the quickstart task (`text2grad.apps.quickstart`) and gets the same
 number of rollouts (``iterations`` x the preset's PPO batch). ``--preset smollm2`` runs the paper's pipeline order on
@@ -58,6 +60,9 @@ default for ``--preset smollm2``, a run killed midway resumes from its last eval
   also compares Text2Grad held to the KL of the best scalar baseline, and of the information-matched scalar_sum: its
   KL setting is chosen on validation among those whose mean final KL is no larger than the baseline's, and compared
   with the baseline on test, seed by seed (a method that wins only by drifting further from the start is not winning).
+  ``--lr_frontier`` adds points at other learning rates (chosen KL setting kept), labelled "fixed 0.1, lr 1e-05":
+  a method whose KL no penalty moves (its step size holds it) gets points further out, and the choices on
+  validation above choose among them too.
 - ``ablation``: the quickstart's learned-arm Text2Grad setting with one change each (reward scale, whitening, value
   strength, entropy, clip range, oracle critic), to find what drives its late collapse.
 - ``report``: ``study.json`` (everything, each run's validation curve and CPU included), ``study.md`` (tables and
@@ -118,9 +123,9 @@ from text2grad.core.spans import decode_with_offsets, feedback_token_labels  # n
 from text2grad.core.vllm_engine import close_shared_engine  # noqa: E402
 
 from benchmarks.method_study_report import (  # noqa: E402
-    ARMS, CRITIC_FREE, DEFENCE_CONTROLS, KL_COEFS, KL_MATCHED_AGAINST, LABELS, LAMBDAS, METHODS, REWARD_MODE,
+    ARMS, CRITIC_FREE, DEFENCE_CONTROLS, KL_COEFS, LABELS, LAMBDAS, METHODS, REWARD_MODE,
     SCALAR_METHODS, Setting, choose, control_lines, edge_lines, end_score, early_stopped, frontier_plot, grid_position,
-    kl_matched_lines,
+    kl_baselines, kl_matched_lines,
     kl_on_validation_lines, markdown, mean_ci95, method_label, paper_comparison, plot, pooled_lines, pooled_markdown,
     summarize_ablations, summarize_final, summarize_frontier,
 )
@@ -495,10 +500,11 @@ def run_all(ctx: StudyContext, specs: Sequence[RunSpec], jobs: int, train: bool 
 
 
 def frontier_specs(keys: Sequence[tuple[str, str]], chosen: Mapping[tuple[str, str], Setting], coefs: Sequence[float],
-                   seeds: Sequence[int], default_coef: float) -> list[RunSpec]:
-    """The frontier phase's runs: each (arm, method) at its chosen learning rate and lambda with each fixed KL
-    coefficient of ``coefs``, on the final seeds; a coefficient equal to the chosen fixed one is the final run
-    itself and is not run twice."""
+                   seeds: Sequence[int], default_coef: float, lrs: Sequence[float] = ()) -> list[RunSpec]:
+    """The frontier phase's runs, on the final seeds: each (arm, method) at its chosen learning rate and lambda with
+    each fixed KL coefficient of ``coefs``, and at its chosen KL setting and lambda with each learning rate of
+    ``lrs`` (the step size, not the penalty, can be what holds a method near its start). A coefficient or learning
+    rate equal to the chosen one is the final run itself and is not run twice."""
     fixed_coef = _fixed_coef_or(default_coef)
     specs = []
     for a, m in keys:
@@ -506,6 +512,8 @@ def frontier_specs(keys: Sequence[tuple[str, str]], chosen: Mapping[tuple[str, s
         own = fixed_coef(setting)
         specs += [RunSpec(a, m, replace(setting, kl="fixed", kl_coef=c), s, "frontier")
                   for c in coefs if own is None or not math.isclose(c, own) for s in seeds]
+        specs += [RunSpec(a, m, replace(setting, lr=lr), s, "frontier")
+                  for lr in lrs if not math.isclose(lr, setting.lr, rel_tol=1e-3) for s in seeds]
     return specs
 
 
@@ -905,6 +913,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="phase frontier: every method again with the final seeds at each of these fixed KL "
                              "coefficients (its chosen learning rate and lambda), for the final-score-vs-KL frontier and "
                              "the comparison at matched KL")
+    parser.add_argument("--lr_frontier", type=float, nargs="*", default=[],
+                        help="phase frontier: every method again with the final seeds at each of these learning rates "
+                             "(its chosen KL setting and lambda): points of the same frontier, reached by the step size")
     parser.add_argument("--grid_extensions", type=int, default=2,
                         help="times the learning-rate and KL grids grow (x3) past a choice at their edge")
     parser.add_argument("--settings_from", default=None,
@@ -950,7 +961,7 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
             lines, numbers = pooled_lines(studies, arm, method)
             if lines:
                 add(arm, lines)["methods"][method] = numbers
-            for against in KL_MATCHED_AGAINST:
+            for against in kl_baselines(method):
                 for kind, make_lines in (("kl_on_validation", kl_on_validation_lines), ("kl_matched", kl_matched_lines)):
                     more, numbers = make_lines(studies, arm, method, against)
                     if more:
@@ -1053,7 +1064,7 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     finals = [RunSpec(a, m, chosen[(a, m)], s, "final") for a, m in keys for s in args.seeds]
     if "final" in args.phases:
         run_all(ctx, finals, args.jobs)
-    frontier = frontier_specs(keys, chosen, args.kl_frontier, args.seeds, ctx.kl_coef)
+    frontier = frontier_specs(keys, chosen, args.kl_frontier, args.seeds, ctx.kl_coef, args.lr_frontier)
     if "frontier" in args.phases:
         run_all(ctx, frontier, args.jobs)
     quick = Setting(lr=1e-4, kl="fixed", lam=0.0)  # the quickstart's setting, where the collapse was seen

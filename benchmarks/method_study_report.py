@@ -499,7 +499,7 @@ def markdown(study: Mapping[str, Any]) -> str:
         for key in study["kl_frontier"]:
             arm, method = key.split("/")
             if method.partition("+")[0] == "text2grad":
-                for against in KL_MATCHED_AGAINST:
+                for against in kl_baselines(method):
                     lines += ["", *kl_on_validation_lines({task: study}, arm, method, against)[0]]
                     lines += ["", *kl_matched_lines({task: study}, arm, method, against)[0]]
     if study.get("sweep"):
@@ -768,17 +768,22 @@ def kl_setting_label(setting: Mapping[str, Any], default_coef: float) -> str:
 
 
 def summarize_frontier(results: Mapping[Any, Mapping[str, Any]], default_coef: float) -> dict[str, list[dict[str, Any]]]:
-    """Per (arm, method): one point per KL setting run with the final seeds (the chosen setting's final runs and the
-    ``--kl_frontier`` runs at fixed coefficients): its label, whether it is the chosen one, and per seed the final
-    test score, the end-of-run validation score (`end_score`, what a KL-constrained choice is made on) and the
-    final KL, with their means, and per seed the fall from its best validation point to its last (``val_fall``).
-    Points are sorted by mean final KL."""
+    """Per (arm, method): one point per setting run with the final seeds (the chosen setting's final runs, the
+    ``--kl_frontier`` runs at fixed coefficients and the ``--lr_frontier`` runs at other learning rates, labelled
+    "fixed 0.1, lr 1e-05"): its label, whether it is the chosen one, and per seed the final test score, the
+    end-of-run validation score (`end_score`, what a KL-constrained choice is made on) and the final KL, with their
+    means, and per seed the fall from its best validation point to its last (``val_fall``). Points are sorted by
+    mean final KL."""
     groups: dict[tuple[str, str, str], dict[int, Mapping[str, Any]]] = {}
     chosen: dict[tuple[str, str, str], bool] = {}
+    final_lr = {(spec.arm, spec.method): spec.setting.lr for spec in results if spec.phase == "final"}
     for spec, res in results.items():
         if spec.phase not in ("final", "frontier"):
             continue
         label = kl_setting_label(res["spec"]["setting"], default_coef)
+        own_lr = final_lr.get((spec.arm, spec.method), spec.setting.lr)
+        if not math.isclose(spec.setting.lr, own_lr, rel_tol=1e-3):
+            label += f", lr {spec.setting.lr:.3g}"
         groups.setdefault((spec.arm, spec.method, label), {})[spec.seed] = res
         chosen[(spec.arm, spec.method, label)] = chosen.get((spec.arm, spec.method, label), False) or spec.phase == "final"
     out: dict[str, list[dict[str, Any]]] = {}
@@ -790,6 +795,7 @@ def summarize_frontier(results: Mapping[Any, Mapping[str, Any]], default_coef: f
                 for s, r in runs.items() if r["curve"]}
         out.setdefault(f"{arm}/{method}", []).append({
             "kl_setting": label, "chosen": chosen[(arm, method, label)], "seeds": sorted(runs),
+            "lr": next(iter(runs.values()))["spec"]["setting"]["lr"],
             "final": final, "final_mean_ci": mean_ci95(list(final.values())),
             "val_end": val_end, "val_end_mean": statistics.fmean(val_end.values()),
             "kl_final": kl, "kl_end": mean_ci95(list(kl.values())), "val_fall": fall,
@@ -803,7 +809,8 @@ def _comparison_names(method: str, against: str | None) -> tuple[str, str]:
     """("Text2Grad" or "Text2Grad + <variant>", the baseline's description) for the generated sentences."""
     variant = method.partition("+")[2]
     who = ("the best scalar baseline" if against is None else "the information-matched baseline"
-           if against == "scalar_sum" else "the baseline")
+           if against == "scalar_sum" else "the information-matched baseline with the same defence"
+           if variant and against == f"scalar_sum+{variant}" else "the baseline")
     return "Text2Grad" + (f" + {variant}" if variant else ""), who
 
 
@@ -853,23 +860,34 @@ def goal_checklist(c: Mapping[str, Any], n: int) -> str:
 # The baselines Text2Grad is held to the KL of: the best scalar baseline (None) and the information-matched one.
 KL_MATCHED_AGAINST = (None, "scalar_sum")
 
+
+def kl_baselines(method: str) -> tuple[str | None, ...]:
+    """The baselines ``method`` is compared with at matched or validation-picked KL: `KL_MATCHED_AGAINST`, and for a
+    defended Text2Grad ("text2grad+refresh") also the information-matched baseline with the same defence
+    ("scalar_sum+refresh"), which gets the same extra annotations, so that what is left is the reward's placement."""
+    variant = method.partition("+")[2]
+    return KL_MATCHED_AGAINST + ((f"scalar_sum+{variant}",) if variant else ())
+
 # A baseline that a looser KL penalty moves less than this much further from the start policy (mean final KL, nats)
 # was not held there by the penalty.
 PENALTY_BINDS_NATS = 0.05
 
 
 def fixed_coefficient(label: str) -> float | None:
-    """0.05 for the KL setting label "fixed 0.05" (`kl_setting_label`); None for "adaptive"."""
-    kind, _, coef = label.partition(" ")
-    return float(coef) if kind == "fixed" else None
+    """0.05 for the setting label "fixed 0.05" or "fixed 0.05, lr 1e-05" (`summarize_frontier`); None for
+    "adaptive"."""
+    kind, _, rest = label.partition(" ")
+    return float(rest.partition(",")[0]) if kind == "fixed" else None
 
 
 def looser_penalty(points: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
-    """(the chosen KL point, the point with the smallest fixed coefficient below the chosen one's) among one method's
-    frontier ``points`` (`summarize_frontier`); None when the chosen setting is adaptive or nothing looser ran."""
+    """(the chosen KL point, the point with the smallest fixed coefficient below the chosen one's, at the same
+    learning rate) among one method's frontier ``points`` (`summarize_frontier`); None when the chosen setting is
+    adaptive or nothing looser ran."""
     chosen = next((p for p in points if p.get("chosen")), None)
     coef = fixed_coefficient(chosen["kl_setting"]) if chosen else None
-    looser = [p for p in points if coef is not None and (k := fixed_coefficient(p["kl_setting"])) is not None and k < coef]
+    looser = [p for p in points if coef is not None and ", lr " not in p["kl_setting"]
+              and (k := fixed_coefficient(p["kl_setting"])) is not None and k < coef]
     return (chosen, min(looser, key=lambda p: fixed_coefficient(p["kl_setting"]))) if looser else None
 
 
@@ -882,6 +900,25 @@ def looser_penalty_sentence(chosen: Mapping[str, Any], loose: Mapping[str, Any])
             + ("the penalty is not what holds it near the start policy." if moved < PENALTY_BINDS_NATS else
                f"it moves {moved:.2f} nats further from the start policy, and its score changes by "
                f"{loose['final_mean_ci'][0] - chosen['final_mean_ci'][0]:+.3f}."))
+
+
+def larger_step(points: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    """(the chosen point, the point at the largest learning rate above the chosen one's, `--lr_frontier`) among one
+    method's frontier ``points``; None when no larger learning rate ran (or a study stored its points without)."""
+    chosen = next((p for p in points if p.get("chosen")), None)
+    if chosen is None or "lr" not in chosen:
+        return None
+    larger = [p for p in points if p.get("lr", 0.0) > chosen["lr"] * (1 + 1e-3)]
+    return (chosen, max(larger, key=lambda p: p["lr"])) if larger else None
+
+
+def larger_step_sentence(chosen: Mapping[str, Any], fast: Mapping[str, Any]) -> str:
+    """What a larger learning rate did to a baseline: how much further it moved from the start policy, and its
+    score, against the chosen setting's."""
+    return (f"Given a larger learning rate ({fast['lr']:.3g} instead of {chosen['lr']:.3g}, {len(fast['seeds'])} seeds), "
+            f"the baseline ends at {fast['kl_end'][0]:.2f} nats with {_pm(fast['final_mean_ci'])}: it moves "
+            f"{fast['kl_end'][0] - chosen['kl_end'][0]:.2f} nats further from the start policy, and its score changes "
+            f"by {fast['final_mean_ci'][0] - chosen['final_mean_ci'][0]:+.3f}.")
 
 
 def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
@@ -906,6 +943,7 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
     return {"baseline": base_key, "budget": budget, "base": base["final_mean_ci"], "tried": len(points),
             "point": pick, "lowest": min(points, key=lambda p: p["kl_end"][0]), "pair": pair,
             "base_looser": looser_penalty(study.get("kl_frontier", {}).get(base_key, [])),
+            "base_faster": larger_step(study.get("kl_frontier", {}).get(base_key, [])),
             "sft": study.get("sft", {}).get("test", {}).get("fact_score", math.nan),
             # its KL condition holds by construction
             **(goal_conditions(pair, fall) if pair else {"ahead_goal": False, "no_late_decline": False, "kl_goal": True})}
@@ -924,7 +962,8 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
     for ts, c in per.items():
         base = method_label(c["baseline"].split("/")[1])
         p = c["point"]
-        looser = f" {looser_penalty_sentence(*c['base_looser'])}" if c.get("base_looser") else ""
+        looser = (f" {looser_penalty_sentence(*c['base_looser'])}" if c.get("base_looser") else "") + (
+            f" {larger_step_sentence(*c['base_faster'])}" if c.get("base_faster") else "")
         if p is None:
             low = c["lowest"]
             lines.append(f"Task instance {ts}: none of the {c['tried']} KL settings tried stays within the baseline's "

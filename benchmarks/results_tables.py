@@ -114,8 +114,12 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
             f"iterations, {len(instances)} task instance{'s' if len(instances) != 1 else ''} x {seeds} seeds; {origin})")
     parts, heads = [], []
     for arm, entry in study.get("pooled", {}).items():
-        # the information-matched baseline (scalar_sum: the same critic output, summed at the last token) first
+        # the information-matched baseline (scalar_sum: the same critic output, summed at the last token) first, then
+        # that baseline with a defended Text2Grad's own defence (the same extra annotations), then the best scalar one
+        same_defence = sorted({key.partition("_scalar_sum+")[2] for key in entry if "_scalar_sum+" in key})
         for against, who, short in (("scalar_sum", "the information-matched baseline", "scalar_sum"),
+                                    *((f"scalar_sum+{v}", "the information-matched baseline with the same defence",
+                                       f"scalar_sum+{v}") for v in same_defence),
                                     (None, "the best scalar baseline", "the best scalar baseline")):
             suffix = "" if against is None else f"_{against}"
             if against is None:

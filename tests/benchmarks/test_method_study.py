@@ -866,6 +866,42 @@ def test_frontier_runs_each_method_at_each_coefficient_but_not_its_chosen_one_tw
     assert {s.setting.lam for s in specs if s.method == "text2grad"} == {0.0}
 
 
+def test_the_learning_rate_frontier_runs_other_step_sizes_at_the_chosen_kl_and_labels_its_points():
+    t2g, base = ms.Setting(1e-5, "fixed", 0.0), ms.Setting(3.3333e-6, "fixed", 0.95)
+    keys = [("learned", "text2grad"), ("learned", "scalar_sum")]
+    specs = ms.frontier_specs(keys, {keys[0]: t2g, keys[1]: base}, [], [0, 1], default_coef=0.1, lrs=[3.3333e-6, 1e-5])
+    # each method at the other's learning rate only (its own is its final run), KL setting and lambda kept
+    assert sorted({(s.method, s.setting.lr, s.setting.kl, s.setting.lam) for s in specs}) == [
+        ("scalar_sum", 1e-5, "fixed", 0.95), ("text2grad", 3.3333e-6, "fixed", 0.0)]
+    assert len(specs) == 4 and {s.phase for s in specs} == {"frontier"}
+    results = {}
+    for spec in [*specs, *(ms.RunSpec(a, m, st, seed, "final") for (a, m), st in zip(keys, (t2g, base)) for seed in (0, 1))]:
+        kl = 0.9 if spec.setting.lr == 1e-5 else 0.03
+        results[spec] = _result(spec, 0.3, 0.35 if spec.method == "scalar_sum" else 0.4, kl=kl)
+    frontier = msr.summarize_frontier(results, default_coef=0.1)
+    assert [(p["kl_setting"], p["chosen"], p["kl_end"][0]) for p in frontier["learned/scalar_sum"]] == [
+        ("fixed 0.1", True, 0.03), ("fixed 0.1, lr 1e-05", False, 0.9)]
+    assert [p["kl_setting"] for p in frontier["learned/text2grad"]] == ["fixed 0.1, lr 3.33e-06", "fixed 0.1"]
+    assert msr.fixed_coefficient("fixed 0.1, lr 1e-05") == 0.1 and msr.fixed_coefficient("adaptive") is None
+    # a point at another learning rate is not a looser penalty, but a larger step the report describes
+    assert msr.looser_penalty(frontier["learned/scalar_sum"]) is None
+    chosen, fast = msr.larger_step(frontier["learned/scalar_sum"])
+    assert (chosen["lr"], fast["lr"]) == (3.3333e-6, 1e-5)
+    assert msr.larger_step(frontier["learned/text2grad"]) is None  # its other point is a smaller step
+    assert msr.larger_step_sentence(chosen, fast) == (
+        "Given a larger learning rate (1e-05 instead of 3.33e-06, 2 seeds), the baseline ends at 0.90 nats with "
+        "0.350 ± 0.000: it moves 0.87 nats further from the start policy, and its score changes by +0.000.")
+    # held to scalar_sum's 0.03 nats, Text2Grad's smaller step is the setting within it
+    study = {"kl_frontier": frontier, "sft": {"test": {"fact_score": 0.3}},
+             "final": {"learned/scalar_sum": {"method": "scalar_sum", "arm": "learned", "final_mean_ci": (0.35, 0.0),
+                                              "kl_end": (0.03, 0.0), "final": {0: 0.35, 1: 0.35}}}}
+    c = msr.kl_matched(study, "learned", "text2grad", "scalar_sum")
+    assert c["point"]["kl_setting"] == "fixed 0.1, lr 3.33e-06" and c["pair"]["diffs"] == pytest.approx([0.05, 0.05])
+    assert msr.kl_matched_lines({0: study}, "learned", "text2grad", "scalar_sum")[0][1].endswith(
+        "Given a larger learning rate (1e-05 instead of 3.33e-06, 2 seeds), the baseline ends at 0.90 nats with "
+        "0.350 ± 0.000: it moves 0.87 nats further from the start policy, and its score changes by +0.000.")
+
+
 def test_text2grad_is_held_to_the_baselines_kl_on_a_setting_chosen_on_validation(tmp_path):
     """Result files of final and frontier runs on two instances: on instance 0 two Text2Grad settings stay within
     the baseline's KL and the one better on VALIDATION is compared (not the one better on test); on instance 1 none
@@ -931,6 +967,45 @@ def test_text2grad_is_held_to_the_baselines_kl_on_a_setting_chosen_on_validation
                                "pairs; learned: Text2Grad held to scalar_sum's KL +0.175")
 
 
+def test_the_pooled_report_and_results_row_hold_a_defended_text2grad_to_the_same_defence_baseline(tmp_path):
+    """Result files of Text2Grad + refresh (its chosen setting and a tighter KL) and of scalar_sum with and without
+    the refresh, on two instances: the report holds the defended Text2Grad to the KL of scalar_sum + refresh as well
+    as of scalar_sum, and the results row carries that comparison."""
+    chosen = ms.Setting(1e-4, "fixed", 0.95)
+    runs = {  # (method, KL coefficient or None for the chosen setting): (final KL, validation end, test per seed)
+        ("text2grad", None): (3.0, 0.6, (0.6, 0.7)), ("text2grad", 1.0): (2.0, 0.3, (0.2, 0.2)),
+        ("text2grad+refresh", None): (3.0, 0.6, (0.6, 0.7)), ("text2grad+refresh", 1.0): (0.4, 0.3, (0.36, 0.25)),
+        ("scalar_sum", None): (1.6, 0.3, (0.3, 0.3)), ("scalar_sum+refresh", None): (0.5, 0.3, (0.32, 0.28)),
+    }
+    for ts in (0, 1):
+        for (method, coef), (kl, val, tests) in runs.items():
+            for seed, test in enumerate(tests):
+                spec = (ms.RunSpec("learned", method, chosen, seed, "final") if coef is None else
+                        ms.RunSpec("learned", method, replace(chosen, kl_coef=coef), seed, "frontier"))
+                ms._write_json(tmp_path / f"task_seed{ts}" / spec.run_id / "result.json",
+                               _result(spec, 2 * val - 0.1, test, kl=kl))
+    argv = ["--output_dir", str(tmp_path), "--task_seeds", "0", "1", "--preset", "ci", "--arms", "learned",
+            "--methods", "text2grad", "scalar_sum", "--variants", "refresh", "--seeds", "0", "1", "--sweep_knobs",
+            "lambda", "--lambdas", "0.95", "--iterations", "2", "--eval_every", "2", "--kl_frontier", "1.0",
+            "--phases", "report"]
+    assert ms.main(argv) == 0
+    pooled_md = (tmp_path / "study.md").read_text()
+    # within scalar_sum + refresh's 0.50 nats only fixed 1 (0.40 nats): +0.04 and -0.03 on the two seeds
+    assert ("Text2Grad + refresh held to the KL of the information-matched baseline with the same defence (scalar PPO, "
+            "Text2Grad's token rewards summed + refresh)") in pooled_md
+    assert ("Task instance 0: KL fixed 1 ends at 0.305 ± 0.699 with KL 0.40 nats, the baseline (scalar PPO, Text2Grad's "
+            "token rewards summed + refresh) at 0.300 ± 0.254 with 0.50") in pooled_md
+    numbers = json.loads((tmp_path / "study.json").read_text())["pooled"]["learned"]
+    pair = numbers["kl_matched_scalar_sum+refresh"]["text2grad+refresh"]["instances"]["0"]["pair"]
+    assert pair["diffs"] == pytest.approx([0.04, -0.03])
+    # undefended Text2Grad has no defence to match: no such comparison for it
+    assert "text2grad" not in numbers["kl_matched_scalar_sum+refresh"]
+    (_, result, _, _), headline = rt.study_rows(tmp_path)
+    assert ("learned critic, Text2Grad + refresh held to the KL of the information-matched baseline with the same "
+            "defence: a setting within it on instance(s) 0, 1 of 2, paired difference there +0.005") in result
+    assert "learned: Text2Grad + refresh held to scalar_sum+refresh's KL +0.005, ahead on 2/4 seed pairs" in headline
+
+
 def _point(label, seeds, val, final, kl, fall=0.0):
     return {"kl_setting": label, "seeds": seeds, "val_end_mean": val, "final": dict(zip(seeds, final)),
             "final_mean_ci": (sum(final) / len(final), 0.0), "kl_end": (kl, 0.0), "val_fall": {s: fall for s in seeds}}
@@ -975,6 +1050,26 @@ def test_held_to_a_baseline_that_a_looser_penalty_does_not_move_the_report_says_
     moved = {**base_looser, "kl_end": (0.60, 0.0), "final_mean_ci": (0.38, 0.0)}
     assert msr.looser_penalty_sentence(base_chosen, moved).endswith(
         "it moves 0.56 nats further from the start policy, and its score changes by +0.030.")
+
+
+def test_a_defended_text2grad_is_also_held_to_the_information_matched_baseline_with_the_same_defence():
+    assert msr.kl_baselines("text2grad") == (None, "scalar_sum")
+    assert msr.kl_baselines("text2grad+refresh") == (None, "scalar_sum", "scalar_sum+refresh")
+    defended = [{**_point("fixed 0.1", [0, 1], 0.40, [0.42, 0.41], 0.92), "chosen": True},
+                _point("fixed 3", [0, 1], 0.33, [0.36, 0.30], 0.01)]
+    same_defence = {"method": "scalar_sum+refresh", "arm": "learned", "final_mean_ci": (0.33, 0.0),
+                    "kl_end": (0.03, 0.0), "final": {0: 0.34, 1: 0.32}}
+    study = {"kl_frontier": {"learned/text2grad+refresh": defended},
+             "final": {"learned/scalar_sum+refresh": same_defence}, "sft": {"test": {"fact_score": 0.34}}}
+    lines, numbers = msr.kl_matched_lines({0: study}, "learned", "text2grad+refresh", "scalar_sum+refresh")
+    assert lines[0].startswith("Text2Grad + refresh held to the KL of the information-matched baseline with the same "
+                               "defence (scalar PPO, Text2Grad's token rewards summed + refresh)")
+    # only fixed 3 stays within the baseline's 0.03 nats: +0.02 and -0.02, ahead on 1 of 2
+    assert numbers["instances"][0]["point"]["kl_setting"] == "fixed 3"
+    assert numbers["instances"][0]["pair"]["diffs"] == pytest.approx([0.02, -0.02])
+    assert "Goal not met (ahead on >= 2 of 2 seeds: no" in lines[1]
+    # a baseline that never ran gives no sentence rather than a comparison with another baseline
+    assert msr.kl_matched_lines({0: study}, "learned", "text2grad+refresh", "scalar_sum+ensemble") == ([], {})
 
 
 def test_the_refresh_control_gets_as_many_annotations_and_steps_as_the_refresh_adds():
