@@ -32,7 +32,7 @@ from policy_optimization.sft import (
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError
 from text2grad.core.data import DataError
-from text2grad.core.modeling import check_model_path
+from text2grad.core.modeling import check_model_path, end_distributed
 from text2grad.core.run_dir import MetricsJsonl
 
 __all__ = ["main"]
@@ -59,6 +59,7 @@ def run_dpo(cfg: DPORunConfig) -> int:
     result = trainer.train()
     save_final(trainer, tokenizer, cfg, base)
     logger.info("DPO done: %d steps, training loss %.4f; saved to %s", result.global_step, result.training_loss, Path(cfg.output_dir))
+    end_distributed()
     return EXIT_OK
 
 

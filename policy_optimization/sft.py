@@ -29,7 +29,7 @@ from reward_model.train import _allow_deepspeed_on_cpu
 from text2grad.core.cli import EXIT_OK, run_cli
 from text2grad.core.config import ConfigError
 from text2grad.core.data import DataError, load_records, record_id, render_template
-from text2grad.core.modeling import check_model_path, load_causal_lm, load_tokenizer
+from text2grad.core.modeling import check_model_path, end_distributed, load_causal_lm, load_tokenizer
 from text2grad.core.placement import check_process_gpus
 from text2grad.core.run_dir import MetricsJsonl
 
@@ -137,6 +137,7 @@ def run_sft(cfg: SFTRunConfig) -> int:
     result = trainer.train()
     save_final(trainer, tokenizer, cfg, base)
     logger.info("SFT done: %d steps, training loss %.4f; saved to %s", result.global_step, result.training_loss, Path(cfg.output_dir))
+    end_distributed()
     return EXIT_OK
 
 

@@ -1,5 +1,8 @@
 """Batched generation returns exact ids; models and tokenizers load from local paths."""
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -7,7 +10,7 @@ import torch.distributed as dist
 
 from text2grad.core.generation import generate
 from text2grad.core.modeling import (
-    build_tiny_llama, end_distributed, is_adapter_only, load_causal_lm, load_tokenizer, merge_adapter_folder, merged_weights,
+    build_tiny_llama, deepspeed_shm_buffer, end_distributed, is_adapter_only, load_causal_lm, load_tokenizer, merge_adapter_folder, merged_weights,
     resolve_dtype,
 )
 
@@ -131,6 +134,30 @@ def test_end_distributed_leaves_the_process_group(tmp_path):
     assert dist.is_initialized()
     end_distributed()
     assert not dist.is_initialized()
+
+
+def test_the_deepspeed_shared_memory_workspace_is_named_as_deepspeed_names_it():
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
+    assert deepspeed_shm_buffer(1, env, Path("/x")) == Path(f"/x/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_29511_1")
+    assert deepspeed_shm_buffer(0, {}, Path("/x")).name == f"deepspeed_allreduce_buffer_{os.getuid()}___0"
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm on this system")
+def test_end_distributed_removes_its_ranks_deepspeed_workspace_and_no_other(tmp_path, monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(40000 + os.getpid() % 20000))
+    mine = deepspeed_shm_buffer(0)
+    another_launch = mine.with_name(mine.name.replace(f"_{os.environ['MASTER_PORT']}_", "_1_"))
+    other_rank = deepspeed_shm_buffer(1)
+    try:
+        for f in (mine, another_launch, other_rank):
+            f.write_bytes(b"workspace")
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        end_distributed()
+        assert not mine.exists() and another_launch.exists() and other_rank.exists()
+    finally:
+        for f in (mine, another_launch, other_rank):
+            f.unlink(missing_ok=True)
 
 
 def _trained_lora(model, **config):

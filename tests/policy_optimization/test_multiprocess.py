@@ -193,6 +193,8 @@ def deepspeed_launch(tmp_path: Path, module: str, flags: list[str]) -> subproces
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "dist_world_size=2" in proc.stdout + proc.stderr
+    # each rank removed DeepSpeed's shared-memory workspace (DeepSpeed leaves it in /dev/shm, ~66 MB per rank)
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     return proc
 
 

@@ -38,8 +38,9 @@ def _tail(proc: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize("zero_config", ["zero2.json", "zero3.json"])  # ~25 s each on 2 CPU cores
 def test_deepspeed_two_cpu_processes_train_save_reload(rm_world, tmp_path, zero_config):
     out = tmp_path / "ds"
+    port = free_port("127.0.0.1")
     cmd = [
-        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port("127.0.0.1")),
+        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(port),
         "--module", "reward_model.train",
         *train_args(rm_world, out, max_steps=4, save_steps=2, per_device_train_batch_size=1, learning_rate=1e-2,
                     deepspeed=str(REPO / "configs" / "deepspeed" / zero_config)),
@@ -47,6 +48,8 @@ def test_deepspeed_two_cpu_processes_train_save_reload(rm_world, tmp_path, zero_
     proc = subprocess.run(cmd, cwd=REPO, env=_env(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES=""),  # CPU ranks: GPUs hidden
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, _tail(proc)
+    # each rank removed DeepSpeed's shared-memory workspace (DeepSpeed leaves it in /dev/shm, ~66 MB per rank)
+    assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
     state = json.loads((out / "trainer_state.json").read_text())
     # 4 steps x 1 sequence per process x 2 processes = 8 sequences = 2 epochs of the 4 records;
     # a run that silently fell back to one process would report 1 epoch.

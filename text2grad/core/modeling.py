@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Mapping
 
 import torch
 from peft import PeftConfig, PeftModel
@@ -266,13 +266,24 @@ def build_tiny_llama(
     return LlamaForCausalLM(config)
 
 
+def deepspeed_shm_buffer(rank: int, env: Mapping[str, str] = os.environ, shm_dir: Path = Path("/dev/shm")) -> Path:
+    """Where DeepSpeed's CPU backend keeps ``rank``'s shared-memory all-reduce workspace (about 66 MB) when all ranks
+    of a launch share one machine: named after the user, ``MASTER_ADDR`` and ``MASTER_PORT``. DeepSpeed never
+    unlinks it, so every CPU launch would leave one per rank in memory until reboot."""
+    return shm_dir / f"deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR', '')}_{env.get('MASTER_PORT', '')}_{rank}"
+
+
 def end_distributed() -> None:
     """Leave the process group cleanly at the end of a launched run (no-op in a single process).
 
     Every rank waits for the others, then the group is destroyed before the interpreter exits: a gloo group
     left alive can abort a rank during shutdown ("terminate called without an active exception", SIGABRT),
-    which fails the whole launch after the work is done and saved.
+    which fails the whole launch after the work is done and saved. Each rank then removes its DeepSpeed
+    shared-memory workspace (`deepspeed_shm_buffer`): after the barrier every rank has long mapped the others', and
+    a mapping outlives the unlinked name.
     """
     if dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank()
         dist.barrier()
         dist.destroy_process_group()
+        deepspeed_shm_buffer(rank).unlink(missing_ok=True)
