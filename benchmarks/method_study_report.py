@@ -868,6 +868,7 @@ def kl_baselines(method: str) -> tuple[str | None, ...]:
     variant = method.partition("+")[2]
     return KL_MATCHED_AGAINST + ((f"scalar_sum+{variant}",) if variant else ())
 
+
 # A baseline that a looser KL penalty moves less than this much further from the start policy (mean final KL, nats)
 # was not held there by the penalty.
 PENALTY_BINDS_NATS = 0.05
@@ -886,7 +887,7 @@ def looser_penalty(points: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, An
     adaptive or nothing looser ran."""
     chosen = next((p for p in points if p.get("chosen")), None)
     coef = fixed_coefficient(chosen["kl_setting"]) if chosen else None
-    looser = [p for p in points if coef is not None and ", lr " not in p["kl_setting"]
+    looser = [p for p in points if coef is not None and p.get("lr") == chosen.get("lr")
               and (k := fixed_coefficient(p["kl_setting"])) is not None and k < coef]
     return (chosen, min(looser, key=lambda p: fixed_coefficient(p["kl_setting"]))) if looser else None
 
