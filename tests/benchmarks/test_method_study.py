@@ -458,7 +458,7 @@ class Engine:  # as vLLM's: a child process (its engine core) that runs until th
     def __init__(self):
         fork = multiprocessing.get_context("fork")
         self.stop = fork.Event()
-        self.core = fork.Process(target=self.stop.wait, args=(300,))  # gone in 5 minutes if the test fails
+        self.core = fork.Process(target=self.stop.wait, args=(900,))  # gone in 15 minutes if the test fails
         self.core.start()
 
     def close(self):
@@ -481,8 +481,10 @@ if __name__ == "__main__":
 def test_a_worker_whose_runs_started_an_engine_still_exits(tmp_path):
     script = tmp_path / "study.py"
     script.write_text(_ENGINE_SCRIPT.format(root=str(ROOT)))
+    # the study and its spawned worker each import benchmarks.method_study (torch, transformers, TRL: over 40 s
+    # each on a loaded 2-core machine); a worker that waited on the engine would hang for the engine's 900 s
     try:
-        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=480)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the study never finished: its worker waited on the engine's process at exit ({exc.stdout!r})")
     assert out.returncode == 0, out.stderr[-3000:]
