@@ -65,7 +65,8 @@ default for ``--preset smollm2``, a run killed midway resumes from its last eval
   validation above choose among them too.
 - ``ablation``: the quickstart's learned-arm Text2Grad setting with one change each (reward scale, whitening, value
   strength, entropy, clip range, oracle critic), to find what drives its late collapse.
-- ``report``: ``study.json`` (everything, each run's validation curve and CPU included), ``study.md`` (tables and
+- ``report``: ``study.json`` (everything, each run's validation curve and CPU included, and each Text2Grad method
+  against its information-matched baseline: ``matched``), ``study.md`` (tables and
   sentences generated from the numbers), ``curves.png`` (test fact score per method, mean and 95 % band over seeds)
   and ``frontier.png`` (final score against final KL). Alone, it trains nothing and reports what has finished.
 
@@ -125,7 +126,7 @@ from text2grad.core.vllm_engine import close_shared_engine  # noqa: E402
 from benchmarks.method_study_report import (  # noqa: E402
     ARMS, CRITIC_FREE, DEFENCE_CONTROLS, KL_COEFS, LABELS, LAMBDAS, METHODS, REWARD_MODE,
     SCALAR_METHODS, Setting, choose, control_lines, edge_lines, end_score, early_stopped, frontier_plot, grid_position,
-    kl_baselines, kl_matched_lines,
+    kl_baselines, kl_matched_lines, matched_baseline, matched_comparisons,
     kl_on_validation_lines, markdown, mean_ci95, method_label, paper_comparison, plot, pooled_lines, pooled_markdown,
     summarize_ablations, summarize_final, summarize_frontier,
 )
@@ -961,6 +962,9 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
             lines, numbers = pooled_lines(studies, arm, method)
             if lines:
                 add(arm, lines)["methods"][method] = numbers
+            lines, numbers = pooled_lines(studies, arm, method, matched_baseline(method))
+            if lines:  # at the sweep's settings, against the information-matched baseline
+                add(arm, lines).setdefault("matched", {})[method] = numbers
             for against in kl_baselines(method):
                 for kind, make_lines in (("kl_on_validation", kl_on_validation_lines), ("kl_matched", kl_matched_lines)):
                     more, numbers = make_lines(studies, arm, method, against)
@@ -1080,6 +1084,7 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
                                          inherited=bool(args.settings_from))
     # a folder without the final runs (e.g. a fresh machine) keeps the summary stored in study.json
     study["final"] = summarize_final(results, keys, args.seeds, ctx.batch_size) or study.get("final", {})
+    study["matched"] = matched_comparisons(study)  # Text2Grad vs the information-matched baseline: the headline
     # what the report says is missing; a study that only swept (no final phase, no final run) asked for none
     study["requested_final"] = ({f"{a}/{m}": list(args.seeds) for a, m in keys}
                                 if "final" in args.phases or study["final"] else {})

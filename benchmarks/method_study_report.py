@@ -492,8 +492,12 @@ def markdown(study: Mapping[str, Any]) -> str:
     sft_all = study["sft"].get("test", {})
     lines += ["", *interpret(summ, sft, (sft_all.get("fact_recall", float("nan")), sft_all.get("n_false", float("nan"))))]
     task = study.get("identity", {}).get("task_seed", 0)
-    for variant in sorted({(r["arm"], r["method"]) for r in summ.values() if r["method"].startswith("text2grad+")}):
-        lines += ["", *pooled_lines({task: study}, *variant)[0]]  # each defended Text2Grad against the best scalar
+    for arm, method in sorted({(r["arm"], r["method"]) for r in summ.values() if r["method"].startswith("text2grad")}):
+        if "+" in method:  # each defended Text2Grad against the best scalar baseline
+            lines += ["", *pooled_lines({task: study}, arm, method)[0]]
+        # and every Text2Grad against the information-matched baseline (same critic output, summed at the end)
+        if matched := pooled_lines({task: study}, arm, method, matched_baseline(method))[0]:
+            lines += ["", *matched]
     if frontier := frontier_markdown(study):
         lines += ["", *frontier]
         for key in study["kl_frontier"]:
@@ -694,13 +698,16 @@ def edge_lines(sweep_table: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def instance_comparison(study: Mapping[str, Any], arm: str, method: str = "text2grad") -> dict[str, Any] | None:
-    """One task instance: Text2Grad against its best scalar baseline at the end of training, the goal's three
-    conditions (ahead on >= 80 % of seeds; final within 0.02 of its own best validation point, i.e. no late decline;
-    final KL no larger than the baseline's), and the start policy."""
+def instance_comparison(study: Mapping[str, Any], arm: str, method: str = "text2grad",
+                        against: str | None = None) -> dict[str, Any] | None:
+    """One task instance: Text2Grad against a baseline at the end of training (``against``: a method of the arm,
+    e.g. "scalar_sum", the information-matched baseline; None: the best scalar baseline), the goal's three conditions
+    (ahead on >= 80 % of seeds; final within 0.02 of its own best validation point, i.e. no late decline; final KL no
+    larger than the baseline's), and the start policy. None when either side has no finished runs."""
     summ = study.get("final", {})
-    t2g, base_key = summ.get(f"{arm}/{method}"), best_scalar(summ, arm)
-    if t2g is None or base_key is None:
+    t2g = summ.get(f"{arm}/{method}")
+    base_key = best_scalar(summ, arm) if against is None else f"{arm}/{against}"
+    if t2g is None or base_key not in summ:
         return None
     base = summ[base_key]
     pair = paired(t2g["final"], base["final"])
@@ -720,26 +727,27 @@ def pool_pairs(pairs: Mapping[Any, Mapping[str, Any]]) -> dict[str, Any]:
                   {(ts, i): 0.0 for ts, p in pairs.items() for i in range(p["n"])})
 
 
-def pooled_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
-                 method: str = "text2grad") -> tuple[list[str], dict[str, Any]]:
+def pooled_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method: str = "text2grad",
+                 against: str | None = None) -> tuple[list[str], dict[str, Any]]:
     """Per instance and pooled sentences for ``method`` (Text2Grad or one of its variants) against the best scalar
-    baseline of ``arm``, and the numbers they were generated from."""
-    per = {ts: c for ts, st in studies.items() if (c := instance_comparison(st, arm, method)) is not None}
+    baseline of ``arm`` (``against`` None) or the named baseline (`instance_comparison`), and the numbers they were
+    generated from."""
+    per = {ts: c for ts, st in studies.items() if (c := instance_comparison(st, arm, method, against)) is not None}
     if not per:
         return [], {}
-    variant = method.partition("+")[2]
-    name = "Text2Grad" + (f" + {variant}" if variant else "")
-    lines = [] if not variant else [f"{name} against the best scalar baseline:"]
+    name, who = _comparison_names(method, against)
+    lines = [f"{name} against {who}:"] if "+" in method or against is not None else []
     for ts, c in per.items():
         worst = largest_fall(c["late_decline"])
         lines.append(
             f"Task instance {ts} (SFT start {c['sft']:.3f}, {c['sft_false']:.2f} false facts per summary), {arm} "
-            f"feedback: {name} ends at {_pm(c['t2g'])}, the best scalar baseline ({method_label(c['baseline'].split('/')[1])}) "
+            f"feedback: {name} ends at {_pm(c['t2g'])}, {who} ({method_label(c['baseline'].split('/')[1])}) "
             f"at {_pm(c['base'])}; paired difference {paired_words(c['pair'])}. Final KL {c['kl'][0]:.2f} vs "
             f"{c['kl'][1]:.2f} nats; {name}'s largest fall from its best validation point to its last is {worst}. "
             f"Goal {goal_verdict(c)} ({goal_checklist(c, c['pair']['n'])}"
             + ")." + ("" if c["base_above_start"] else
-                      " The best scalar baseline ends no better than the start policy: no scalar baseline learned here."))
+                      f" {who[0].upper() + who[1:]} ends no better than the start policy"
+                      + (": no scalar baseline learned here." if against is None else ".")))
     signs = {ts: (c["pair"]["mean"] > 0) - (c["pair"]["mean"] < 0) for ts, c in per.items()}
     ahead = [ts for ts, v in signs.items() if v > 0]
     behind = [ts for ts, v in signs.items() if v < 0]
@@ -754,9 +762,30 @@ def pooled_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
         lines.append(f"The goal is met on instance(s) {', '.join(map(str, goal))} only.")
     pooled = pool_pairs({ts: c["pair"] for ts, c in per.items()})
     if len(per) > 1:
-        lines.append(f"Pooled over the {len(per)} instances ({pooled['n']} seed pairs, each against its instance's best "
-                     f"scalar baseline): {paired_words(pooled)}.")
+        each = "its instance's best scalar baseline" if against is None else f"{who} on its instance"
+        lines.append(f"Pooled over the {len(per)} instances ({pooled['n']} seed pairs, each against {each}): "
+                     f"{paired_words(pooled)}.")
     return lines, {"instances": per, "pooled": pooled}
+
+
+def matched_baseline(method: str) -> str:
+    """The information-matched baseline of a Text2Grad method: scalar_sum (the same critic output, its token rewards
+    summed at the last token), with the same defence for a defended Text2Grad ("text2grad+refresh" ->
+    "scalar_sum+refresh"), so that both got the same annotations and only the reward's placement differs."""
+    variant = method.partition("+")[2]
+    return "scalar_sum" + (f"+{variant}" if variant else "")
+
+
+def matched_comparisons(study: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every Text2Grad method of a one-instance study against its information-matched baseline (`matched_baseline`),
+    keyed "arm/method": what the results tables' headline reads. A pair with either side unfinished is left out."""
+    out = {}
+    for key, row in study.get("final", {}).items():
+        if row["method"].partition("+")[0] == "text2grad":
+            c = instance_comparison(study, row["arm"], row["method"], matched_baseline(row["method"]))
+            if c is not None:
+                out[key] = c
+    return out
 
 
 def kl_setting_label(setting: Mapping[str, Any], default_coef: float) -> str:
@@ -1218,12 +1247,15 @@ def corrected_paper_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def regenerate(folder: Path) -> str:
     """study.md of a one-instance study folder regenerated from its study.json alone (no runs needed), with the
-    Table-10 reasons re-derived from the knobs the study swept; study.json's rows are corrected too."""
+    Table-10 reasons re-derived from the knobs the study swept; study.json's rows and its information-matched
+    comparisons (`matched_comparisons`) are brought up to date too."""
     path = Path(folder) / "study.json"
     study = json.loads(path.read_text())
     if study.get("paper_comparison"):
         study["paper_comparison"] = corrected_paper_rows(study)
-        path.write_text(json.dumps(study, indent=1, default=str))
+    if study.get("final"):
+        study["matched"] = matched_comparisons(study)
+    path.write_text(json.dumps(study, indent=1, default=str))
     md = markdown(study)
     (Path(folder) / "study.md").write_text(md + "\n")
     return md

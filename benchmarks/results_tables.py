@@ -239,6 +239,110 @@ def studies() -> list[Path]:
 
 
 # --------------------------------------------------------------------------------------------------
+# The headline: Text2Grad against the information-matched baseline, learned critic, at the end of training
+# --------------------------------------------------------------------------------------------------
+
+HEADLINE_ARM = "learned"  # the paper's pipeline: the reward model trained on the critic's annotations is the critic
+
+
+def matched_instances(study: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None, str] | None:
+    """Plain Text2Grad against the information-matched baseline (scalar_sum) in the headline arm, from a study.json:
+    (task instance -> comparison, the pooled paired difference or None, how the settings were chosen), or None when
+    the study has no such comparison. Each comparison carries the instance's SFT start and its best scalar baseline
+    at the same kind of settings ("best": (name, mean final score), or None). A study over several instances gives
+    each method at the KL setting its validation score picks on each instance where it ran a KL frontier, else all at
+    the sweep's settings; a one-instance study its stored comparison (`method_study_report.matched_comparisons`)."""
+    if "pooled" in study:
+        entry = study["pooled"].get(HEADLINE_ARM, {})
+        for key, best_key, how in (
+                ("kl_on_validation_scalar_sum", "kl_on_validation", "each at the KL setting its validation score picks per instance"),
+                ("matched", "methods", "each at its setting from the sweep")):
+            if "text2grad" not in entry.get(key, {}):
+                continue
+            numbers, best = entry[key]["text2grad"], entry.get(best_key, {}).get("text2grad", {}).get("instances", {})
+            per = {}
+            for ts, c in numbers["instances"].items():
+                if "point" in c:  # a validation-picked point of the KL frontier on each side
+                    c = {"t2g": c["point"]["final_mean_ci"], "base": c["base_point"]["final_mean_ci"],
+                         "kl": (c["point"]["kl_end"][0], c["base_point"]["kl_end"][0]), "pair": c["pair"]}
+                b = best.get(ts)
+                b_score = None if b is None else b["base_point"]["final_mean_ci"][0] if "base_point" in b else b["base"][0]
+                per[ts] = {**c, "sft": study["instances"][ts]["sft"]["test"]["fact_score"],
+                           "best": None if b is None else (_baseline_name(b["baseline"]), b_score)}
+            return per, numbers["pooled"], how
+        return None
+    c = study.get("matched", {}).get(f"{HEADLINE_ARM}/text2grad")
+    if c is None:
+        return None
+    best = study_arm(study, HEADLINE_ARM)
+    task = str(study.get("identity", {}).get("task_seed", 0))
+    settings = {_setting_label(study["final"][key]["setting"])
+                for key in (f"{HEADLINE_ARM}/text2grad", f"{HEADLINE_ARM}/scalar_sum")}
+    how = f"both at {settings.pop()}" if len(settings) == 1 else "each at its own setting"
+    return ({task: {**c, "sft": study["sft"]["test"]["fact_score"],
+                    "best": (best["base_name"], best["base"][0]) if best else None}}, None, how)
+
+
+def _baseline_name(key: str) -> str:
+    """'scalar PPO (Bradley-Terry RM)' for a study key 'learned/scalar_bt'."""
+    method = key.split("/")[1]
+    return BASELINE_NAMES.get(method, method)
+
+
+TOY = "tiny Llama, toy task"
+
+
+def _policy(study: dict[str, Any]) -> str:
+    return "SmolLM2-135M-Instruct" if study.get("identity", {}).get("preset") == "smollm2" else TOY
+
+
+def headline_table() -> str:
+    """The README's headline: for the newest study of each policy (by its date, then folder name) that compares them,
+    Text2Grad against the information-matched baseline with the learned critic, per task instance and pooled, the
+    best scalar baseline beside it, then sentences generated from those numbers."""
+    newest: dict[str, tuple[str, str, dict[str, Any]]] = {}
+    for folder in studies():
+        study = json.loads((folder / "study.json").read_text())
+        if matched_instances(study) is not None:
+            key = (study.get("date", ""), folder.name)
+            if _policy(study) not in newest or key > newest[_policy(study)][:2]:
+                newest[_policy(study)] = (*key, study)
+    rows, sentences = [], []
+    for policy, (date, name, study) in sorted(newest.items(), key=lambda item: item[0] != TOY):  # the toy task first
+        per, pooled, how = matched_instances(study)
+        link = f"[`{name}`](benchmarks/results/{name}/study.md)"
+        ahead_on = [ts for ts, c in per.items() if c["pair"]["mean"] > TIE]
+        closer = [ts for ts, c in per.items() if c["kl"][0] <= c["kl"][1]]
+        above_best = [ts for ts, c in per.items() if c["best"] and c["t2g"][0] > c["best"][1] + TIE]
+        for ts, c in per.items():
+            rows.append((f"{policy}, {link}", f"{ts} ({c['sft']:.3f})", f"{c['t2g'][0]:.3f}", f"{c['base'][0]:.3f}",
+                         _interval(c["pair"]), f"{c['kl'][0]:.2f} vs {c['kl'][1]:.2f}",
+                         f"{c['best'][0]} {c['best'][1]:.3f}" if c["best"] else "-"))
+        if pooled is not None:
+            rows.append((f"{policy}, {link}", "pooled", "", "", _interval(pooled), "", ""))
+        n = len(per)
+        sentence = (f"{policy} ({name}, {date}; {how}): Text2Grad ends ahead of the information-matched baseline on "
+                    f"average on {len(ahead_on)} of {n} task instance{'s' if n != 1 else ''}, and at no larger final "
+                    f"KL on {len(closer)} of {n}")
+        if pooled is not None:
+            lo, hi = pooled["interval"]
+            sentence += (f"; pooled over {pooled['n']} seed pairs the paired difference is {pooled['mean']:+.3f} "
+                         f"[{lo:+.3f}, {hi:+.3f}], which " + ("excludes" if lo > 0 or hi < 0 else "includes") + " zero")
+        with_best = [ts for ts, c in per.items() if c["best"]]
+        if with_best:
+            sentence += (f"; its mean final score is above the best scalar baseline's on {len(above_best)} of "
+                         f"{len(with_best)}")
+        for who, side in (("Text2Grad", "t2g"), ("the information-matched baseline", "base")):
+            if below := [ts for ts, c in per.items() if c[side][0] <= c["sft"]]:
+                sentence += f"; {who} ends no better than its start policy on instance(s) {', '.join(below)}"
+        sentences.append(sentence + ".")
+    header = ("policy, study", "task instance (SFT start)", "Text2Grad", "information-matched baseline",
+              "paired difference [95 % interval], seeds ahead", "final KL (nats), Text2Grad vs baseline",
+              "best scalar baseline")
+    return markdown(header, rows) + "\n\n" + "\n".join(f"- {s}" for s in sentences)
+
+
+# --------------------------------------------------------------------------------------------------
 # Other result files
 # --------------------------------------------------------------------------------------------------
 
@@ -412,12 +516,13 @@ def tables() -> dict[str, str]:
     index_rows = [(f"[`{script}`](#{anchor})", what, "<br>".join(headlines.get(script, [NO_RESULT_FILE])))
                   for script, anchor, what in SCRIPTS]
     return {
+        "headline": headline_table(),
         "readme": markdown(("what", "result", "machine; date; load", "command"), readme_rows),
         "index": markdown(("script", "what it measures", "headline (result file, date)"), index_rows),
     }
 
 
-TARGETS = {"readme": ROOT / "README.md", "index": ROOT / "benchmarks" / "README.md"}
+TARGETS = {"headline": ROOT / "README.md", "readme": ROOT / "README.md", "index": ROOT / "benchmarks" / "README.md"}
 
 
 def rewrite(text: str, name: str, table: str) -> str:

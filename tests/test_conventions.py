@@ -1,4 +1,4 @@
-"""The house conventions of README.md ("Contributing"), checked on the source with `ast`.
+"""The house conventions of CONTRIBUTING.md, checked on the source with `ast`.
 
 - Imports sit at the top of the file. The only imports allowed inside a function are of the optional heavy
   packages below (a default install does not need them; the function that uses one says how to install it).

@@ -753,6 +753,11 @@ def test_each_defence_variant_of_text2grad_gets_its_own_comparison(tmp_path):
         "depends on the task instance.")
     assert "The 2 instances agree in direction: Text2Grad + ensemble is ahead on average on every one." in lines
     assert set(study["pooled"]["learned"]["methods"]) == {"text2grad", "text2grad+ensemble"}
+    # against the information-matched baseline: plain Text2Grad only, since no scalar_sum+ensemble ran
+    assert set(study["pooled"]["learned"]["matched"]) == {"text2grad"}
+    assert study["pooled"]["learned"]["matched"]["text2grad"]["pooled"]["ahead"] == 2  # 0.5, 0.4 vs 0.3; 0.2, 0.1 vs 0.3
+    assert any(line.startswith("Pooled over the 2 instances (4 seed pairs, each against the information-matched "
+                               "baseline on its instance): +0.000") for line in lines)
     assert (tmp_path / "frontier.png").is_file() and "Text2Grad + ensemble" in (tmp_path / "study.md").read_text()
     # the README row: Text2Grad per instance and pooled, the variant pooled only, one comparison per line
     for st in studies.values():
@@ -1256,3 +1261,34 @@ def test_the_bradley_terry_reward_model_of_smollm2_trains_with_the_generative_re
     assert (recipe.use_lora, recipe.lora_r, recipe.max_steps, recipe.learning_rate) == (True, 16, 40, 1e-3)
     # the generative reward model's batch: 2 pairs per micro-step, 4 micro-steps per optimizer step
     assert recipe.per_device_train_batch_size * recipe.gradient_accumulation_steps == 8
+
+
+def test_text2grad_is_compared_with_the_information_matched_baseline_of_its_own_defence():
+    study = _instance([0.5, 0.4, 0.6], [0.1, 0.2, 0.1], kl=(3.0, 1.0), sft=0.25)
+    refresh = {**_final("learned", "text2grad+refresh", [0.3] * 3, [0.3] * 3),
+               **_final("learned", "scalar_sum+refresh", [0.35] * 3, [0.3] * 3),
+               **_final("learned", "text2grad+ensemble", [0.4] * 3, [0.3] * 3)}  # no scalar_sum+ensemble ran
+    keys = [("learned", m) for m in ("text2grad+refresh", "scalar_sum+refresh", "text2grad+ensemble")]
+    study["final"].update(msr.summarize_final(refresh, keys, [0, 1, 2], 16))
+    matched = msr.matched_comparisons(study)
+    assert set(matched) == {"learned/text2grad", "learned/text2grad+refresh"}  # the ensemble has no matched pair
+    assert matched["learned/text2grad"]["baseline"] == "learned/scalar_sum"
+    assert matched["learned/text2grad"]["pair"]["ahead"] == 3 and not matched["learned/text2grad"]["kl_goal"]
+    assert matched["learned/text2grad+refresh"]["baseline"] == "learned/scalar_sum+refresh"
+    assert matched["learned/text2grad+refresh"]["pair"]["ahead"] == 0
+    assert not matched["learned/text2grad"]["base_above_start"]  # 0.133 is below the 0.25 start
+    lines = msr.pooled_lines({0: study}, "learned", "text2grad", "scalar_sum")[0]
+    assert lines[0] == "Text2Grad against the information-matched baseline:"
+    assert ("Text2Grad ends at 0.500 ± 0.248, the information-matched baseline (scalar PPO, Text2Grad's token "
+            "rewards summed) at 0.133") in lines[1]
+    assert "Final KL 3.00 vs 1.00 nats" in lines[1] and "KL no larger: no" in lines[1]
+    assert lines[1].endswith("The information-matched baseline ends no better than the start policy.")
+    md = msr.markdown(study)
+    assert "Text2Grad + refresh against the information-matched baseline with the same defence:" in md
+    assert "the information-matched baseline with the same defence (scalar PPO, Text2Grad's token rewards summed + " \
+           "refresh) at 0.350" in md
+    assert "Text2Grad + ensemble against the information-matched baseline" not in md
+    # without the baseline's runs there is nothing to compare, and nothing is said
+    del study["final"]["learned/scalar_sum"]
+    assert msr.pooled_lines({0: study}, "learned", "text2grad", "scalar_sum") == ([], {})
+    assert "learned/text2grad" not in msr.matched_comparisons(study)

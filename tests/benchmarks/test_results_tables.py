@@ -28,10 +28,12 @@ def test_check_fails_on_a_hand_edited_figure(tmp_path, monkeypatch, capsys):
     table = rt.tables()["readme"]
     edited = table.replace("0.392 ± 0.011", "0.492 ± 0.011")
     assert edited != table
-    readme.write_text(f"# x\n\n<!-- results-table:readme -->\n{edited}\n<!-- /results-table:readme -->\n\nmore\n")
+    headline = rt.tables()["headline"]
+    readme.write_text(f"# x\n\n<!-- results-table:headline -->\n{headline}\n<!-- /results-table:headline -->\n\n"
+                      f"<!-- results-table:readme -->\n{edited}\n<!-- /results-table:readme -->\n\nmore\n")
     index = tmp_path / "index.md"
     index.write_text(f"<!-- results-table:index -->\n{rt.tables()['index']}\n<!-- /results-table:index -->\n")
-    monkeypatch.setattr(rt, "TARGETS", {"readme": readme, "index": index})
+    monkeypatch.setattr(rt, "TARGETS", {"headline": readme, "readme": readme, "index": index})
     before = readme.read_text()
     assert rt.main(["--check"]) == 1
     assert "README.md (readme)" in capsys.readouterr().err and readme.read_text() == before  # --check writes nothing
@@ -125,3 +127,49 @@ def test_equal_final_scores_are_a_tie_as_in_the_study_report_not_ahead(tmp_path,
     monkeypatch.setattr(rt, "RESULTS", results)
     row = next(line for line in rt.tables()["readme"].splitlines() if "`zz_tied`" in line)
     assert "ahead on 0 of 3 seeds" in row
+
+
+def _matched(t2g, base, kl=(2.0, 1.0)):
+    """A one-instance study's stored comparison of Text2Grad with scalar_sum (method_study_report.instance_comparison)."""
+    diffs = [a - b for a, b in zip(t2g, base)]
+    mean = sum(diffs) / len(diffs)
+    return {"baseline": "learned/scalar_sum", "t2g": [sum(t2g) / len(t2g), 0.01], "base": [sum(base) / len(base), 0.01],
+            "kl": list(kl), "pair": {"n": len(diffs), "diffs": diffs, "ahead": sum(d > 0 for d in diffs), "mean": mean,
+                                     "interval": [mean - 0.03, mean + 0.03], "sign_p": 0.25}}
+
+
+def test_the_headline_compares_text2grad_with_the_information_matched_baseline_of_the_newest_studies(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    results.mkdir()
+    pooled = json.loads((ROOT / "benchmarks" / "results" / "method_study_xeon" / "study.json").read_text())
+    smol = json.loads((ROOT / "benchmarks" / "results" / "method_study_smollm2_v2" / "study.json").read_text())
+    smol["matched"] = {"learned/text2grad": _matched([0.3, 0.45, 0.6], [0.4, 0.4, 0.4], kl=(5.0, 6.0))}
+    older = {**smol, "date": "2020-01-01", "matched": {"learned/text2grad": _matched([0.9] * 3, [0.1] * 3)}}
+    for name, study in (("a_pooled", pooled), ("b_smol", smol), ("c_older_smol", older)):
+        (results / name).mkdir()
+        (results / name / "study.json").write_text(json.dumps(study))
+    monkeypatch.setattr(rt, "RESULTS", results)
+    table = rt.headline_table()
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    assert "c_older_smol" not in table  # the newer study of the same policy wins
+    assert [r.split(" | ")[1] for r in rows] == ["0 (0.340)", "1 (0.166)", "2 (-0.346)", "pooled", "0 (0.362)"]
+    assert "| 0 (0.340) | 0.424 | 0.347 | +0.077 [+0.058, +0.096], ahead on 5 of 5 | 0.99 vs 0.01 |" in rows[0]
+    assert rows[2].endswith("| scalar PPO (Bradley-Terry RM) -0.330 |")  # at the validation-picked KL, as both sides
+    assert "| 0 (0.362) | 0.450 | 0.400 | +0.050 [+0.020, +0.080], ahead on 2 of 3 | 5.00 vs 6.00 | " \
+           "scalar PPO (Bradley-Terry RM) 0.596 |" in rows[4]
+    toy, real = [line for line in table.splitlines() if line.startswith("- ")]
+    assert toy.startswith("- tiny Llama, toy task (a_pooled, 2026-11-29; each at the KL setting its validation score "
+                          "picks per instance): Text2Grad ends ahead of the information-matched baseline on average on "
+                          "2 of 3 task instances, and at no larger final KL on 1 of 3; pooled over 15 seed pairs the "
+                          "paired difference is +0.024 [-0.034, +0.082], which includes zero")
+    assert real == ("- SmolLM2-135M-Instruct (b_smol, 2026-11-29; both at lr 0.0001, KL fixed, lambda 0.95): Text2Grad "
+                    "ends ahead of the information-matched baseline on average on 1 of 1 task instance, and at no larger "
+                    "final KL on 1 of 1; its mean final score is above the best scalar baseline's on 0 of 1.")
+    # a baseline that ends below the start policy is said to
+    smol["matched"] = {"learned/text2grad": _matched([0.3, 0.45, 0.6], [0.1, 0.2, 0.3])}
+    (results / "b_smol" / "study.json").write_text(json.dumps(smol))
+    assert rt.headline_table().endswith("0 of 1; the information-matched baseline ends no better than its start "
+                                        "policy on instance(s) 0.")
+    # a study with no information-matched comparison gives no headline row
+    (results / "b_smol" / "study.json").write_text(json.dumps({**smol, "matched": {}}))
+    assert "b_smol" not in rt.headline_table() and "c_older_smol" in rt.headline_table()

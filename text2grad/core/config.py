@@ -2,7 +2,7 @@
 
 Each trainer defines one dataclass whose fields carry their help text, declared with `config_field` (the one
 config idiom of the repository), in a ``<x>_config.py`` module of its package (``annotation/annotation_config.py``,
-``policy_optimization/ppo_config.py``, ``reward_model/scalar_config.py``, ...; README: house conventions)::
+``policy_optimization/ppo_config.py``, ``reward_model/scalar_config.py``, ...; CONTRIBUTING.md)::
 
     @dataclass
     class RewardModelConfig:
