@@ -6,6 +6,13 @@ the PPO and reward-model vLLM tests through `shared_engine`). The prompt-id test
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -15,8 +22,10 @@ from text2grad.core.assets import real_tokenizer, smollm2_path
 from text2grad.core.generation import apply_chat_template, encode_prompt_ids, generate
 from text2grad.core.modeling import load_causal_lm
 from text2grad.core.vllm_engine import (
-    CPU_WORKER_SPIN_SECONDS, EngineWeights, lora_rank_slot, resolve_lora_mode, shared_engine,
+    CPU_WORKER_SPIN_SECONDS, EngineWeights, lora_rank_slot, resolve_lora_mode, shared_engine, vllm_available,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -160,3 +169,81 @@ def test_weights_replaced_under_the_same_name_are_refused(smollm2):
     with pytest.raises(ValueError, match="replaced by a later call"):
         engine.generate(tokenizer, ids, max_new_tokens=2, weights=first)
     assert engine.generate(tokenizer, ids, max_new_tokens=2, weights=second)[0].response_ids
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # dead, waiting for its new parent to reap it
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_gone(pids, seconds: float) -> list[int]:
+    """The pids still alive after waiting up to ``seconds`` for all of them to end."""
+    deadline = time.monotonic() + seconds
+    while (alive := [p for p in pids if not _gone(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
+# An owner process: starts ``sleep`` (standing in for the engine core) and a reaper for it, prints the pid, then is
+# killed by SIGKILL (no cleanup runs), after releasing the reaper when asked to.
+OWNER = """
+import os, signal, subprocess, sys
+from text2grad.core.vllm_engine import EngineReaper
+before = EngineReaper.descendants()
+child = subprocess.Popen(["sleep", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+reaper = EngineReaper.start(EngineReaper.descendants() - before)
+assert reaper.pids == (child.pid,), reaper.pids
+if sys.argv[1] == "release":
+    reaper.release()
+print(child.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("release", [False, True], ids=["owner-killed", "released-then-killed"])
+def test_a_reaper_ends_the_engine_processes_of_an_owner_that_dies_without_closing_them(release):
+    owner = subprocess.run([sys.executable, "-c", OWNER, "release" if release else "keep"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert owner.returncode == -9, owner.stderr
+    child = int(owner.stdout.split()[-1])
+    try:
+        if release:  # closed engines are left alone: the reaper has gone without a signal
+            assert _wait_gone([child], 3.0) == [child]
+        else:
+            assert _wait_gone([child], 30.0) == [], "the reaper did not end the dead owner's process"
+    finally:
+        if not _gone(child):
+            os.kill(child, 9)
+
+
+# A process that starts a real engine and is killed by SIGKILL: vLLM's engine core would outlive it.
+ENGINE_OWNER = """
+import os, signal
+from text2grad.core.assets import smollm2_path
+from text2grad.core.vllm_engine import EngineReaper, VLLMEngine
+if __name__ == "__main__":
+    engine = VLLMEngine(smollm2_path(), dtype="fp32", cpu_kv_cache_gb=0.5)
+    # every process the engine started (read here, not from the reaper), the reaper itself left out
+    print("engine pids:", *(EngineReaper.descendants() - {engine._reaper.process.pid}), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_process_leaves_no_vllm_engine_behind(tmp_path):
+    if not vllm_available():
+        pytest.skip("vllm is not importable in this environment (install the 'vllm' extra: see env.sh)")
+    script = tmp_path / "owner.py"
+    script.write_text(ENGINE_OWNER)
+    owner = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert owner.returncode == -9, owner.stderr[-3000:]
+    line = next(line for line in owner.stdout.splitlines() if line.startswith("engine pids:"))
+    pids = [int(p) for p in line.split(":")[1].split()]
+    assert pids, "the engine started no process of its own"
+    alive = _wait_gone(pids, 60.0)
+    for pid in alive:  # leave nothing running whatever the verdict
+        os.kill(pid, 9)
+    assert alive == [], f"engine processes {alive} outlived the process that started them"

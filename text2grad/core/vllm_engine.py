@@ -21,7 +21,10 @@ a LoRA reward model on the same base model share one engine.
   installs `text2grad.core.vllm_logits.RequestLogits`, which applies a named constraint function to the requests
   that carry one (the reward model's grounded span decoding) and leaves the others untouched.
 - **vLLM starts its engine in a spawned process**: a script that builds a `VLLMEngine` must do so under
-  ``if __name__ == "__main__":`` (the spawned process re-imports the main module).
+  ``if __name__ == "__main__":`` (the spawned process re-imports the main module). That engine core runs until it is
+  told to stop, so a process killed without closing its engine (SIGKILL, the out-of-memory killer, a study worker
+  ended with its study) would leave it behind, spinning a core and holding gigabytes. Every engine therefore gets a
+  small reaper process (`EngineReaper`) that ends the engine's processes when the process that started it dies.
 - **Placement and memory** (`text2grad.core.placement.engine_placement`): under a launcher every process starts its
   own engine. On GPUs process k's engine runs on the process's own GPU (visible GPU k, passed to vLLM as
   ``device_ids``) and takes ``gpu_memory_utilization`` of it (weights + KV cache), which must leave room for the
@@ -40,12 +43,15 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence
 
+import psutil
 import torch
 from safetensors.torch import save_file
 from transformers import GenerationConfig
@@ -58,7 +64,7 @@ __all__ = [
     "VLLMEngine", "EngineKey", "EngineWeights", "LoraMode", "LORA_MODES", "resolve_lora_mode", "LORA_RANKS",
     "lora_rank_slot", "place_engine", "shared_engine", "close_shared_engine", "vllm_available",
     "vllm_missing_message", "REQUEST_LOGITS_PROCESSOR", "request_constraint", "request_constraint_xargs",
-    "CPU_WORKER_SPIN_SECONDS",
+    "CPU_WORKER_SPIN_SECONDS", "EngineReaper",
 ]
 
 logger = logging.getLogger(__name__)
@@ -214,8 +220,10 @@ class VLLMEngine:
         logger.info("starting the vLLM engine for %s (dtype %s, LoRA %s) on %s", self.model_path, kwargs["dtype"],
                     kwargs.get("max_lora_rank", "off"), self.placement.describe())
         # the engine's processes are spawned inside LLM() and inherit the environment as it is then
+        before = EngineReaper.descendants()
         with _environment(self.placement.environment()):
             self.llm = LLM(**kwargs)
+        self._reaper = EngineReaper.start(EngineReaper.descendants() - before)
         self._next_lora_id = 1
         self._eos_ids = _eos_token_ids(self.model_path, self.llm.get_tokenizer())
         if self.placement.gpu_index is None:
@@ -375,6 +383,80 @@ class VLLMEngine:
             if callable(shutdown):
                 shutdown()
             del llm
+        reaper, self._reaper = getattr(self, "_reaper", None), None
+        if reaper is not None:
+            reaper.release()
+
+
+# The reaper's whole program (run as ``python -c``, engine pids as arguments). It ignores Ctrl-C and SIGTERM sent to
+# the process group: the owner handles those and closes its engine. It reads its stdin to the end: "release" means
+# the owner closed the engine; end of file without it means the owner died, and the engine's processes are ended
+# (SIGTERM, SIGKILL 10 s later). psutil refuses to signal a pid that another process has taken since.
+_REAPER_PROGRAM = """
+import signal, sys
+import psutil
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+procs = []
+for pid in sys.argv[1:]:
+    try:
+        procs.append(psutil.Process(int(pid)))
+    except psutil.NoSuchProcess:
+        pass
+if sys.stdin.buffer.read() != b"release":
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    for proc in psutil.wait_procs(procs, timeout=10)[1]:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+"""
+
+
+class EngineReaper:
+    """A small process that ends an engine's processes if the process that started the engine dies without closing
+    it. `release` (from `VLLMEngine.close`) lets it go without touching them."""
+
+    def __init__(self, process: subprocess.Popen, pids: Sequence[int]):
+        self.process, self.pids = process, tuple(pids)
+
+    @staticmethod
+    def descendants() -> set[int]:
+        """The pids of this process's descendants, multiprocessing's resource trackers left out (each exits by
+        itself once the processes it serves are gone, and cleans up after them)."""
+        found = set()
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if "resource_tracker" not in " ".join(proc.cmdline()):
+                    found.add(proc.pid)
+            except psutil.Error:  # gone meanwhile, or not ours to read
+                pass
+        return found
+
+    @classmethod
+    def start(cls, pids: set[int]) -> EngineReaper | None:
+        """A reaper for ``pids``, or None when there is nothing to watch."""
+        if not pids:
+            return None
+        process = subprocess.Popen([sys.executable, "-c", _REAPER_PROGRAM, *map(str, sorted(pids))],
+                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        return cls(process, sorted(pids))
+
+    def release(self) -> None:
+        """The engine was closed: the reaper exits and leaves its processes alone."""
+        try:
+            self.process.stdin.write(b"release")
+            self.process.stdin.close()
+        except (BrokenPipeError, ValueError):  # the reaper is gone already (or was released)
+            pass
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
 
 
 def place_engine(gpu_memory_utilization: float | None, cpu_kv_cache_gb: float) -> EnginePlacement:
