@@ -1063,8 +1063,9 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
         rows = inherited_settings(table, keys)
         chosen = {(a, m): Setting(**table[row]["chosen"]) if (row := rows[f"{a}/{m}"]) else base for a, m in keys}
         used = {row: table[row] for row in dict.fromkeys(rows.values()) if row}
-        # the report says where each inherited choice sat in the grid it was chosen from
-        study["settings_from"] = {"study": args.settings_from, "rows": rows, "edge_lines": edge_lines(used)}
+        # the report says where each inherited choice sat in the grid it was chosen from, and what that grid swept
+        study["settings_from"] = {"study": args.settings_from, "rows": rows, "edge_lines": edge_lines(used),
+                                  "knobs": sorted({k for row in used.values() for k in row.get("knobs", [])})}
     finals = [RunSpec(a, m, chosen[(a, m)], s, "final") for a, m in keys for s in args.seeds]
     if "final" in args.phases:
         run_all(ctx, finals, args.jobs)
@@ -1078,7 +1079,8 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     results = {s: r for s in [*finals, *frontier, *ablations] if (r := _load_result(ctx, s)) is not None}
     t2g = next(((a, m) for a, m in keys if m == "text2grad"), keys[0])
     study["paper_comparison_for"] = f"{t2g[0]}-arm {method_label(t2g[1])} at its chosen setting ({chosen[t2g].label()})"
-    knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
+    knobs = (study["settings_from"]["knobs"] if args.settings_from else
+             sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])}))
     study["paper_comparison"] = paper_comparison(_ppo_config(ctx, RunSpec(*t2g, chosen[t2g], 0, "final"),
                                                              Path(args.output_dir) / "unused"), knobs=knobs,
                                          inherited=bool(args.settings_from))

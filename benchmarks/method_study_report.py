@@ -551,21 +551,37 @@ PAPER_FIELDS: dict[str, str] = {
 
 
 def paper_reasons(knobs: Sequence[str], inherited: bool = False) -> dict[str, str]:
-    """Why the swept fields differ from the paper's: chosen on validation where the study swept them (``knobs``),
-    by the earlier sweep the study took its settings from (``inherited``: ``--settings_from``), else the preset's
-    value."""
+    """Why the swept fields differ from the paper's. ``knobs``: what the sweep that chose the settings swept, this
+    study's own, or (``inherited``: ``--settings_from``) the earlier sweep's the study took its settings from; a
+    field that sweep did not sweep kept the preset's value."""
     if inherited:
-        earlier = "chosen per method on validation by the earlier sweep this study took its settings from"
-        return {"lr": earlier, "lam": earlier, "kl_coef": earlier, "adaptive_kl": earlier}
-    kept = "the preset's value, not swept in this study"
+        swept = kl_swept = adaptive_swept = ("chosen per method on validation by the earlier sweep this study took its "
+                                             "settings from")
+        kept = "the preset's value, not swept by the earlier sweep this study took its settings from"
+    else:
+        swept, kept = "swept per method on validation", "the preset's value, not swept in this study"
+        kl_swept = "chosen per method on validation among fixed coefficients and the adaptive controller's start"
+        adaptive_swept = "chosen per method on validation: a fixed coefficient or the adaptive controller"
     return {
-        "lr": "swept per method on validation" if "lr" in knobs else kept,
-        "lam": "swept per method on validation" if "lambda" in knobs else kept,
-        "kl_coef": ("chosen per method on validation among fixed coefficients and the adaptive controller's start"
-                    if "kl" in knobs else f"a fixed coefficient ({kept})"),
-        "adaptive_kl": ("chosen per method on validation: a fixed coefficient or the adaptive controller"
-                        if "kl" in knobs else f"a fixed coefficient ({kept})"),
+        "lr": swept if "lr" in knobs else kept,
+        "lam": swept if "lambda" in knobs else kept,
+        "kl_coef": kl_swept if "kl" in knobs else f"a fixed coefficient ({kept})",
+        "adaptive_kl": adaptive_swept if "kl" in knobs else f"a fixed coefficient ({kept})",
     }
+
+
+def inherited_knobs(settings_from: Mapping[str, Any]) -> list[str]:
+    """What the earlier sweep a study took its settings from swept, for the rows it took (a study's
+    ``settings_from``): stored there as ``knobs``, else read from that study's file (a path from the repository
+    root); [] when neither is there."""
+    if "knobs" in settings_from:
+        return list(settings_from["knobs"])
+    path = ROOT / settings_from.get("study", "")
+    if not path.is_file():
+        return []
+    table = json.loads(path.read_text()).get("sweep", {})
+    rows = {row for row in settings_from.get("rows", {}).values() if row}
+    return sorted({k for row in rows for k in table.get(row, {}).get("knobs", [])})
 
 
 def paper_comparison(cfg: PPOConfig, paper_yaml: Path = ROOT / "configs" / "slf5k" / "ppo.yaml",
@@ -1236,11 +1252,16 @@ def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[st
 
 
 def corrected_paper_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The stored Table-10 rows of ``study`` with each reason re-derived from the knobs the study swept (the values
-    themselves are the study's, as stored)."""
-    knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])}
-                   or study.get("config", {}).get("sweep_knobs", []))
-    reasons = paper_reasons(knobs, inherited=bool(study.get("settings_from")))
+    """The stored Table-10 rows of ``study`` with each reason re-derived from the knobs the sweep that chose its
+    settings swept, its own or the earlier one it took them from (the values themselves are the study's, as
+    stored)."""
+    if study.get("settings_from"):
+        knobs, inherited = inherited_knobs(study["settings_from"]), True
+    else:
+        knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])}
+                       or study.get("config", {}).get("sweep_knobs", []))
+        inherited = False
+    reasons = paper_reasons(knobs, inherited)
     return [{**r, "why": "" if r["same"] else PAPER_FIELDS.get(r["field"], r["why"]).format(**reasons)}
             for r in study.get("paper_comparison", [])]
 

@@ -856,9 +856,31 @@ def test_a_study_with_borrowed_settings_says_so_and_claims_no_sweep_of_its_own()
     md = msr.pooled_markdown(studies, pooled, "cmd")
     assert "settings from the sweep of old/study.json (no sweep per instance)" in md
     assert "tuned on validation per instance" not in md and "Grid edges" not in md
-    assert set(msr.paper_reasons([], inherited=True).values()) == {
+    assert set(msr.paper_reasons(["kl", "lambda", "lr"], inherited=True).values()) == {
         "chosen per method on validation by the earlier sweep this study took its settings from"}
     assert msr.paper_reasons([])["lr"] == "the preset's value, not swept in this study"
+    # what the earlier sweep did not sweep kept the preset's value there too, and the reason says so
+    assert msr.paper_reasons(["lambda", "lr"], inherited=True)["kl_coef"] == (
+        "a fixed coefficient (the preset's value, not swept by the earlier sweep this study took its settings from)")
+
+
+def test_a_borrowed_settings_table10_reason_reads_what_the_earlier_sweep_swept(tmp_path, monkeypatch):
+    earlier = tmp_path / "old" / "study.json"
+    earlier.parent.mkdir()
+    earlier.write_text(json.dumps({"sweep": {"oracle/text2grad": {"knobs": ["lambda", "lr"]},
+                                             "oracle/dense": {"knobs": ["kl"]}}}))  # a row the study did not take
+    monkeypatch.setattr(msr, "ROOT", tmp_path)
+    origin = {"study": "old/study.json", "rows": {"oracle/text2grad": "oracle/text2grad", "learned/text2grad": None}}
+    assert msr.inherited_knobs(origin) == ["lambda", "lr"]
+    assert msr.inherited_knobs({**origin, "knobs": ["kl"]}) == ["kl"]  # stored by the study itself: that wins
+    assert msr.inherited_knobs({"study": "missing/study.json", "rows": {}}) == []
+    stored = {"settings_from": origin,
+              "paper_comparison": [{"field": "kl_coef", "study": 0.05, "paper": 0.2, "same": False, "why": "old"},
+                                   {"field": "learning_rate", "study": 1e-4, "paper": 1e-6, "same": False, "why": "old"}]}
+    rows = {r["field"]: r["why"] for r in msr.corrected_paper_rows(stored)}
+    assert rows["kl_coef"] == ("a fixed coefficient (the preset's value, not swept by the earlier sweep this study "
+                               "took its settings from)")
+    assert rows["learning_rate"].startswith("chosen per method on validation by the earlier sweep")
 
 
 def test_frontier_runs_each_method_at_each_coefficient_but_not_its_chosen_one_twice():
