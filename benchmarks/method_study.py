@@ -1046,8 +1046,8 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     study.update({"config": {k: v for k, v in vars(args).items()}, "sft": ctx.sft_scores,
                   "machine": f"{machine}, Python {platform.python_version()}", "command": command,
                   "cpu": cpu, "date": time.strftime("%Y-%m-%d")})  # cpu and date: benchmarks/results_tables.py
-    # a folder without the reward models' files (e.g. a fresh machine) keeps what study.json recorded
-    study["critics"] = critic_quality(Path(args.output_dir) / "shared") or study.get("critics", {})
+    # a critic whose files are not in this folder (e.g. not trained on this machine) keeps what study.json recorded
+    study["critics"] = {**study.get("critics", {}), **critic_quality(Path(args.output_dir) / "shared")}
     study["config"].update(batch_size=ctx.batch_size, n_test=len(ctx.test_records), n_val=len(ctx.val_records),
                            policy="SmolLM2-135M-Instruct (LoRA SFT, LoRA PPO)" if args.preset == "smollm2" else
                            f"tiny Llama of the quickstart's {args.preset} preset")

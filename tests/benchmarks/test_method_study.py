@@ -1314,3 +1314,29 @@ def test_text2grad_is_compared_with_the_information_matched_baseline_of_its_own_
     del study["final"]["learned/scalar_sum"]
     assert msr.pooled_lines({0: study}, "learned", "text2grad", "scalar_sum") == ([], {})
     assert "learned/text2grad" not in msr.matched_comparisons(study)
+
+
+def test_a_report_keeps_the_recorded_quality_of_a_critic_not_trained_in_its_folder(tmp_path):
+    """A study resumed on another machine trains only the critics its new runs need: the Bradley-Terry model's
+    recorded quality stays beside the generative reward model's, re-read from this folder."""
+    base = ms.Setting(1e-4, "fixed", 0.95)
+    out = tmp_path / "study"
+    for m, scores in (("text2grad", (0.5, 0.6)), ("scalar_sum", (0.3, 0.3))):
+        for seed, score in enumerate(scores):
+            spec = ms.RunSpec("learned", m, base, seed, "final")
+            ms._write_json(out / spec.run_id / "result.json", _result(spec, score, score))
+    recorded = {"n": 52, "n_train": 467, "pairwise_accuracy": 0.923}
+    ms._write_json(out / "study.json", {"critics": {"bradley_terry": recorded, "generative": {"n": 1}}})
+    report = out / "shared" / "text2grad_rm" / "reward_model" / "eval" / "report.json"
+    report.parent.mkdir(parents=True)
+    report.write_text(json.dumps({"n_examples": 16, "token_label_accuracy": 0.625, "json_validity_rate": 1.0,
+                                  "token": {"positive": {"f1": 0.43}, "negative": {"f1": 0.31}}}))
+    write_jsonl(report.parent.parent / "annotations.jsonl", [{"id": i} for i in range(160)])
+    argv = ["--output_dir", str(out), "--preset", "ci", "--arms", "learned", "--methods", "text2grad", "scalar_sum",
+            "--seeds", "0", "1", "--sweep_knobs", "lambda", "--lambdas", "0.95", "--iterations", "2", "--eval_every", "2",
+            "--phases", "report"]
+    assert ms.main(argv) == 0
+    critics = json.loads((out / "study.json").read_text())["critics"]
+    assert critics["bradley_terry"] == recorded  # not trained here: kept
+    assert critics["generative"]["token_accuracy"] == 0.625 and critics["generative"]["n_train"] == 144  # re-read
+    assert "0.923 (52 held-out pairs, 467 for training)" in (out / "study.md").read_text()
