@@ -314,12 +314,12 @@ def headline_table() -> str:
         ahead_on = [ts for ts, c in per.items() if c["pair"]["mean"] > TIE]
         closer = [ts for ts, c in per.items() if c["kl"][0] <= c["kl"][1]]
         above_best = [ts for ts, c in per.items() if c["best"] and c["t2g"][0] > c["best"][1] + TIE]
-        for ts, c in per.items():
-            rows.append((f"{policy}, {link}", f"{ts} ({c['sft']:.3f})", f"{c['t2g'][0]:.3f}", f"{c['base'][0]:.3f}",
+        for k, (ts, c) in enumerate(per.items()):  # the study named on its first row
+            rows.append((f"{policy}, {link}" if k == 0 else "", f"{ts} ({c['sft']:.3f})", f"{c['t2g'][0]:.3f}", f"{c['base'][0]:.3f}",
                          _interval(c["pair"]), f"{c['kl'][0]:.2f} vs {c['kl'][1]:.2f}",
                          f"{c['best'][0]} {c['best'][1]:.3f}" if c["best"] else "-"))
         if pooled is not None:
-            rows.append((f"{policy}, {link}", "pooled", "", "", _interval(pooled), "", ""))
+            rows.append(("", "pooled", "", "", _interval(pooled), "", ""))
         n = len(per)
         sentence = (f"{policy} ({name}, {date}; {how}): Text2Grad ends ahead of the information-matched baseline on "
                     f"average on {len(ahead_on)} of {n} task instance{'s' if n != 1 else ''}, and at no larger final "
