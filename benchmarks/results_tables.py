@@ -3,8 +3,9 @@
     python benchmarks/results_tables.py            # rewrite the tables between their markers
     python benchmarks/results_tables.py --check    # change nothing; exit 1 naming every table that differs
 
-Every figure in README.md's "Current results" table and in the benchmark index at the top of benchmarks/README.md
-comes from a JSON file under benchmarks/results/, with the machine, date and command recorded in that file. The
+Every figure in README.md's "Current results" (its headline, Text2Grad against the information-matched baseline, and
+the table of every benchmark) and in the benchmark index at the top of benchmarks/README.md comes from a JSON file
+under benchmarks/results/, with the machine, date and command recorded in that file. The
 tables live between ``<!-- results-table:NAME -->`` and ``<!-- /results-table:NAME -->`` markers; edit this script
 (or the result files, by rerunning a benchmark with its ``--output_json``), never the tables by hand: a test runs
 ``--check``.
