@@ -128,7 +128,7 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
                     name = _variant_name(method)
                     per = "; ".join(
                         f"instance {ts} (SFT {c['sft']:.3f}): {c['t2g'][0]:.3f} vs "
-                        f"{BASELINE_NAMES.get(c['baseline'].split('/')[1], c['baseline'].split('/')[1])} {c['base'][0]:.3f}, "
+                        f"{_baseline_name(c['baseline'])} {c['base'][0]:.3f}, "
                         f"ahead on {c['pair']['ahead']}/{c['pair']['n']}" for ts, c in numbers["instances"].items())
                     pooled = numbers["pooled"]
                     parts.append(f"{arm} critic, {name} vs the best scalar baseline, each at its setting from the sweep: "

@@ -224,7 +224,7 @@ import os, signal
 from text2grad.core.assets import smollm2_path
 from text2grad.core.vllm_engine import EngineReaper, VLLMEngine
 if __name__ == "__main__":
-    # a small share of a GPU, where there is one: the test session's shared engine may hold the rest
+    # a small share of a GPU, where there is one: the engine the other vLLM tests share may hold the rest
     engine = VLLMEngine(smollm2_path(), dtype="fp32", cpu_kv_cache_gb=0.5, gpu_memory_utilization=0.2)
     # every process the engine started (read here, not from the reaper), the reaper itself left out
     print("engine pids:", *(EngineReaper.descendants() - {engine._reaper.process.pid}), flush=True)
