@@ -435,6 +435,19 @@ def token_level_cost_row(result: dict[str, Any]) -> tuple[Row, str]:
     return row, f"reward building {100 * result['reward_building_share']:.2f} % of an iteration"
 
 
+def rm_refresh_memory_row(result: dict[str, Any]) -> tuple[Row, str]:
+    reference = result["results"][0]
+    parts = [f"pieces of {r['micro_batch_size']}: peak RSS {r['peak_ratio']}x, {r['time_ratio']}x the seconds per "
+             f"step" for r in result["ratios"]]
+    same = all(r["loss_first"] == reference["loss_first"] and r["loss_last"] == reference["loss_last"]
+               for r in result["results"])
+    headline = (f"refresh fine-tuning in micro-batches vs whole batches of {reference['micro_batch_size']} "
+                f"({reference['peak_rss_mb'] / 1024:.1f} GB peak RSS): " + "; ".join(parts)
+                + f"; losses {'identical' if same else 'NOT identical'} to 5 decimals")
+    row = ("reward-model refresh memory (SmolLM2-135M-Instruct)", headline, conditions(result), command(result))
+    return row, headline
+
+
 # result file -> (benchmark script, the function giving its README row and index headline)
 RESULT_FILES: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[Row, str]]]] = {
     "quickstart_time/quickstart_time.json": ("quickstart_time.py", quickstart_row),
@@ -445,6 +458,7 @@ RESULT_FILES: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[Row, str]]]]
     "vllm_generation/vllm_generation.json": ("vllm_generation.py", vllm_row),
     "ppo_token_level_overhead/ppo_token_level_overhead-h200.json": ("ppo_token_level_overhead.py", token_level_cost_row),
     "critic_server/critic_server.json": ("critic_server.py", critic_server_row),
+    "rm_refresh_memory/rm_refresh_memory.json": ("rm_refresh_memory.py", rm_refresh_memory_row),
 }
 
 # Studies whose headline is in the benchmark index but not in README.md's table: the oracle arm at twice the budget
@@ -455,7 +469,7 @@ INDEX_ONLY_STUDIES = {"method_study_long", "method_study_lr_edge", "method_study
 
 # Result files whose headline is in the benchmark index but not in README.md's table (which has a line budget).
 INDEX_ONLY = {"vllm_generation/vllm_generation.json", "ppo_token_level_overhead/ppo_token_level_overhead-h200.json",
-              "critic_server/critic_server.json"}
+              "critic_server/critic_server.json", "rm_refresh_memory/rm_refresh_memory.json"}
 
 # The index: every benchmark script, its section's anchor and what it measures (in the order of the notes).
 SCRIPTS: list[tuple[str, str, str]] = [
@@ -468,6 +482,8 @@ SCRIPTS: list[tuple[str, str, str]] = [
     ("grounded_decoding.py", "grounded-span-decoding-grounded_decodingpy", "quotes forced into the response"),
     ("ppo_token_level_overhead.py", "token-level-ppo-overhead-ppo_token_level_overheadpy", "Text2Grad vs scalar PPO cost"),
     ("value_memory.py", "value-function-memory-value_memorypy", "value head vs separate value model"),
+    ("rm_refresh_memory.py", "reward-model-refresh-memory-rm_refresh_memorypy",
+     "a reward-model refresh's fine-tuning, whole batches vs micro-batches"),
     ("quickstart_time.py", "quickstart-wall-time-quickstart_timepy", "the embedded default's wall time"),
     ("quickstart_modes.py", "text2grad-vs-scalar-ppo-over-seeds-quickstart_modespy",
      "Text2Grad vs scalar PPO, one setting, seeds (superseded by the method study)"),

@@ -164,6 +164,12 @@ class PPOConfig(ModelConfig):
     )
     rm_refresh_steps: int = config_field(20, "Optimizer steps of each refresh's fine-tuning.")
     rm_refresh_batch_size: int = config_field(8, "Records per fine-tuning step of a refresh.")
+    rm_refresh_micro_batch_size: int | None = config_field(
+        2,
+        "Records per forward/backward pass within a refresh step: the step's gradient is the same token mean, "
+        "computed in pieces that hold fewer activations at once (benchmarks/rm_refresh_memory.py: pieces of 2 "
+        "instead of 8 hold about a third of the memory). None: the whole rm_refresh_batch_size at once.",
+    )
     rm_refresh_learning_rate: float = config_field(1e-4, "AdamW learning rate of a refresh's fine-tuning.")
     scalar_coef: float = config_field(1.0, "Weight of the sequence score.")
     missing_eos_penalty: float | None = config_field(
@@ -375,7 +381,7 @@ class PPOConfig(ModelConfig):
         if self.critic not in ("reward_model", "reward_model_ensemble"):
             problems.append(f"rm_refresh_every fine-tunes the PPO critic, which must be a reward model "
                             f"(critic reward_model or reward_model_ensemble), got critic {self.critic!r}")
-        for name in ("rm_refresh_samples", "rm_refresh_steps", "rm_refresh_batch_size"):
+        for name in ("rm_refresh_samples", "rm_refresh_steps", "rm_refresh_batch_size", "rm_refresh_micro_batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 problems.append(f"{name} must be >= 1, got {value}")

@@ -17,7 +17,8 @@ With ``rm_refresh_every N`` (`PPOConfig`), after every N-th iteration:
 3. the main process fine-tunes the reward model (its LoRA adapter, every member's adapter of an ensemble, every
    member of an ensemble of separate models, or all weights of a model without LoRA) for ``rm_refresh_steps``
    steps on the new annotations plus ``rm_refresh_replay_ratio`` times as many replayed earlier ones
-   (``rm_refresh_replay`` files and every earlier refresh's annotations), then sends the new weights to every process;
+   (``rm_refresh_replay`` files and every earlier refresh's annotations), each step in pieces of
+   ``rm_refresh_micro_batch_size`` records (`fine_tune`), then sends the new weights to every process;
    a reward model that writes its critiques through vLLM (``backend: vllm``) is trained as a transformers copy of its
    LoRA adapter, and the engine serves the refreshed adapter from then on (`attach_training_copy`);
 4. ``<output_dir>/rm_refresh/step-<N>/`` receives the annotations (``annotations.jsonl``, reward-model training
@@ -46,7 +47,7 @@ from safetensors.torch import load_file, save_file
 from reward_model.ensemble import RewardModelEnsemble
 from reward_model.inference import GenerativeRewardModel
 from reward_model.metrics import evaluate_feedback
-from reward_model.serialization import collate, encode_example, record_feedback
+from reward_model.serialization import IGNORE_INDEX, collate, encode_example, record_feedback
 from text2grad.core.critics import build_critic
 from text2grad.core.data import load_records
 from text2grad.core.ensemble import EnsembleCritic
@@ -55,7 +56,8 @@ from text2grad.core.modeling import load_causal_lm
 from text2grad.core.placement import resolve_device
 
 __all__ = ["REFRESH_DIR", "RewardModelRefresh", "agreement", "attach_training_copy", "build_rm_refresh", "fine_tune",
-           "pick_rollouts", "reward_models"]
+           "pick_rollouts", "reward_models", "summed_target_loss",
+           "target_tokens"]
 
 logger = logging.getLogger(__name__)
 
@@ -141,11 +143,35 @@ def trainable_groups(critic) -> list[tuple[GenerativeRewardModel, str | None, li
     return groups
 
 
+def target_tokens(example: Mapping[str, Sequence[int]]) -> int:
+    """Tokens a causal-LM loss scores in an encoded example: labels other than -100 after the one-token shift."""
+    return sum(1 for label in list(example["labels"])[1:] if label != IGNORE_INDEX)
+
+
+def summed_target_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy over the target positions.
+
+    Args:
+        logits: (B, L, V) the model's logits for each position.
+        labels: (B, L) token ids, -100 where nothing is scored (the input, padding).
+    Returns:
+        a scalar: the sum over positions t with ``labels[:, t + 1] != -100`` of -log p(labels[:, t + 1]).
+    """
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]  # position t predicts token t + 1
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), shifted.reshape(-1),
+                                             ignore_index=IGNORE_INDEX, reduction="sum")
+
+
 def fine_tune(model: torch.nn.Module, params: Sequence[torch.nn.Parameter], examples: Sequence[Mapping[str, Any]],
-              pad_token_id: int, *, steps: int, batch_size: int, learning_rate: float, seed: int) -> dict[str, float]:
+              pad_token_id: int, *, steps: int, batch_size: int, learning_rate: float, seed: int,
+              micro_batch_size: int | None = None) -> dict[str, float]:
     """``steps`` AdamW steps of causal-LM loss on the targets of encoded ``examples`` (`encode_example` dicts),
     batches drawn without replacement (reshuffled when used up) with ``seed``; only ``params`` are trained.
-    Returns the first and last batch's loss."""
+
+    Each batch of ``batch_size`` runs forward and backward in pieces of ``micro_batch_size`` (None: the whole batch
+    at once) whose summed losses are divided by the batch's target-token count, so the gradient is the whole
+    batch's token mean whatever the piece size: pieces only bound the activations held at once. Returns the first and
+    last batch's loss."""
     if not examples:
         return {}
     device = next(model.parameters()).device
@@ -155,19 +181,26 @@ def fine_tune(model: torch.nn.Module, params: Sequence[torch.nn.Parameter], exam
         p.requires_grad_(id(p) in chosen)
     optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=0.0)
     rng, order, losses = random.Random(seed), [], []
+    piece = micro_batch_size or batch_size
     model.train()
     try:
         for _ in range(steps):
             if len(order) < batch_size:
                 order += rng.sample(range(len(examples)), len(examples))
             rows, order = order[:batch_size], order[batch_size:]
-            batch = {k: v.to(device) for k, v in collate([examples[i] for i in rows], pad_token_id).items()}
-            loss = model(**batch).loss
-            loss.backward()
+            batch = [examples[i] for i in rows]
+            n_targets = max(1, sum(target_tokens(e) for e in batch))
+            loss = 0.0
+            for start in range(0, len(batch), piece):
+                tensors = {k: v.to(device) for k, v in collate(batch[start:start + piece], pad_token_id).items()}
+                logits = model(input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"]).logits
+                part = summed_target_loss(logits, tensors["labels"]) / n_targets
+                part.backward()
+                loss += float(part.detach())
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            losses.append(float(loss.detach()))
+            losses.append(loss)
     finally:
         model.eval()
         for p, flag in flags:
@@ -188,12 +221,13 @@ class RewardModelRefresh:
             `RewardModelEnsemble`, or an `EnsembleCritic` of such reward models (an ensemble whose members were
             trained without LoRA).
         annotator: any critic (``feedback(prompts, responses)``) whose labels the reward model learns.
-        every, samples, replay_paths, replay_ratio, steps, batch_size, learning_rate, seed: the ``rm_refresh_*``
-            options of `PPOConfig`.
+        every, samples, replay_paths, replay_ratio, steps, batch_size, learning_rate, seed, micro_batch_size: the
+            ``rm_refresh_*`` options of `PPOConfig`.
     """
 
     def __init__(self, critic, annotator, *, every: int, samples: int | None, replay_paths: Sequence[str],
-                 replay_ratio: float, steps: int, batch_size: int, learning_rate: float, seed: int) -> None:
+                 replay_ratio: float, steps: int, batch_size: int, learning_rate: float, seed: int,
+                 micro_batch_size: int | None = None) -> None:
         self.reward_models = reward_models(critic)
         rm = self.reward_models[0]  # its tokenizer counts the agreement's tokens
         if not callable(getattr(annotator, "feedback", None)):
@@ -201,6 +235,7 @@ class RewardModelRefresh:
         self.critic, self.rm, self.annotator = critic, rm, annotator
         self.every, self.samples, self.replay_ratio = every, samples, replay_ratio
         self.steps, self.batch_size, self.learning_rate, self.seed = steps, batch_size, learning_rate, seed
+        self.micro_batch_size = micro_batch_size
         self.offline = [r for path in replay_paths for r in load_records(path, required=("prompt", "response"))]
         self.annotated: list[dict[str, Any]] = []  # on-policy annotations of the refreshes so far
         # the refreshed adapters of vLLM-served reward models, kept while their engines may still read them
@@ -265,7 +300,8 @@ class RewardModelRefresh:
             if len(groups) > 1:
                 data = [data[i] for i in random.Random(f"{self.seed}-{step}-{k}").choices(range(len(data)), k=len(data))]
             out = fine_tune(rm.model, params, data, rm.tokenizer.pad_token_id, steps=self.steps,
-                            batch_size=self.batch_size, learning_rate=self.learning_rate, seed=self.seed + step + k)
+                            batch_size=self.batch_size, learning_rate=self.learning_rate, seed=self.seed + step + k,
+                            micro_batch_size=self.micro_batch_size)
             for key, v in out.items():  # the members' mean
                 results[key] = results.get(key, 0.0) + v / len(groups)
         return results
@@ -359,4 +395,5 @@ def build_rm_refresh(config, critic, records: Sequence[Mapping[str, Any]]) -> Re
         critic, annotator, every=config.rm_refresh_every, samples=config.rm_refresh_samples,
         replay_paths=config.rm_refresh_replay, replay_ratio=config.rm_refresh_replay_ratio, steps=config.rm_refresh_steps,
         batch_size=config.rm_refresh_batch_size, learning_rate=config.rm_refresh_learning_rate, seed=config.seed,
+        micro_batch_size=config.rm_refresh_micro_batch_size,
     )

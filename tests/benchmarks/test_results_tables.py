@@ -173,3 +173,15 @@ def test_the_headline_compares_text2grad_with_the_information_matched_baseline_o
     # a study with no information-matched comparison gives no headline row
     (results / "b_smol" / "study.json").write_text(json.dumps({**smol, "matched": {}}))
     assert "b_smol" not in rt.headline_table() and "c_older_smol" in rt.headline_table()
+
+
+def test_the_refresh_memory_row_quotes_each_piece_size_against_the_whole_batch():
+    results = [{"micro_batch_size": 8, "peak_rss_mb": 4096, "loss_first": 2.5, "loss_last": 2.25},
+               {"micro_batch_size": 2, "peak_rss_mb": 1024, "loss_first": 2.5, "loss_last": 2.25}]
+    result = {"machine": "M", "date": "2026-01-01", "command": "python benchmarks/rm_refresh_memory.py",
+              "results": results, "ratios": [{"micro_batch_size": 2, "peak_ratio": 0.25, "time_ratio": 0.9}]}
+    row, headline = rt.rm_refresh_memory_row(result)
+    assert headline == ("refresh fine-tuning in micro-batches vs whole batches of 8 (4.0 GB peak RSS): pieces of 2: "
+                        "peak RSS 0.25x, 0.9x the seconds per step; losses identical to 5 decimals")
+    results[1]["loss_last"] = 2.26
+    assert "NOT identical" in rt.rm_refresh_memory_row(result)[1]

@@ -15,8 +15,10 @@ from tests.policy_optimization.po_testlib import first_and_last_words
 
 from policy_optimization.ppo_config import PPOConfig
 from policy_optimization.rm_refresh import (REFRESH_DIR, WEIGHTS_FILE, RewardModelRefresh, agreement,
-                                            attach_training_copy, pick_rollouts)
+                                            attach_training_copy, fine_tune, pick_rollouts, summed_target_loss,
+                                            target_tokens)
 from reward_model.inference import GenerativeRewardModel
+from reward_model.serialization import collate, encode_example
 from text2grad.core.critics import CallableFeedbackSource
 from text2grad.core.ensemble import EnsembleCritic
 from text2grad.core.feedback import Feedback
@@ -172,6 +174,43 @@ def test_pick_rollouts_is_seeded_and_skips_empty_responses():
     assert len({tuple(pick_rollouts(responses, 2, 0, s)) for s in range(20)}) > 1  # each refresh draws anew
 
 
+def test_summed_target_loss_and_target_tokens_by_hand():
+    # position 0 predicts label 1 with p = 3/4 (logits 0, ln 3); position 1 predicts label 0 with p = 1/2
+    logits = torch.tensor([[[0.0, float(torch.log(torch.tensor(3.0)))], [0.0, 0.0], [5.0, -5.0]]])
+    labels = torch.tensor([[-100, 1, 0]])
+    expected = -torch.log(torch.tensor(3 / 4)) - torch.log(torch.tensor(1 / 2))
+    assert torch.allclose(summed_target_loss(logits, labels), expected)
+    assert target_tokens({"input_ids": [5, 6, 7], "labels": [-100, 1, 0]}) == 2
+    assert target_tokens({"input_ids": [5, 6], "labels": [4, -100]}) == 0  # the first label is never predicted
+
+
+def test_refresh_micro_batches_give_the_whole_batchs_update(bpe_tokenizer):
+    """Pieces of 1 and 3 records take the same steps as whole batches of 4: the same losses, the same adapter."""
+    texts = ["the cat sat on the mat", "a dog ran", "birds sing in the morning light over the quiet hills", "rain"]
+    examples = [encode_example(bpe_tokenizer, f"Post {k}: {t}", t, Feedback(good_spans=(t.split()[0],)),
+                               max_length=256, instruction=INSTRUCTION).as_dict() for k, t in enumerate(texts * 2)]
+    assert len({len(e["input_ids"]) for e in examples}) > 1  # padding differs between the pieces
+    reference = build_tiny_llama(bpe_tokenizer, hidden_size=32, num_layers=2, num_heads=4, seed=5)
+    with torch.no_grad():  # the hand-rolled loss is the mean a transformers model computes from labels
+        batch = {k: v for k, v in collate(examples[:4], bpe_tokenizer.pad_token_id).items()}
+        n = sum(target_tokens(e) for e in examples[:4])
+        ours = summed_target_loss(reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+                                  batch["labels"]) / n
+        assert torch.allclose(ours, reference(**batch).loss, atol=1e-6)
+    trained = {}
+    for micro in (None, 1, 3):
+        model = build_tiny_llama(bpe_tokenizer, hidden_size=32, num_layers=2, num_heads=4, seed=5)
+        losses = fine_tune(model, list(model.parameters()), examples, bpe_tokenizer.pad_token_id, steps=3, batch_size=4,
+                           learning_rate=1e-2, seed=0, micro_batch_size=micro)
+        trained[micro] = (losses, [p.detach().clone() for p in model.parameters()])
+    whole_losses, whole = trained[None]
+    assert whole_losses["loss_last"] < whole_losses["loss_first"]  # it trains
+    for micro in (1, 3):
+        losses, params = trained[micro]
+        assert losses == pytest.approx(whole_losses, rel=1e-5)
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(params, whole))
+
+
 def test_refresh_options_are_checked(make_trainer):
     with pytest.raises(ValueError, match="rm_refresh_critic"):
         PPOConfig(num_iterations=1, rm_refresh_every=2)
@@ -179,6 +218,8 @@ def test_refresh_options_are_checked(make_trainer):
         PPOConfig(num_iterations=1, rm_refresh_every=2, rm_refresh_critic="llm", critic="reference")
     with pytest.raises(ValueError, match="generative reward model"):
         make_trainer(CallableFeedbackSource(first_word_good), rm_refresh_every=1, **{k: v for k, v in REFRESH.items()})
+    with pytest.raises(ValueError, match="rm_refresh_micro_batch_size must be >= 1"):
+        PPOConfig(num_iterations=1, critic="reward_model", rm_refresh_every=2, **dict(REFRESH, rm_refresh_micro_batch_size=0))
 
 
 # --------------------------------------------------------------------------------------------------
