@@ -34,7 +34,6 @@ import math
 import os
 import platform
 import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -50,7 +49,7 @@ if str(ROOT) not in sys.path:
 
 import policy_optimization.trainer as trainer_module  # noqa: E402
 from annotation.critics import ReferenceSummaryCritic  # noqa: E402
-from benchmarks.result_file import run_context, write_result  # noqa: E402
+from benchmarks.result_file import peak_rss_mb, run_context, write_result  # noqa: E402
 from policy_optimization.ppo_config import PPOConfig  # noqa: E402
 from policy_optimization.models import ValueModel  # noqa: E402
 from policy_optimization.trainer import NLGradientPPOTrainer  # noqa: E402
@@ -165,7 +164,7 @@ def worker(args: argparse.Namespace) -> None:
                   f"(generation {row['time/generation']:.3f}, feedback {row['time/feedback']:.4f}, rewards "
                   f"{row['time/rewards']:.4f}), {row['response/length_mean']:.1f} response tokens", file=sys.stderr, flush=True)
     result = {m: {k: [r[k] for r in rows[m]] for k in KEYS} for m in modes}
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["peak_rss_mb"] = peak_rss_mb()
     result["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
     result["resident_cuda_mb"] = torch.cuda.memory_allocated() / 2**20 if device == "cuda" else None
     result["step_peak_cuda_mb"] = step_peak_mb if device == "cuda" else None

@@ -26,8 +26,6 @@ import argparse
 import json
 import os
 import random
-import resource
-import subprocess
 import sys
 import time
 
@@ -37,20 +35,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-from benchmarks.result_file import run_context, write_result  # noqa: E402
-
-
-def _rss_mb() -> float:
-    """Current resident set size (Linux /proc), in MiB."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+from benchmarks.result_file import peak_rss_mb, rss_mb, run_context, worker_result, write_result  # noqa: E402
 
 
 def encoded_records(tokenizer, n: int, seed: int) -> list[dict]:
@@ -87,7 +72,7 @@ def worker(args: argparse.Namespace, micro_batch_size: int) -> dict:
     params = [p for n, p in model.named_parameters() if "lora_" in n]
     examples = encoded_records(tokenizer, args.records, args.seed)
     random.Random(args.seed).shuffle(examples)
-    rss_before = _rss_mb()
+    rss_before = rss_mb()
     t0 = time.perf_counter()
     losses = fine_tune(model, params, examples, tokenizer.pad_token_id, steps=args.steps, batch_size=args.batch_size,
                        learning_rate=1e-4, seed=args.seed, micro_batch_size=micro_batch_size)
@@ -95,9 +80,9 @@ def worker(args: argparse.Namespace, micro_batch_size: int) -> dict:
     lengths = [len(e["input_ids"]) for e in examples]
     return {
         "micro_batch_size": micro_batch_size,
-        "peak_rss_mb": round(_peak_rss_mb()),
+        "peak_rss_mb": round(peakrss_mb()),
         "rss_before_mb": round(rss_before),
-        "growth_mb": round(_peak_rss_mb() - rss_before),
+        "growth_mb": round(peakrss_mb() - rss_before),
         "s_per_step": round(seconds / args.steps, 2),
         "loss_first": round(losses["loss_first"], 5),
         "loss_last": round(losses["loss_last"], 5),
@@ -135,15 +120,9 @@ def main() -> None:
     results = []
     for micro in args.micro_batch_sizes:
         print(f"micro-batch {micro}: started (time limit {args.worker_timeout_s:.0f} s)", file=sys.stderr, flush=True)
-        try:
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", str(micro), *forwarded],
-                                  stdout=subprocess.PIPE, text=True, env=env, timeout=args.worker_timeout_s)
-        except subprocess.TimeoutExpired:
-            sys.exit(f"micro-batch {micro} ran past --worker_timeout_s {args.worker_timeout_s:.0f} s: use fewer --steps")
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode or not lines:
-            sys.exit(f"micro-batch {micro} failed (exit {proc.returncode}): its output is above")
-        results.append(json.loads(lines[-1][len("RESULT "):]))
+        results.append(worker_result([sys.executable, os.path.abspath(__file__), "--worker", str(micro), *forwarded],
+                                     env=env, label=f"micro-batch {micro}", timeout_s=args.worker_timeout_s,
+                                     too_slow="use fewer --steps or raise --worker_timeout_s"))
         print(json.dumps(results[-1]), flush=True)
     print(f"machine: {context['machine']}; batch {args.batch_size}, {args.steps} steps, {args.records} records of "
           f"{results[0]['mean_tokens']} tokens on average, {args.threads} torch thread(s)")

@@ -26,22 +26,25 @@ import argparse
 import json
 import os
 import platform
-import resource
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
 
-from policy_optimization.ppo_config import PPOConfig
-from policy_optimization.models import ValueModel
-from policy_optimization.trainer import NLGradientPPOTrainer
-from text2grad.core.assets import smollm2_path
-from text2grad.core.critics import CallableFeedbackSource
-from text2grad.core.feedback import Feedback
-from text2grad.core.generation import apply_chat_template
-from text2grad.core.modeling import build_tiny_llama, load_causal_lm, load_tokenizer, train_tokenizer
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.result_file import peak_rss_mb, rss_mb, worker_result  # noqa: E402
+from policy_optimization.ppo_config import PPOConfig  # noqa: E402
+from policy_optimization.models import ValueModel  # noqa: E402
+from policy_optimization.trainer import NLGradientPPOTrainer  # noqa: E402
+from text2grad.core.assets import smollm2_path  # noqa: E402
+from text2grad.core.critics import CallableFeedbackSource  # noqa: E402
+from text2grad.core.feedback import Feedback  # noqa: E402
+from text2grad.core.generation import apply_chat_template  # noqa: E402
+from text2grad.core.modeling import build_tiny_llama, load_causal_lm, load_tokenizer, train_tokenizer  # noqa: E402
 
 PROMPTS = [
     "Summarize in one sentence: the city council voted to build a new library next to the old train station.",
@@ -53,19 +56,6 @@ PROMPTS = [
     "Name a good habit for studying and say why it helps.",
     "Tell me one fact about octopuses.",
 ]
-
-
-def _rss_mb() -> float:
-    """Current resident set size (Linux /proc), in MiB."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def worker(design: str, args: argparse.Namespace) -> dict:
@@ -104,23 +94,23 @@ def worker(design: str, args: argparse.Namespace) -> dict:
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainable = [p for p in trainer.model.parameters() if p.requires_grad]
-    rss_loaded = _rss_mb()
+    rss_loaded = rss_mb()
     times = []
     for i in range(args.iterations):
         t0 = time.perf_counter()
         metrics = trainer.step()
         times.append(time.perf_counter() - t0)
         gpu = f", peak GPU {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB" if torch.cuda.is_available() else ""
-        print(f"[{design}] iteration {i + 1}/{args.iterations}: {times[-1]:.1f} s, RSS {_rss_mb():.0f} MiB{gpu}",
+        print(f"[{design}] iteration {i + 1}/{args.iterations}: {times[-1]:.1f} s, RSS {rss_mb():.0f} MiB{gpu}",
               file=sys.stderr, flush=True)
     optimizer_bytes = sum(
         t.numel() * t.element_size() for state in trainer.optimizer.state.values() for t in state.values() if torch.is_tensor(t)
     )
     result = {
         "design": design,
-        "peak_rss_mb": round(_peak_rss_mb(), 1),
+        "peak_rss_mb": round(peakrss_mb(), 1),
         "rss_after_models_mb": round(rss_loaded, 1),
-        "growth_during_ppo_mb": round(_peak_rss_mb() - rss_loaded, 1),
+        "growth_during_ppo_mb": round(peakrss_mb() - rss_loaded, 1),
         "trainable_params": sum(p.numel() for p in trainable),
         "all_params": sum(p.numel() for p in trainer.model.parameters()),
         "trainable_weights_grads_adam_mb": round(
@@ -187,14 +177,8 @@ def main() -> None:
                 str(args.layers), "--heads", str(args.heads), "--vocab", str(args.vocab)]
         argv += ["--gradient_checkpointing"] if args.gradient_checkpointing else []
         print(f"{design}: started (time limit {args.worker_timeout_s:.0f} s)", file=sys.stderr, flush=True)
-        try:  # the worker's progress goes straight to our stderr; its result line comes on stdout
-            proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env, timeout=args.worker_timeout_s)
-        except subprocess.TimeoutExpired:
-            sys.exit(f"worker {design} ran past --worker_timeout_s {args.worker_timeout_s:.0f} s: use smaller sizes")
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode or not lines:
-            sys.exit(f"worker {design} failed (exit {proc.returncode}): its output is above")
-        results.append(json.loads(lines[-1][len("RESULT "):]))
+        results.append(worker_result(argv, env=env, label=f"worker {design}", timeout_s=args.worker_timeout_s,
+                                     too_slow="use smaller sizes or raise --worker_timeout_s"))
         print(f"{design}: {json.dumps(results[-1])}", flush=True)  # as soon as it is known
     model = "SmolLM2-135M-Instruct" if args.model == "smollm2" else f"Llama hidden {args.hidden}, {args.layers} layers (config)"
     gpu = f", GPU {results[0]['gpu']}" if results[0].get("gpu") else ""
