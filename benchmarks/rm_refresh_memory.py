@@ -36,12 +36,17 @@ if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
 from benchmarks.result_file import peak_rss_mb, rss_mb, run_context, worker_result, write_result  # noqa: E402
+from peft import LoraConfig, get_peft_model  # noqa: E402
+
+from policy_optimization.rm_refresh import fine_tune  # noqa: E402
+from reward_model.serialization import encode_example  # noqa: E402
+from text2grad.apps.quickstart.task import TaskConfig, critique_summary, generate_task  # noqa: E402
+from text2grad.core.assets import smollm2_path  # noqa: E402
+from text2grad.core.modeling import load_causal_lm, load_tokenizer  # noqa: E402
 
 
 def encoded_records(tokenizer, n: int, seed: int) -> list[dict]:
     """``n`` reward-model training examples from the quickstart task (SFT summaries, fact-checker labels)."""
-    from reward_model.serialization import encode_example
-    from text2grad.apps.quickstart.task import TaskConfig, critique_summary, generate_task
 
     records = generate_task(TaskConfig(seed=seed, n_train=n, n_rl=1, n_eval=1))["train"]
     examples = []
@@ -55,12 +60,6 @@ def encoded_records(tokenizer, n: int, seed: int) -> list[dict]:
 def worker(args: argparse.Namespace, micro_batch_size: int) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    from peft import LoraConfig, get_peft_model
-
-    from policy_optimization.rm_refresh import fine_tune
-    from text2grad.core.assets import smollm2_path
-    from text2grad.core.modeling import load_causal_lm, load_tokenizer
-
     if args.reward_model:
         model = load_causal_lm(args.reward_model, dtype="fp32", trainable_adapter=True)
         tokenizer = load_tokenizer(args.reward_model)
@@ -110,7 +109,6 @@ def main() -> None:
     if any(m < 1 or m > args.batch_size for m in args.micro_batch_sizes):
         parser.error(f"every --micro_batch_sizes value must be between 1 and --batch_size ({args.batch_size})")
     context = run_context()
-    from text2grad.core.assets import smollm2_path
     smollm2_path()  # convert once before timing anything
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": "",
            "PYTHONPATH": os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))}

@@ -12,10 +12,11 @@ from benchmarks.result_file import peak_rss_mb, rss_mb, worker_result  # noqa: E
 
 
 def test_memory_readings_see_a_new_allocation():
-    before = peak_rss_mb()
+    before = rss_mb()
     block = bytearray(64 * 2**20)  # 64 MiB, touched so it is resident
     block[:: 4096] = b"x" * len(block[:: 4096])
-    assert rss_mb() > 32 and peak_rss_mb() >= before + 32
+    after = rss_mb()
+    assert after >= before + 32 and peak_rss_mb() >= before + 32  # the peak is at least this (earlier tests may set it higher)
     del block
 
 
