@@ -56,8 +56,7 @@ from text2grad.core.modeling import load_causal_lm
 from text2grad.core.placement import resolve_device
 
 __all__ = ["REFRESH_DIR", "RewardModelRefresh", "agreement", "attach_training_copy", "build_rm_refresh", "fine_tune",
-           "pick_rollouts", "reward_models", "summed_target_loss",
-           "target_tokens"]
+           "pick_rollouts", "reward_models", "summed_target_loss", "target_tokens"]
 
 logger = logging.getLogger(__name__)
 
