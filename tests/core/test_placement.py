@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
 
 from policy_optimization.train import main as ppo_main
-from text2grad.core.cli import EXIT_USAGE, guarded, hide_gpus_for_cpu_ranks
+from text2grad.core.cli import (
+    EXIT_USAGE, guarded, hide_gpus_for_cpu_ranks, stale_extension_locks, warn_stale_extension_locks,
+)
 from text2grad.core.placement import (
     EnginePlacement, PlacementError, check_device, check_process_gpus, engine_placement, local_rank, local_world_size,
     misplaced, process_device, resolve_device, set_device_resolver, visible_gpus, world_size,
@@ -99,6 +102,47 @@ def test_a_deepspeed_cpu_rank_on_a_gpu_node_is_not_refused_for_its_gpus(monkeypa
     err = capsys.readouterr().err
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
     assert code == EXIT_USAGE and "no-model" in err and "visible GPU" not in err  # refused for its input, not its GPU
+
+
+def _lock(path, age_s, now):
+    path.parent.mkdir(parents=True)
+    path.write_text("")
+    os.utime(path, (now - age_s, now - age_s))
+    return path
+
+
+def test_build_locks_a_killed_deepspeed_op_build_left_behind_are_named_with_their_fix(tmp_path, capsys):
+    now = 1_000_000.0
+    home = tmp_path / "home"
+    killed = _lock(home / ".cache" / "torch_extensions" / "py311_cpu" / "deepspeed_shm_comm" / "lock", 3600, now)
+    _lock(home / ".cache" / "torch_extensions" / "py311_cpu" / "building_now" / "lock", 20, now)  # a build in progress
+    older = _lock(home / ".cache" / "torch_extensions" / "py311_cu128" / "fused_adam" / "lock", 7200, now)
+    assert stale_extension_locks({"HOME": str(home)}, now) == [(older, 7200), (killed, 3600)]
+    # TORCH_EXTENSIONS_DIR holds the ops directly; XDG_CACHE_HOME moves the default
+    own = _lock(tmp_path / "ext" / "deepspeed_shm_comm" / "lock", 900, now)
+    assert stale_extension_locks({"HOME": str(home), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}, now) == [(own, 900)]
+    assert stale_extension_locks({"XDG_CACHE_HOME": str(home / ".cache")}, now)[0][0] == older
+
+    deepspeed_cpu = {"HOME": str(home), "DS_ACCELERATOR": "cpu", "LOCAL_RANK": "0"}
+    assert warn_stale_extension_locks(deepspeed_cpu, now) == [older, killed]
+    err = capsys.readouterr().err
+    assert f"warning: {killed} is 60 minutes old" in err and f"rm {killed}" in err and "building_now" not in err
+    assert warn_stale_extension_locks({**deepspeed_cpu, "LOCAL_RANK": "1"}, now) == []  # one warning per machine
+    assert warn_stale_extension_locks({"HOME": str(home), "ACCELERATE_USE_DEEPSPEED": "true"}, now) == [older, killed]
+    assert warn_stale_extension_locks({"HOME": str(home)}, now) == []  # no DeepSpeed, no op build to wait on
+    capsys.readouterr()
+
+
+def test_a_deepspeed_command_warns_about_a_stale_build_lock_before_it_starts(monkeypatch, tmp_path, capsys):
+    lock = _lock(tmp_path / "ext" / "deepspeed_shm_comm" / "lock", 3600, time.time())
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    code = ppo_main(["--model_name_or_path", str(tmp_path / "no-model"), "--dataset_path", str(tmp_path / "no.jsonl"),
+                     "--output_dir", str(tmp_path / "out"), "--num_iterations", "1"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and f"warning: {lock} is 60 minutes old" in err and "no-model" in err
+    assert lock.exists()  # only named: it may belong to a build that is still running
 
 
 @pytest.mark.parametrize(

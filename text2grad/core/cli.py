@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, MutableMapping, Sequence
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
 from text2grad.core.config import ConfigError, DataError, parse_config
 
 __all__ = [
     "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_NONFINITE", "EXIT_OK", "EXIT_USAGE", "RunFailed", "USER_ERRORS",
-    "hide_gpus_for_cpu_ranks", "print_error", "quiet_broken_pipe", "run_cli",
+    "hide_gpus_for_cpu_ranks", "print_error", "quiet_broken_pipe", "run_cli", "stale_extension_locks",
+    "warn_stale_extension_locks",
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -106,6 +109,50 @@ def hide_gpus_for_cpu_ranks(env: MutableMapping[str, str] | None = None) -> bool
     return True
 
 
+STALE_LOCK_AGE_S = 600.0  # compiling one of DeepSpeed's CPU ops takes well under a minute
+
+
+def stale_extension_locks(env: Mapping[str, str] | None = None, now: float | None = None,
+                          max_age_s: float = STALE_LOCK_AGE_S) -> list[tuple[Path, float]]:
+    """Build locks of torch C++ extensions older than ``max_age_s``, as ``(path, age in seconds)``, oldest first.
+
+    DeepSpeed compiles some ops on first use (on the CPU, the ``deepspeed_shm_comm`` op of its communication) under
+    ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions/py<XY>_<accelerator>``), and torch serialises the
+    build with a file ``<op>/lock`` that waiting processes poll. A build whose process was killed (out of memory,
+    Ctrl-C at the wrong moment) leaves the file behind, and every later DeepSpeed run then waits on it forever.
+    ``env`` and ``now`` default to the real ones, so a test gives any directory and clock.
+    """
+    env = os.environ if env is None else env
+    cache = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or Path.home()) / ".cache")  # as torch finds it
+    root = Path(env["TORCH_EXTENSIONS_DIR"]) if env.get("TORCH_EXTENSIONS_DIR") else cache / "torch_extensions"
+    now = time.time() if now is None else now
+    stale = []
+    for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")]:  # <root>/<op>/lock with the variable set, else deeper
+        try:
+            age = now - lock.stat().st_mtime
+        except OSError:  # removed by the build that held it
+            continue
+        if age > max_age_s:
+            stale.append((lock, age))
+    return sorted(stale, key=lambda item: -item[1])
+
+
+def warn_stale_extension_locks(env: Mapping[str, str] | None = None, now: float | None = None) -> list[Path]:
+    """Under DeepSpeed (``ACCELERATE_USE_DEEPSPEED=true`` or ``DS_ACCELERATOR`` set), print a warning on stderr for
+    each stale build lock (`stale_extension_locks`), with the command that removes it, from the first process of
+    each machine only. Returns the locks warned about. Nothing is removed: a lock is only very probably stale."""
+    env = os.environ if env is None else env
+    under_deepspeed = env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" or bool(env.get("DS_ACCELERATOR"))
+    if not under_deepspeed or env.get("LOCAL_RANK", "0") != "0":
+        return []
+    stale = stale_extension_locks(env, now)
+    for lock, age in stale:
+        print(f"warning: {lock} is {age / 60:.0f} minutes old: a torch extension build that was killed leaves this "
+              "lock behind, and DeepSpeed then waits on it forever while it compiles the op. If no build is running, "
+              f"remove it (rm {lock}) and start again.", file=sys.stderr)
+    return [lock for lock, _ in stale]
+
+
 def run_cli(
     config_cls: type,
     run: Callable[[Any], int | None],
@@ -116,6 +163,8 @@ def run_cli(
     """Parse ``argv`` (default ``sys.argv[1:]``) into ``config_cls`` and return ``run(cfg)``'s exit code (None
     counts as 0), with the shared error handling of `guarded`. ``--help`` and argument errors exit from the
     parser (SystemExit 0 and 2). Under DeepSpeed's CPU accelerator the GPUs are hidden first
-    (`hide_gpus_for_cpu_ranks`)."""
+    (`hide_gpus_for_cpu_ranks`), and a stale build lock of DeepSpeed's compiled ops is named with its fix
+    (`warn_stale_extension_locks`)."""
     hide_gpus_for_cpu_ranks()
+    warn_stale_extension_locks()
     return guarded(lambda: run(parse_config(config_cls, argv, description=description)))
