@@ -190,6 +190,39 @@ def pytest_runtest_teardown(item, nextitem):
         engine_module.close_shared_engine()
 
 
+_TEST_SECONDS: dict[str, float] = {}  # "module" or "module@group" -> seconds of its setups, calls and teardowns
+
+
+def pytest_runtest_logreport(report):
+    """Add up each module's time for the summary below (under pytest-xdist the controller gets every worker's
+    reports, group suffix included)."""
+    module, _, rest = report.nodeid.partition("::")
+    key = module + ("@" + rest.rsplit("@", 1)[1] if "@" in rest else "")
+    _TEST_SECONDS[key] = _TEST_SECONDS.get(key, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
+
+
+def module_time_lines(seconds: dict[str, float], top: int = 15) -> list[str]:
+    """The summary's lines: under ``--dist loadgroup`` first the device group's total (its modules run one after
+    the other on one worker, so that sum bounds the run's wall time from below) and the other modules', then the
+    ``top`` slowest modules."""
+    lines = []
+    if any("@" in key for key in seconds):
+        device = sum(value for key, value in seconds.items() if key.endswith("@" + DEVICE_GROUP))
+        lines += [f"{device:8.1f}s  the {DEVICE_GROUP} group (one worker)",
+                  f"{sum(seconds.values()) - device:8.1f}s  the other modules (every worker)"]
+    ranked = sorted(seconds.items(), key=lambda kv: -kv[1])[:top]
+    shown = [key.replace("@" + DEVICE_GROUP, f" ({DEVICE_GROUP})").partition("@")[0] for key, _ in ranked]
+    return lines + [f"{value:8.1f}s  {name}" for name, (_, value) in zip(shown, ranked)]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where the suite's time went, per group and per module: what to look at when CI gets slow."""
+    if _TEST_SECONDS:
+        terminalreporter.write_sep("=", f"test time per group and module ({sum(_TEST_SECONDS.values()):.0f} s in all)")
+        for line in module_time_lines(_TEST_SECONDS):
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def stop_the_vllm_engine_at_the_end():
     """The vLLM tests share one engine for the whole session (tests/vllm_testlib.py); stop it while pytest still

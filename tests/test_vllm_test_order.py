@@ -209,3 +209,26 @@ def test_the_server_stops_after_the_last_test_that_uses_it(monkeypatch):
                 stopped_after.append(item.name)
                 stopped.clear()
         assert stopped_after == (["m2"] if config.options["dist"] == "loadgroup" else ["s1"])
+
+
+def test_the_time_summary_adds_up_each_module_and_the_device_group():
+    seconds = {}
+    saved = dict(conftest._TEST_SECONDS)
+    conftest._TEST_SECONDS.clear()
+    try:
+        for nodeid, duration in [("tests/a.py::t1@vllm-and-gpu", 30.0), ("tests/a.py::t2@vllm-and-gpu", 12.5),
+                                 ("tests/b.py::t1@tests/b.py", 4.0), ("tests/c.py::t[x@y]@tests/c.py", 50.0),
+                                 ("tests/b.py::t2@tests/b.py", 1.0)]:
+            conftest.pytest_runtest_logreport(types.SimpleNamespace(nodeid=nodeid, duration=duration))
+        seconds = dict(conftest._TEST_SECONDS)
+    finally:
+        conftest._TEST_SECONDS.clear()
+        conftest._TEST_SECONDS.update(saved)
+    assert seconds == {"tests/a.py@vllm-and-gpu": 42.5, "tests/b.py@tests/b.py": 5.0, "tests/c.py@tests/c.py": 50.0}
+    assert conftest.module_time_lines(seconds, top=2) == [
+        "    42.5s  the vllm-and-gpu group (one worker)",
+        "    55.0s  the other modules (every worker)",
+        "    50.0s  tests/c.py",
+        "    42.5s  tests/a.py (vllm-and-gpu)",
+    ]
+    assert conftest.module_time_lines({"tests/b.py": 5.0}) == ["     5.0s  tests/b.py"]  # without xdist: no groups
