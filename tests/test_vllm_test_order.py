@@ -216,19 +216,19 @@ def test_the_time_summary_adds_up_each_module_and_the_device_group():
     saved = dict(conftest._TEST_SECONDS)
     conftest._TEST_SECONDS.clear()
     try:
-        for nodeid, duration in [("tests/a.py::t1@vllm-and-gpu", 30.0), ("tests/a.py::t2@vllm-and-gpu", 12.5),
-                                 ("tests/b.py::t1@tests/b.py", 4.0), ("tests/c.py::t[x@y]@tests/c.py", 50.0),
-                                 ("tests/b.py::t2@tests/b.py", 1.0)]:
+        for nodeid, duration in [("suite/a.py::t1@vllm-and-gpu", 30.0), ("suite/a.py::t2@vllm-and-gpu", 12.5),
+                                 ("suite/b.py::t1@suite/b.py", 4.0), ("suite/c.py::t[x@y]@suite/c.py", 50.0),
+                                 ("suite/b.py::t2@suite/b.py", 1.0)]:
             conftest.pytest_runtest_logreport(types.SimpleNamespace(nodeid=nodeid, duration=duration))
         seconds = dict(conftest._TEST_SECONDS)
     finally:
         conftest._TEST_SECONDS.clear()
         conftest._TEST_SECONDS.update(saved)
-    assert seconds == {"tests/a.py@vllm-and-gpu": 42.5, "tests/b.py@tests/b.py": 5.0, "tests/c.py@tests/c.py": 50.0}
+    assert seconds == {"suite/a.py@vllm-and-gpu": 42.5, "suite/b.py@suite/b.py": 5.0, "suite/c.py@suite/c.py": 50.0}
     assert conftest.module_time_lines(seconds, top=2) == [
         "    42.5s  the vllm-and-gpu group (one worker)",
         "    55.0s  the other modules (every worker)",
-        "    50.0s  tests/c.py",
-        "    42.5s  tests/a.py (vllm-and-gpu)",
+        "    50.0s  suite/c.py",
+        "    42.5s  suite/a.py (vllm-and-gpu)",
     ]
-    assert conftest.module_time_lines({"tests/b.py": 5.0}) == ["     5.0s  tests/b.py"]  # without xdist: no groups
+    assert conftest.module_time_lines({"suite/b.py": 5.0}) == ["     5.0s  suite/b.py"]  # without xdist: no groups

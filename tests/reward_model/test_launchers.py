@@ -1,5 +1,5 @@
-"""The real launchers: 2-process DeepSpeed ZeRO-2 and ZeRO-3 runs on CPU, ZeRO-2 on one GPU in bf16, and the
-per-dataset shell scripts."""
+"""The real launchers: 2-process DeepSpeed ZeRO-2 and ZeRO-3 runs on CPU and the per-dataset shell scripts (ZeRO-2
+on one GPU in bf16: test_launchers_gpu.py, a module of its own so that only it waits in the GPU tests' group)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from tests.reward_model.rm_testlib import RECORDS, train_args
 from reward_model.inference import GenerativeRewardModel
 from reward_model.serve import free_port
 from tests.reward_model.test_train import mean_loss
-from tests.test_gpu import run_or_fail
 from text2grad.core.modeling import load_causal_lm, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,26 +62,6 @@ def test_deepspeed_two_cpu_processes_train_save_reload(rm_world, tmp_path, zero_
     assert after < before, (before, after)
     rm = GenerativeRewardModel.from_pretrained(str(out), max_new_tokens=8)
     assert len(rm.feedback([r["prompt"] for r in RECORDS], [r["response"] for r in RECORDS])) == len(RECORDS)
-
-
-@pytest.mark.gpu
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_deepspeed_zero2_trains_the_reward_model_on_one_gpu_in_bf16(rm_world, tmp_path):
-    out = tmp_path / "ds"
-    cmd = [
-        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "1", "--master_port", str(free_port("127.0.0.1")),
-        "--module", "reward_model.train",
-        *train_args(rm_world, out, max_steps=4, per_device_train_batch_size=2, learning_rate=1e-2, bf16=True,
-                    deepspeed=str(REPO / "configs" / "deepspeed" / "zero2.json")),
-    ]
-    proc = run_or_fail(cmd, _env(CUDA_VISIBLE_DEVICES="0"))  # a launch that hangs fails with what it printed
-    assert proc.returncode == 0, _tail(proc)
-    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
-    tokenizer = load_tokenizer(str(rm_world / "base"))
-    before = mean_loss(load_causal_lm(str(rm_world / "base")), tokenizer)
-    after = mean_loss(load_causal_lm(str(out)), tokenizer)
-    assert after < before, (before, after)
 
 
 @pytest.mark.slow
