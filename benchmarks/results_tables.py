@@ -285,9 +285,10 @@ def matched_instances(study: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 
 def _baseline_name(key: str) -> str:
-    """'scalar PPO (Bradley-Terry RM)' for a study key 'learned/scalar_bt'."""
-    method = key.split("/")[1]
-    return BASELINE_NAMES.get(method, method)
+    """'scalar PPO (Bradley-Terry RM)' for a study key 'learned/scalar_bt'; a defended baseline's defence follows
+    ('learned/scalar_sum+refresh': 'scalar PPO (summed span rewards) + refresh')."""
+    method, _, defence = key.split("/")[1].partition("+")
+    return BASELINE_NAMES.get(method, method) + (f" + {defence}" if defence else "")
 
 
 TOY = "tiny Llama, toy task"
@@ -297,19 +298,37 @@ def _policy(study: dict[str, Any]) -> str:
     return "SmolLM2-135M-Instruct" if study.get("identity", {}).get("preset") == "smollm2" else TOY
 
 
-def headline_table() -> str:
-    """The README's headline: for the newest study of each policy (by its date, then folder name) that compares them,
-    Text2Grad against the information-matched baseline with the learned critic, per task instance and pooled, the
-    best scalar baseline beside it, then sentences generated from those numbers."""
-    newest: dict[str, tuple[str, str, dict[str, Any]]] = {}
+def _settings_source(study: dict[str, Any]) -> str | None:
+    """The study whose sweep chose this study's settings (``--settings_from``), or None for a study that swept."""
+    return (study.get("settings_from") or {}).get("study")
+
+
+def headline_studies() -> list[tuple[str, str, str, dict[str, Any]]]:
+    """``(policy, date, folder name, study)`` of the studies the headline shows: for each policy the newest study (by
+    its date, then folder name) with an information-matched comparison, and beside it every other study of that
+    policy run at the same settings (``--settings_from`` the same sweep: the same design on another machine, whose
+    other SFT start may reverse the result), newest first; the toy task first."""
+    found = []
     for folder in studies():
         study = json.loads((folder / "study.json").read_text())
         if matched_instances(study) is not None:
-            key = (study.get("date", ""), folder.name)
-            if _policy(study) not in newest or key > newest[_policy(study)][:2]:
-                newest[_policy(study)] = (*key, study)
+            found.append((_policy(study), study.get("date", ""), folder.name, study))
+    found.sort(key=lambda item: (item[0] != TOY, item[0]))  # stable; only the policies' order matters here
+    shown = []
+    for policy in dict.fromkeys(item[0] for item in found):
+        of_policy = sorted((item for item in found if item[0] == policy), key=lambda item: item[1:3], reverse=True)
+        newest = of_policy[0]
+        source = _settings_source(newest[3])
+        shown += [newest] + [item for item in of_policy[1:] if source is not None and _settings_source(item[3]) == source]
+    return shown
+
+
+def headline_table() -> str:
+    """The README's headline (`headline_studies`): Text2Grad against the information-matched baseline with the
+    learned critic, per task instance and pooled, the best scalar baseline beside it, then sentences generated from
+    those numbers."""
     rows, sentences = [], []
-    for policy, (date, name, study) in sorted(newest.items(), key=lambda item: item[0] != TOY):  # the toy task first
+    for policy, date, name, study in headline_studies():
         per, pooled, how = matched_instances(study)
         link = f"[`{name}`](benchmarks/results/{name}/study.md)"
         ahead_on = [ts for ts, c in per.items() if c["pair"]["mean"] > TIE]
@@ -464,8 +483,11 @@ RESULT_FILES: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[Row, str]]]]
 # Studies whose headline is in the benchmark index but not in README.md's table: the oracle arm at twice the budget
 # (both of its methods ended within 0.01 of their method_study figures), the learning-rate grid's extension (a
 # sweep only; the study that runs its settings has the row), and the three-instance study at the first sweep's
-# learning rates (each at the lower edge of its grid; method_study_v3 reruns it at the extended grid's choices).
-INDEX_ONLY_STUDIES = {"method_study_long", "method_study_lr_edge", "method_study_v2"}
+# learning rates (each at the lower edge of its grid; method_study_v3 reruns it at the extended grid's choices), and
+# the first SmolLM2 study (12 iterations, oracle arm; method_study_smollm2_v2 reruns that arm at 48), and the first
+# study (one task instance, learning rates at the lower edge of their grid; its figures stay in the benchmark notes).
+INDEX_ONLY_STUDIES = {"method_study", "method_study_long", "method_study_lr_edge", "method_study_v2",
+                      "method_study_smollm2"}
 
 # Result files whose headline is in the benchmark index but not in README.md's table (which has a line budget).
 INDEX_ONLY = {"vllm_generation/vllm_generation.json", "ppo_token_level_overhead/ppo_token_level_overhead-h200.json",
