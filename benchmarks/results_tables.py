@@ -308,18 +308,17 @@ def headline_studies() -> list[tuple[str, str, str, dict[str, Any]]]:
     its date, then folder name) with an information-matched comparison, and beside it every other study of that
     policy run at the same settings (``--settings_from`` the same sweep: the same design on another machine, whose
     other SFT start may reverse the result), newest first; the toy task first."""
-    found = []
+    by_policy: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
     for folder in studies():
         study = json.loads((folder / "study.json").read_text())
         if matched_instances(study) is not None:
-            found.append((_policy(study), study.get("date", ""), folder.name, study))
-    found.sort(key=lambda item: (item[0] != TOY, item[0]))  # stable; only the policies' order matters here
+            by_policy.setdefault(_policy(study), []).append((study.get("date", ""), folder.name, study))
     shown = []
-    for policy in dict.fromkeys(item[0] for item in found):
-        of_policy = sorted((item for item in found if item[0] == policy), key=lambda item: item[1:3], reverse=True)
-        newest = of_policy[0]
-        source = _settings_source(newest[3])
-        shown += [newest] + [item for item in of_policy[1:] if source is not None and _settings_source(item[3]) == source]
+    for policy in sorted(by_policy, key=lambda name: name != TOY):
+        newest, *older = sorted(by_policy[policy], key=lambda run: run[:2], reverse=True)
+        source = _settings_source(newest[2])
+        shown += [(policy, *run) for run in [newest, *older] if run is newest
+                  or (source is not None and _settings_source(run[2]) == source)]
     return shown
 
 
