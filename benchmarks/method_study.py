@@ -640,6 +640,21 @@ def chosen_settings(sweep_table: Mapping[str, Any], keys, base: Setting) -> dict
     return {(a, m): Setting(**sweep_table[f"{a}/{m}"]["chosen"]) if f"{a}/{m}" in sweep_table else base for a, m in keys}
 
 
+def inherited_sweep(stored: Mapping[str, Any], task_seed: int, path: str) -> dict[str, Any]:
+    """The sweep table ``--settings_from`` gives task instance ``task_seed``: a one-instance study's sweep serves
+    every instance; a study over several instances (its study.json has ``instances``) gives each instance the sweep
+    made on that instance, so that each is tuned on its own validation split. An instance it did not sweep is an
+    error naming the instances it did."""
+    if "instances" not in stored:
+        return dict(stored.get("sweep", {}))
+    swept = {ts: inst["sweep"] for ts, inst in stored["instances"].items() if inst.get("sweep")}
+    if str(task_seed) not in swept:
+        raise SystemExit(f"--settings_from {path}: it swept task instance(s) {', '.join(swept) or 'none'}, not "
+                         f"{task_seed}; sweep that instance there first (--phases sweep --task_seeds {task_seed}) or "
+                         f"leave it out of --task_seeds")
+    return dict(swept[str(task_seed)])
+
+
 def inherited_settings(sweep_table: Mapping[str, Any], keys) -> dict[str, str | None]:
     """For ``--settings_from``: which row of another study's sweep each (arm, method) takes its setting from: its
     own, else its method's for a variant ``m+v`` (the defence changes the critic, not the optimiser), else
@@ -922,7 +937,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--settings_from", default=None,
                         help="a study.json (e.g. benchmarks/results/method_study/study.json) whose sweep chose the "
                              "settings the final runs use, instead of this study's own sweep: each method takes its "
-                             "own row, a variant its method's, scalar_sum scalar_collapsed's (the report says which)")
+                             "own row, a variant its method's, scalar_sum scalar_collapsed's (the report says which); "
+                             "a study over several task instances gives each instance its own sweep's choices")
     parser.add_argument("--jobs", type=int, default=max(1, len(os.sched_getaffinity(0))), help="runs at a time (one thread each)")
     args = parser.parse_args(argv)
     command = "python benchmarks/method_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -1059,13 +1075,15 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
         _write_json(study_path, study)
     chosen = chosen_settings(study.get("sweep", {}), keys, base)
     if args.settings_from:  # a study too large to sweep on every instance takes an earlier sweep's choices
-        table = json.loads(Path(args.settings_from).read_text()).get("sweep", {})
+        stored_from = json.loads(Path(args.settings_from).read_text())
+        table = inherited_sweep(stored_from, args.task_seed, args.settings_from)
         rows = inherited_settings(table, keys)
         chosen = {(a, m): Setting(**table[row]["chosen"]) if (row := rows[f"{a}/{m}"]) else base for a, m in keys}
         used = {row: table[row] for row in dict.fromkeys(rows.values()) if row}
         # the report says where each inherited choice sat in the grid it was chosen from, and what that grid swept
         study["settings_from"] = {"study": args.settings_from, "rows": rows, "edge_lines": edge_lines(used),
-                                  "knobs": sorted({k for row in used.values() for k in row.get("knobs", [])})}
+                                  "knobs": sorted({k for row in used.values() for k in row.get("knobs", [])}),
+                                  **({"instance": args.task_seed} if "instances" in stored_from else {})}
     finals = [RunSpec(a, m, chosen[(a, m)], s, "final") for a, m in keys for s in args.seeds]
     if "final" in args.phases:
         run_all(ctx, finals, args.jobs)

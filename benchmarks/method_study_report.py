@@ -429,7 +429,9 @@ def settings_from_sentence(origin: Mapping[str, Any]) -> str:
     borrowed = [f"{k} from {v}" for k, v in rows.items() if v is not None and v != k]
     base = [k for k, v in rows.items() if v is None]
     edges = origin.get("edge_lines")
-    return (f"No sweep on this instance: settings from the sweep of {origin['study']}"
+    source = (f"settings from this instance's own sweep in {origin['study']}" if "instance" in origin else
+              f"settings from the sweep of {origin['study']}")
+    return (f"No sweep on this instance: {source}"
             + (f" ({'; '.join(borrowed)})" if borrowed else "")
             + (f"; the base setting for {', '.join(base)}" if base else "") + "."
             + (" Of the rows taken there: " + " ".join(edges) if edges else
@@ -1217,8 +1219,10 @@ def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[st
     runs ran (default: the first instance's machine line)."""
     first = next(iter(studies.values()))
     cfg = first["config"]
-    origin = (f"settings from the sweep of {first['settings_from']['study']} (no sweep per instance)"
-              if first.get("settings_from") else "every method tuned on validation per instance")
+    origin = ("every method tuned on validation per instance" if not first.get("settings_from") else
+              f"settings from each instance's own sweep in {first['settings_from']['study']}"
+              if "instance" in first["settings_from"] else
+              f"settings from the sweep of {first['settings_from']['study']} (no sweep per instance)")
     critics = any(st.get("critics") for st in studies.values())  # older studies did not record them
     lines = [f"Task instances {', '.join(map(str, studies))}; policy: {cfg.get('policy')}; {cfg['iterations']} iterations "
              f"x {cfg['batch_size']} rollouts per run; seeds {', '.join(map(str, cfg['seeds']))}; {origin}. "

@@ -789,6 +789,28 @@ def test_settings_from_another_study_are_each_methods_own_else_its_methods_else_
     assert sentence.endswith("the base setting for learned/scalar_bt.")
 
 
+def test_settings_from_a_study_over_several_instances_give_each_instance_its_own_sweep():
+    def row(lr):
+        return {"chosen": {"lr": lr, "kl": "fixed", "lam": 0.95}}
+
+    one = {"sweep": {"learned/scalar_sum": row(3e-6)}}
+    assert ms.inherited_sweep(one, 2, "one/study.json") == one["sweep"]  # one sweep serves every instance
+    several = {"instances": {"1": {"sweep": {"learned/scalar_sum": row(1e-5)}},
+                             "2": {"sweep": {"learned/scalar_sum": row(3e-5)}}, "3": {"sweep": {}}}}
+    assert ms.inherited_sweep(several, 1, "x")["learned/scalar_sum"]["chosen"]["lr"] == 1e-5
+    assert ms.inherited_sweep(several, 2, "x")["learned/scalar_sum"]["chosen"]["lr"] == 3e-5
+    with pytest.raises(SystemExit, match="swept task instance\\(s\\) 1, 2, not 3; sweep that instance there first"):
+        ms.inherited_sweep(several, 3, "x")  # an instance whose sweep tried nothing is not a choice
+    rows = {"learned/scalar_sum": "learned/scalar_sum"}
+    own = msr.settings_from_sentence({"study": "t12/study.json", "rows": rows, "instance": 2})
+    assert own.startswith("No sweep on this instance: settings from this instance's own sweep in t12/study.json")
+    studies = {ts: _instance([0.5, 0.4], [0.3, 0.3]) for ts in (1, 2)}
+    for ts, st in studies.items():
+        st["settings_from"] = {"study": "t12/study.json", "rows": rows, "instance": ts}
+    md = msr.pooled_markdown(studies, {"learned": {"lines": msr.pooled_lines(studies, "learned")[0]}}, "cmd")
+    assert "settings from each instance's own sweep in t12/study.json" in md and "no sweep per instance" not in md
+
+
 def test_a_sweep_row_stored_without_edges_gets_them_from_its_tried_settings():
     """The first sweep's rows (stored before `edges` were): learned Text2Grad's lr stage tried 1e-4, 3e-5 and 3e-4
     at lambda 0 with the fixed coefficient and chose 3e-5, then the adaptive controller at 3e-5 (not an lr-stage
