@@ -1224,14 +1224,19 @@ def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[st
               if "instance" in first["settings_from"] else
               f"settings from the sweep of {first['settings_from']['study']} (no sweep per instance)")
     critics = any(st.get("critics") for st in studies.values())  # older studies did not record them
+    # a study that only swept has no final runs: no seeds, no curves, and its start scores are validation ones
+    sweep_only = not any(st.get("final") for st in studies.values())
+    runs = (f"sweep only (seed {cfg.get('sweep_seed')})" if sweep_only else
+            f"seeds {', '.join(map(str, cfg['seeds']))}")
+    split = "val" if sweep_only else "test"
     lines = [f"Task instances {', '.join(map(str, studies))}; policy: {cfg.get('policy')}; {cfg['iterations']} iterations "
-             f"x {cfg['batch_size']} rollouts per run; seeds {', '.join(map(str, cfg['seeds']))}; {origin}. "
+             f"x {cfg['batch_size']} rollouts per run; {runs}; {origin}. "
              f"Machine: {machine or first.get('machine')}. Command: `{command}`.", "",
-             "| task instance | SFT start (test fact score) | false facts per summary | "
+             f"| task instance | SFT start ({'validation' if sweep_only else 'test'} fact score) | false facts per summary | "
              + ("generative reward model, held-out token accuracy | Bradley-Terry reward model, held-out pairwise "
                 "accuracy | " if critics else "") + "report |", "|---|---:|---:|" + ("---:|---:|" if critics else "") + "---|"]
     for ts, st in studies.items():
-        sft = st["sft"].get("test", {})
+        sft = st["sft"].get(split, {})
         lines.append(f"| {ts} | {sft.get('fact_score', float('nan')):.3f} | {sft.get('n_false', float('nan')):.2f} | "
                      + ("".join(f"{cell} | " for cell in critic_quality_cells(st)) if critics else "")
                      + f"[task_seed{ts}/study.md](task_seed{ts}/study.md) |")
@@ -1250,9 +1255,30 @@ def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[st
     if first.get("settings_from", {}).get("edge_lines"):
         lines += ["", f"Grid edges of the settings taken from {first['settings_from']['study']}: "
                   + " ".join(first["settings_from"]["edge_lines"])]
-    lines += ["", "Plots: [curves per instance](task_seed{0}/curves.png), [final score vs final KL](frontier.png)."
-              .replace("{0}", str(next(iter(studies))))]
+    if sweep_only:
+        lines += ["", *chosen_per_instance_markdown(studies)]
+    else:
+        lines += ["", "Plots: [curves per instance](task_seed{0}/curves.png), [final score vs final KL](frontier.png)."
+                  .replace("{0}", str(next(iter(studies))))]
     return "\n".join(lines)
+
+
+def chosen_per_instance_markdown(studies: Mapping[Any, Mapping[str, Any]]) -> list[str]:
+    """The table of a study that swept several task instances: each (arm, method)'s chosen setting on each
+    instance with its validation score, and how many settings were tried (each instance's study.md lists them)."""
+    keys = list(dict.fromkeys(k for st in studies.values() for k in st.get("sweep", {})))
+    lines = ["Chosen on each instance's validation split (the mean of the last two evaluation points; settings "
+             "tried):", "", "| arm / method | " + " | ".join(f"instance {ts}" for ts in studies) + " |",
+             "|---|" + "---|" * len(studies)]
+    for key in keys:
+        cells = []
+        for st in studies.values():
+            row = st.get("sweep", {}).get(key)
+            chosen = next((t for t in (row or {}).get("tried", []) if t["setting"] == row["chosen"]), None)
+            cells.append(f"{Setting(**row['chosen']).label()}: {chosen['val_end']:.3f} ({len(row['tried'])})"
+                         if chosen else "-")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def corrected_paper_rows(study: Mapping[str, Any]) -> list[dict[str, Any]]:

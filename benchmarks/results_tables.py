@@ -201,9 +201,28 @@ def sweep_study_rows(study: dict[str, Any]) -> tuple[Row, str]:
     return (what, "<br>".join(parts), conditions(study), command(study)), "; ".join(heads)
 
 
+def pooled_sweep_rows(study: dict[str, Any]) -> tuple[Row, str]:
+    """The README row and the index headline of a study that only swept, on several task instances: per instance
+    and (arm, method) the setting chosen on that instance's validation split, with its validation score."""
+    identity, instances = study.get("identity", {}), study.get("instances", {})
+    what = (f"method study sweep (preset {identity.get('preset', '?')}, task instances {', '.join(instances)}, "
+            f"{identity.get('iterations', '?')} PPO iterations, one sweep seed per instance; no final runs)")
+    parts, heads = [], []
+    for ts, st in instances.items():
+        chosen = []
+        for key, row in st.get("sweep", {}).items():
+            score = next(t["val_end"] for t in row["tried"] if t["setting"] == row["chosen"])
+            chosen.append(f"{key} chose {_setting_label(row['chosen'])} ({score:.3f} of {len(row['tried'])} tried)")
+        parts.append(f"instance {ts}: " + "; ".join(chosen))
+        heads.append(f"instance {ts}: " + "; ".join(c.split(" (")[0] for c in chosen))
+    return (what, "<br>".join(parts), conditions(study), command(study)), "; ".join(heads)
+
+
 def study_rows(folder: Path) -> tuple[Row, str]:
     """The README row and the index headline of one study."""
     study = json.loads((folder / "study.json").read_text())
+    if "pooled" in study and not any(st.get("final") for st in study.get("instances", {}).values()):
+        return pooled_sweep_rows(study)
     if "pooled" in study:
         return pooled_study_rows(folder, study)
     if not study.get("final") and study.get("sweep"):
@@ -481,12 +500,13 @@ RESULT_FILES: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[Row, str]]]]
 
 # Studies whose headline is in the benchmark index but not in README.md's table: the oracle arm at twice the budget
 # (both of its methods ended within 0.01 of their method_study figures), the learning-rate grid's extension (a
-# sweep only; the study that runs its settings has the row), and the three-instance study at the first sweep's
+# sweep only; the study that runs its settings has the row) and the same lr stage on each task instance (a sweep
+# only, for per-instance settings), and the three-instance study at the first sweep's
 # learning rates (each at the lower edge of its grid; method_study_v3 reruns it at the extended grid's choices), and
 # the first SmolLM2 study (12 iterations, oracle arm; method_study_smollm2_v2 reruns that arm at 48), and the first
 # study (one task instance, learning rates at the lower edge of their grid; its figures stay in the benchmark notes).
-INDEX_ONLY_STUDIES = {"method_study", "method_study_long", "method_study_lr_edge", "method_study_v2",
-                      "method_study_smollm2"}
+INDEX_ONLY_STUDIES = {"method_study", "method_study_long", "method_study_lr_edge", "method_study_lr_edge_t12",
+                      "method_study_v2", "method_study_smollm2"}
 
 # Result files whose headline is in the benchmark index but not in README.md's table (which has a line budget).
 INDEX_ONLY = {"vllm_generation/vllm_generation.json", "ppo_token_level_overhead/ppo_token_level_overhead-h200.json",

@@ -811,6 +811,23 @@ def test_settings_from_a_study_over_several_instances_give_each_instance_its_own
     assert "settings from each instance's own sweep in t12/study.json" in md and "no sweep per instance" not in md
 
 
+def test_a_study_that_only_swept_several_instances_reports_each_instances_choice_and_no_seeds():
+    def swept(val_start, scores):
+        tried = [{"setting": {"lr": lr, "kl": "fixed", "lam": 0.0}, "val_end": v} for lr, v in scores.items()]
+        best = max(tried, key=lambda t: t["val_end"])
+        return {"config": {"policy": "tiny", "iterations": 90, "batch_size": 16, "seeds": [0, 1], "sweep_seed": 100},
+                "sft": {"val": {"fact_score": val_start, "n_false": 2.0}},
+                "sweep": {"learned/text2grad": {"chosen": best["setting"], "tried": tried, "knobs": ["lr"]}}}
+
+    studies = {1: swept(-0.004, {1e-5: 0.235, 3e-5: 0.304, 1e-4: 0.238}),
+               2: swept(-0.233, {3e-5: -0.146, 1e-4: 0.104, 3e-4: -0.181})}
+    md = msr.pooled_markdown(studies, {}, "cmd")
+    assert "sweep only (seed 100)" in md and "seeds 0, 1" not in md and "curves.png" not in md
+    assert "| 1 | -0.004 | 2.00 |" in md  # the validation start: a sweep scores no test split
+    assert ("| learned/text2grad | lr 3e-05, KL fixed, lambda 0: 0.304 (3) | lr 0.0001, KL fixed, lambda 0: 0.104 (3) |"
+            in md)
+
+
 def test_a_sweep_row_stored_without_edges_gets_them_from_its_tried_settings():
     """The first sweep's rows (stored before `edges` were): learned Text2Grad's lr stage tried 1e-4, 3e-5 and 3e-4
     at lambda 0 with the fixed coefficient and chose 3e-5, then the adaptive controller at 3e-5 (not an lr-stage

@@ -194,3 +194,21 @@ def test_the_refresh_memory_row_quotes_each_piece_size_against_the_whole_batch()
                         "peak RSS 0.25x, 0.9x the seconds per step; losses identical to 5 decimals")
     results[1]["loss_last"] = 2.26
     assert "NOT identical" in rt.rm_refresh_memory_row(result)[1]
+
+
+def test_a_study_that_only_swept_several_instances_gets_each_instances_choices(tmp_path):
+    def row(chosen_lr, scores):
+        tried = [{"setting": {"lr": lr, "kl": "fixed", "lam": 0.95}, "val_end": v} for lr, v in scores.items()]
+        return {"chosen": {"lr": chosen_lr, "kl": "fixed", "lam": 0.95}, "tried": tried}
+
+    study = {"pooled": {}, "identity": {"preset": "default", "iterations": 90}, "cpu": "test cpu", "date": "2026-12-02",
+             "command": "python benchmarks/method_study.py --phases sweep --task_seeds 1 2",
+             "instances": {"1": {"sweep": {"learned/scalar_sum": row(1e-5, {3.3e-6: 0.142, 1e-5: 0.175, 3e-5: 0.096})}},
+                           "2": {"sweep": {"learned/scalar_sum": row(3.3e-6, {1e-6: -0.235, 3.3e-6: -0.227})}}}}
+    (tmp_path / "method_study_x").mkdir()
+    (tmp_path / "method_study_x" / "study.json").write_text(json.dumps(study))
+    (what, result, machine, _), headline = rt.study_rows(tmp_path / "method_study_x")
+    assert what.startswith("method study sweep (preset default, task instances 1, 2, 90 PPO iterations")
+    assert result == ("instance 1: learned/scalar_sum chose lr 1e-05, KL fixed, lambda 0.95 (0.175 of 3 tried)<br>"
+                      "instance 2: learned/scalar_sum chose lr 3.3e-06, KL fixed, lambda 0.95 (-0.227 of 2 tried)")
+    assert headline.startswith("instance 1: learned/scalar_sum chose lr 1e-05") and machine.startswith("test cpu")
