@@ -1219,10 +1219,13 @@ def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[st
     runs ran (default: the first instance's machine line)."""
     first = next(iter(studies.values()))
     cfg = first["config"]
-    origin = ("every method tuned on validation per instance" if not first.get("settings_from") else
-              f"settings from each instance's own sweep in {first['settings_from']['study']}"
-              if "instance" in first["settings_from"] else
-              f"settings from the sweep of {first['settings_from']['study']} (no sweep per instance)")
+    source = first.get("settings_from")
+    if not source:
+        origin = "every method tuned on validation per instance"
+    elif "instance" in source:  # a study over several instances gave each its own sweep's choices
+        origin = f"settings from each instance's own sweep in {source['study']}"
+    else:
+        origin = f"settings from the sweep of {source['study']} (no sweep per instance)"
     critics = any(st.get("critics") for st in studies.values())  # older studies did not record them
     # a study that only swept has no final runs: no seeds, no curves, and its start scores are validation ones
     sweep_only = not any(st.get("final") for st in studies.values())
@@ -1274,7 +1277,7 @@ def chosen_per_instance_markdown(studies: Mapping[Any, Mapping[str, Any]]) -> li
         cells = []
         for st in studies.values():
             row = st.get("sweep", {}).get(key)
-            chosen = next((t for t in (row or {}).get("tried", []) if t["setting"] == row["chosen"]), None)
+            chosen = next((t for t in row["tried"] if t["setting"] == row["chosen"]), None) if row else None
             cells.append(f"{Setting(**row['chosen']).label()}: {chosen['val_end']:.3f} ({len(row['tried'])})"
                          if chosen else "-")
         lines.append(f"| {key} | " + " | ".join(cells) + " |")

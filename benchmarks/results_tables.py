@@ -209,22 +209,22 @@ def pooled_sweep_rows(study: dict[str, Any]) -> tuple[Row, str]:
             f"{identity.get('iterations', '?')} PPO iterations, one sweep seed per instance; no final runs)")
     parts, heads = [], []
     for ts, st in instances.items():
-        chosen = []
+        chosen, scored = [], []
         for key, row in st.get("sweep", {}).items():
             score = next(t["val_end"] for t in row["tried"] if t["setting"] == row["chosen"])
-            chosen.append(f"{key} chose {_setting_label(row['chosen'])} ({score:.3f} of {len(row['tried'])} tried)")
-        parts.append(f"instance {ts}: " + "; ".join(chosen))
-        heads.append(f"instance {ts}: " + "; ".join(c.split(" (")[0] for c in chosen))
+            chosen.append(f"{key} chose {_setting_label(row['chosen'])}")
+            scored.append(f"{chosen[-1]} ({score:.3f} of {len(row['tried'])} tried)")
+        parts.append(f"instance {ts}: " + "; ".join(scored))
+        heads.append(f"instance {ts}: " + "; ".join(chosen))
     return (what, "<br>".join(parts), conditions(study), command(study)), "; ".join(heads)
 
 
 def study_rows(folder: Path) -> tuple[Row, str]:
     """The README row and the index headline of one study."""
     study = json.loads((folder / "study.json").read_text())
-    if "pooled" in study and not any(st.get("final") for st in study.get("instances", {}).values()):
-        return pooled_sweep_rows(study)
     if "pooled" in study:
-        return pooled_study_rows(folder, study)
+        swept_only = not any(st.get("final") for st in study.get("instances", {}).values())
+        return pooled_sweep_rows(study) if swept_only else pooled_study_rows(folder, study)
     if not study.get("final") and study.get("sweep"):
         return sweep_study_rows(study)
     identity = study.get("identity", {})
