@@ -13,7 +13,6 @@ The output directory holds the adapter (or full model) and the tokenizer, loadab
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -29,7 +28,7 @@ from policy_optimization.sft import (
     save_final,
     training_kwargs,
 )
-from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.cli import EXIT_OK, exit_process, run_cli
 from text2grad.core.config import ConfigError
 from text2grad.core.data import DataError
 from text2grad.core.modeling import check_model_path, end_distributed
@@ -68,4 +67,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

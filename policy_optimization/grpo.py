@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -50,7 +49,7 @@ from policy_optimization.grpo_config import GRPORunConfig
 from policy_optimization.scores import build_score_fn
 from reward_model.train import _allow_deepspeed_on_cpu
 from policy_optimization.train import build_prompt_records
-from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.cli import EXIT_OK, exit_process, run_cli
 from text2grad.core.config import ConfigError, save_config
 from text2grad.core.critics import build_critic
 from text2grad.core.data import DataError
@@ -240,4 +239,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -26,7 +25,7 @@ from trl import SFTConfig, SFTTrainer
 
 from policy_optimization.sft_config import HFRunConfig, SFTRunConfig
 from reward_model.train import _allow_deepspeed_on_cpu
-from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.cli import EXIT_OK, exit_process, run_cli
 from text2grad.core.config import ConfigError
 from text2grad.core.data import DataError, load_records, record_id, render_template
 from text2grad.core.modeling import check_model_path, end_distributed, load_causal_lm, load_tokenizer
@@ -165,4 +164,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -27,7 +26,7 @@ from policy_optimization.models import ValueModel
 from policy_optimization.scores import build_score_fn
 from policy_optimization.checkpoints import check_process_count, open_ppo_run
 from policy_optimization.trainer import FeedbackFailureError, NLGradientPPOTrainer, NonFiniteError
-from text2grad.core.cli import EXIT_NONFINITE, EXIT_OK, RunFailed, print_error, run_cli
+from text2grad.core.cli import EXIT_NONFINITE, EXIT_OK, RunFailed, exit_process, print_error, run_cli
 from text2grad.core.config import ConfigError
 from text2grad.core.critics import build_critic
 from text2grad.core.data import DataError, load_records, record_id, render_template
@@ -183,4 +182,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

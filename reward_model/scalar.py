@@ -41,7 +41,7 @@ from trl import RewardConfig, RewardTrainer
 
 from reward_model.scalar_config import ScalarRMConfig
 from reward_model.train import _allow_deepspeed_on_cpu, _strip_launcher_args, shared_training_kwargs
-from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.cli import EXIT_OK, exit_process, run_cli
 from text2grad.core.config import ConfigError, load_config, save_config
 from text2grad.core.data import DataError, load_records
 from text2grad.core.modeling import end_distributed, is_adapter_only, load_tokenizer, merge_first, resolve_dtype
@@ -310,4 +310,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

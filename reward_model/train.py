@@ -41,7 +41,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 from reward_model.serialization import collate, encode_example, record_feedback
 from reward_model.train_config import CONFIG_FILENAME, MEMBER_PREFIX, RewardModelConfig
 from text2grad.core import run_dir
-from text2grad.core.cli import EXIT_OK, run_cli
+from text2grad.core.cli import EXIT_OK, exit_process, run_cli
 from text2grad.core.config import ConfigError, save_config
 from text2grad.core.data import DataError, load_records
 from text2grad.core.modeling import (
@@ -390,4 +390,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

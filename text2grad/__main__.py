@@ -1,5 +1,4 @@
-import sys
-
 from text2grad.apps.cli import main
+from text2grad.core.cli import exit_process
 
-sys.exit(main())
+exit_process(main())

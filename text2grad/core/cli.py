@@ -17,6 +17,8 @@ Exit codes, everywhere: 0 done, 1 the work failed (the message names the cause),
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import sys
 import time
@@ -27,7 +29,7 @@ from text2grad.core.config import ConfigError, DataError, parse_config
 
 __all__ = [
     "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_NONFINITE", "EXIT_OK", "EXIT_USAGE", "RunFailed", "USER_ERRORS",
-    "hide_gpus_for_cpu_ranks", "print_error", "quiet_broken_pipe", "run_cli", "stale_extension_locks",
+    "exit_process", "hide_gpus_for_cpu_ranks", "is_launched_rank", "print_error", "quiet_broken_pipe", "run_cli", "stale_extension_locks",
     "warn_stale_extension_locks",
 ]
 
@@ -90,6 +92,41 @@ def guarded(main: Callable[[], int]) -> int:
     except BrokenPipeError:
         _stdout_to_devnull()
         return _EXIT_BROKEN_PIPE
+
+
+def is_launched_rank(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is one rank of a multi-process launch (torchrun, ``accelerate launch`` and
+    ``deepspeed`` all set ``WORLD_SIZE``)."""
+    env = os.environ if env is None else env
+    try:
+        return int(env.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
+def exit_process(code: int, env: Mapping[str, str] | None = None) -> None:
+    """End a command-line process with ``code``: the ``if __name__ == "__main__"`` line of every command that a
+    launcher starts as several ranks.
+
+    A single process exits normally (`sys.exit`). A launched rank runs the interpreter's exit handlers (loggers,
+    trackers, temporary files) and flushes its streams, then leaves with `os._exit`, skipping the interpreter's
+    final teardown: a distributed backend's worker threads can still hold tensors then, and releasing them while the
+    interpreter is half torn down aborts the rank ("terminate called without an active exception", SIGABRT) after
+    its work is done and saved, which fails the whole launch. The process group itself is left by
+    `text2grad.core.modeling.end_distributed` before this.
+    """
+    if not is_launched_rank(env):
+        sys.exit(code)
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed, or the reader has gone
+                pass
+        os._exit(code)
 
 
 def hide_gpus_for_cpu_ranks(env: MutableMapping[str, str] | None = None) -> bool:
