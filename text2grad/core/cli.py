@@ -29,8 +29,8 @@ from text2grad.core.config import ConfigError, DataError, parse_config
 
 __all__ = [
     "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_NONFINITE", "EXIT_OK", "EXIT_USAGE", "RunFailed", "USER_ERRORS",
-    "exit_process", "hide_gpus_for_cpu_ranks", "is_launched_rank", "print_error", "quiet_broken_pipe", "run_cli", "stale_extension_locks",
-    "warn_stale_extension_locks",
+    "exit_process", "hide_gpus_for_cpu_ranks", "is_launched_rank", "print_error", "quiet_broken_pipe", "run_cli",
+    "stale_extension_locks", "warn_stale_extension_locks",
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -96,10 +96,12 @@ def guarded(main: Callable[[], int]) -> int:
 
 def is_launched_rank(env: Mapping[str, str] | None = None) -> bool:
     """Whether this process is one rank of a multi-process launch (torchrun, ``accelerate launch`` and
-    ``deepspeed`` all set ``WORLD_SIZE``)."""
-    env = os.environ if env is None else env
+    ``deepspeed`` all set ``WORLD_SIZE``, read by `text2grad.core.placement.world_size`). A malformed value counts
+    as one process: the run itself has already refused it."""
+    from text2grad.core.placement import world_size  # torch-heavy: only when a process ends
+
     try:
-        return int(env.get("WORLD_SIZE", "1")) > 1
+        return world_size(env) > 1
     except ValueError:
         return False
 
