@@ -96,12 +96,12 @@ def guarded(main: Callable[[], int]) -> int:
 
 def is_launched_rank(env: Mapping[str, str] | None = None) -> bool:
     """Whether this process is one rank of a multi-process launch (torchrun, ``accelerate launch`` and
-    ``deepspeed`` all set ``WORLD_SIZE``, read by `text2grad.core.placement.world_size`). A malformed value counts
-    as one process: the run itself has already refused it."""
-    from text2grad.core.placement import world_size  # torch-heavy: only when a process ends
-
+    ``deepspeed`` all set ``WORLD_SIZE``). A malformed value counts as one process: the run itself has already
+    refused it (`text2grad.core.placement.world_size`, which this module does not import: it loads torch, and the
+    command list must print without it)."""
+    value = (os.environ if env is None else env).get("WORLD_SIZE") or "1"
     try:
-        return world_size(env) > 1
+        return int(value) > 1
     except ValueError:
         return False
 
