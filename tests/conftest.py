@@ -19,8 +19,13 @@ from text2grad.core.modeling import build_tiny_llama, train_tokenizer
 from tests.critic_server import critic_server, launch_early, stop_early_launch, stop_server_in_use  # noqa: F401  (the run's vLLM server)
 
 # Two threads at most per test process, and one core each under pytest-xdist: the workers share the machine's cores.
+# The processes a test launches (scripts, launcher ranks, servers) inherit the same share through OMP_NUM_THREADS:
+# with torch's default (every core) per process, two workers each running a two-rank launch put several spinning
+# OpenMP threads on every core, and the suite ran far slower than its arithmetic.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _workers)))
+TEST_THREADS = max(1, min(2, torch.get_num_threads() // _workers))
+torch.set_num_threads(TEST_THREADS)
+os.environ.setdefault("OMP_NUM_THREADS", str(TEST_THREADS))
 
 CORPUS = [
     "The author wrote a 200 page unpublished novel and is looking for a good editor.",

@@ -208,7 +208,10 @@ def test_refresh_micro_batches_give_the_whole_batchs_update(bpe_tokenizer):
     for micro in (1, 3):
         losses, params = trained[micro]
         assert losses == pytest.approx(whole_losses, rel=1e-5)
-        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(params, whole))
+        # AdamW divides by the root of its second moment, so where a gradient is near zero the rounding of summed
+        # pieces moves a weight visibly (1.5e-5 on an Intel Xeon): allow 1 % of one step of lr 1e-2. Pieces that
+        # averaged per piece instead of per batch move every weight by a large part of a step.
+        assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(params, whole))
 
 
 def test_refresh_options_are_checked(make_trainer):
