@@ -268,6 +268,13 @@ def cpu_model() -> str:
     return f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores"
 
 
+def cpu_kernels() -> str:
+    """The vector instructions torch's CPU kernels use here, e.g. "AVX512 + AMX". Two virtual CPUs of one model
+    name ("Intel(R) Xeon(R) Processor") can differ in them, and so in the SFT policy the same seed trains."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()  # private in torch 2.x: absent is "no"
+    return torch.backends.cpu.get_cpu_capability() + (" + AMX" if amx else "")
+
+
 # --------------------------------------------------------------------------------------------------
 # One run (in a worker process)
 # --------------------------------------------------------------------------------------------------
@@ -399,7 +406,7 @@ def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
                                                      "seconds": seconds_before + time.perf_counter() - t0})
     result: dict[str, Any] = {"spec": {**asdict(spec), "run_id": spec.run_id}, "curve": curve, "metrics": metrics,
                               "final": curve[-1], "seconds": seconds_before + time.perf_counter() - t0, "cpu": cpu_model(),
-                              "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
+                              "cpu_kernels": cpu_kernels(), "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     if score_test:
         sft_model = load_causal_lm(ctx.sft).eval()
         _, sft_gens = _greedy(sft_model, trainer.tokenizer, ctx.test_records, ctx.response_length, ctx.use_chat_template)
@@ -835,15 +842,18 @@ def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]]
     for path, result in finished_results(folder):
         start = result["curve"][0]["val"]
         if any(not math.isclose(start.get(k, math.nan), v, abs_tol=1e-9) for k, v in mine.items()):
-            others.append((path.parent.relative_to(folder), start))
+            others.append((path.parent.relative_to(folder), start, result))
     if others:
-        run, start = others[0]
+        run, start, result = others[0]
+        theirs = ", ".join(x for x in (result.get("cpu"), result.get("cpu_kernels") or "CPU kernels not recorded") if x)
         raise SystemExit(
             f"{folder}: the start policy built here has a validation fact score of {mine['fact_score']:.4f}, but "
             f"{len(others)} finished run(s) there started from one scoring {start.get('fact_score', math.nan):.4f} "
             f"(e.g. {run}). The setup is rebuilt, not copied, and the same seed trains a different SFT policy on "
-            "another CPU or torch build, so new runs cannot be compared with those. Resume on the kind of machine "
-            "that made them (study.json's `machine`), or pass a new --output_dir.")
+            "another CPU or torch build, so new runs cannot be compared with those. They ran on "
+            f"{theirs} with torch {result.get('versions', {}).get('torch', '(not recorded)')}; this machine is "
+            f"{cpu_model()}, {cpu_kernels()} with torch {torch.__version__} (a CPU of the same name can use other "
+            "vector instructions). Resume on a machine like theirs, or pass a new --output_dir.")
 
 
 def study_identity(args: argparse.Namespace) -> dict[str, Any]:

@@ -340,7 +340,8 @@ def test_runs_from_another_start_policy_stop_the_study_before_it_adds_any(tmp_pa
         path = tmp_path / "final" / run / "result.json"
         path.parent.mkdir(parents=True)
         start = {"fact_score": val_score, "fact_recall": 0.4}
-        path.write_text(json.dumps({"curve": [{"iteration": 0, "val": start}, {"iteration": 6, "val": {"fact_score": 0.5}}]}))
+        path.write_text(json.dumps({"curve": [{"iteration": 0, "val": start}, {"iteration": 6, "val": {"fact_score": 0.5}}],
+                                    "cpu": "Intel(R) Xeon(R) Processor, 2 cores", "versions": {"torch": "2.13.0+cpu"}}))
 
     here = {"val": {"fact_score": 0.1958, "fact_recall": 0.4}, "test": {"fact_score": 0.24}}
     ms.check_same_start(tmp_path, here)  # nothing finished yet
@@ -350,8 +351,13 @@ def test_runs_from_another_start_policy_stop_the_study_before_it_adds_any(tmp_pa
     ms.check_same_start(tmp_path, here)  # the same start, resumed
     finished("learned-scalar_sum-seed0", 0.2792)
     with pytest.raises(SystemExit, match=r"validation fact score of 0\.1958, but 1 finished run\(s\) there started "
-                                         r"from one scoring 0\.2792 \(e\.g\. final/learned-scalar_sum-seed0\).*new --output_dir"):
+                                         r"from one scoring 0\.2792 \(e\.g\. final/learned-scalar_sum-seed0\).*new --output_dir") as stop:
         ms.check_same_start(tmp_path, here)
+    # both machines named: a CPU of the same model name can run other kernels, so the name alone is no advice
+    here_machine = f"{ms.cpu_model()}, {ms.cpu_kernels()} with torch {ms.torch.__version__}"
+    assert ("They ran on Intel(R) Xeon(R) Processor, 2 cores, CPU kernels not recorded with torch 2.13.0+cpu; "
+            f"this machine is {here_machine}") in str(stop.value)
+    assert ms.cpu_kernels().split(" + ")[0] in {"DEFAULT", "AVX2", "AVX512", "Z VECTOR", "VSX", "SVE256", "NO AVX"}
 
 
 def test_a_report_names_the_machines_its_runs_ran_on_not_its_own(tmp_path):
