@@ -554,11 +554,12 @@ def tables() -> dict[str, str]:
     """Table name -> its Markdown, from the result files as committed."""
     readme_rows: list[Row] = []
     headlines: dict[str, list[str]] = {}
+    in_headline = {name for _, _, name, _ in headline_studies()}  # README.md shows these in its headline already
     for k, (name, (script, make)) in enumerate(RESULT_FILES.items()):
         if k == 1:  # the method studies right after the quickstart
             for folder in studies():
                 row, headline = study_rows(folder)
-                if folder.name not in INDEX_ONLY_STUDIES:
+                if folder.name not in INDEX_ONLY_STUDIES | in_headline:
                     readme_rows.append(row)
                 date = json.loads((folder / "study.json").read_text()).get("date", "undated")
                 headlines.setdefault("method_study.py", []).append(

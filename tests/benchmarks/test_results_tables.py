@@ -174,6 +174,8 @@ def test_the_headline_compares_text2grad_with_the_information_matched_baseline_o
     assert real == ("- SmolLM2-135M-Instruct (b_smol, 2026-11-29; both at lr 0.0001, KL fixed, lambda 0.95): Text2Grad "
                     "ends ahead of the information-matched baseline on average on 1 of 1 task instance, and at no larger "
                     "final KL on 1 of 1; its mean final score is above the best scalar baseline's on 0 of 1.")
+    readme_table = rt.tables()["readme"]  # the headline's studies are not repeated in the table of every benchmark
+    assert "c_older_smol" in readme_table and not any(n in readme_table for n in ("a_pooled", "b_smol", "d_replica"))
     # a baseline that ends below the start policy is said to
     smol["matched"] = {"learned/text2grad": _matched([0.3, 0.45, 0.6], [0.1, 0.2, 0.3])}
     (results / "b_smol" / "study.json").write_text(json.dumps(smol))
