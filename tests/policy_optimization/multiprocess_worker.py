@@ -37,6 +37,7 @@ from policy_optimization.train import build_trainer
 from policy_optimization.rollout import pack_rollout
 from policy_optimization.trainer import NLGradientPPOTrainer
 from policy_optimization.vllm_rollouts import sampled_logprob_gap
+from text2grad.core.cli import exit_process
 from text2grad.core.config import parse_config
 from text2grad.core.generation import Generation, generate
 from text2grad.core.modeling import end_distributed
@@ -145,5 +146,5 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # a launched rank: exit_process skips the teardown that can abort it after its work
+    exit_process(main(sys.argv[1:]))
