@@ -62,7 +62,8 @@ default for ``--preset smollm2``, a run killed midway resumes from its last eval
   with the baseline on test, seed by seed (a method that wins only by drifting further from the start is not winning).
   ``--lr_frontier`` adds points at other learning rates (chosen KL setting kept), labelled "fixed 0.1, lr 1e-05":
   a method whose KL no penalty moves (its step size holds it) gets points further out, and the choices on
-  validation above choose among them too.
+  validation above choose among them too. ``--frontier_methods`` gives frontier runs to some methods only (e.g. the
+  information-matched pair), so the report does not list the others' points as missing.
 - ``ablation``: the quickstart's learned-arm Text2Grad setting with one change each (reward scale, whitening, value
   strength, entropy, clip range, oracle critic), to find what drives its late collapse.
 - ``report``: ``study.json`` (everything, each run's validation curve and CPU included, and each Text2Grad method
@@ -536,6 +537,20 @@ def method_keys(arms: Sequence[str], methods: Sequence[str], variants: Sequence[
     return keys
 
 
+def frontier_keys(keys: Sequence[tuple[str, str]], methods: Sequence[str] | None) -> list[tuple[str, str]]:
+    """The (arm, method) pairs of ``keys`` that get frontier runs: those whose method (with its variant, e.g.
+    "text2grad+refresh") is in ``methods``, or all when ``methods`` is None. A name that is none of the keys'
+    methods raises ValueError naming those there are (a typo would silently leave the frontier empty)."""
+    if methods is None:
+        return list(keys)
+    known = list(dict.fromkeys(m for _, m in keys))
+    unknown = [m for m in methods if m not in known]
+    if unknown:
+        raise ValueError(f"--frontier_methods {' '.join(unknown)}: not among this study's methods "
+                         f"({', '.join(known)}); name them in --methods (a defence in --variants) too")
+    return [(a, m) for a, m in keys if m in methods]
+
+
 def extend_grid(tried: Sequence[float], best: float, factor: float, lo: float = 0.0, hi: float = math.inf) -> float | None:
     """The next value to try when ``best`` sits at an edge of the ``tried`` grid: one ``factor`` step beyond that
     edge, or None when ``best`` is interior or the step would leave (lo, hi)."""
@@ -821,16 +836,17 @@ def finished_results(folder: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
 
 
 def machines_of_runs(folder: Path) -> tuple[str, str] | None:
-    """Where the finished runs under ``folder`` ran, from the CPU each recorded: (the machine line, e.g. "AMD EPYC,
-    2 cores (4 runs); Intel Xeon, 2 cores (1 run)", and the CPU names joined for the results tables), the most
-    used first. None when no run recorded one. A report made elsewhere must not claim its own machine for them."""
-    counts = Counter(result.get("cpu") for _, result in finished_results(folder))
-    counts.pop(None, None)
+    """Where the finished runs under ``folder`` ran, from the CPU and CPU kernels each recorded: (the machine line,
+    e.g. "AMD EPYC, 2 cores, AVX512 (4 runs); Intel Xeon, 2 cores (1 run)", and the CPU names joined for the
+    results tables), the most used first. None when no run recorded a CPU. A report made elsewhere must not claim
+    its own machine for them, and two CPUs of one name can run other kernels (so train another start policy)."""
+    counts = Counter((result.get("cpu"), result.get("cpu_kernels")) for _, result in finished_results(folder))
+    counts = Counter({key: n for key, n in counts.items() if key[0] is not None})
     if not counts:
         return None
     ranked = counts.most_common()
-    machine = "; ".join(f"{cpu} ({n} run{'s' if n > 1 else ''})" for cpu, n in ranked)
-    return machine, " + ".join(dict.fromkeys(cpu.rsplit(", ", 1)[0] for cpu, _ in ranked))
+    machine = "; ".join(", ".join(x for x in key if x) + f" ({n} run{'s' if n > 1 else ''})" for key, n in ranked)
+    return machine, " + ".join(dict.fromkeys(cpu.rsplit(", ", 1)[0] for (cpu, _), _ in ranked))
 
 
 def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]]) -> None:
@@ -846,10 +862,12 @@ def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]]
     if others:
         run, start, result = others[0]
         theirs = ", ".join(x for x in (result.get("cpu"), result.get("cpu_kernels") or "CPU kernels not recorded") if x)
+        differ = [k for k, v in mine.items() if not math.isclose(start.get(k, math.nan), v, abs_tol=1e-9)]
+        # every differing score at full precision: two starts can agree to four digits on the fact score alone
+        here, there = (", ".join(f"{k} {scores.get(k, math.nan):.6g}" for k in differ) for scores in (mine, start))
         raise SystemExit(
-            f"{folder}: the start policy built here has a validation fact score of {mine['fact_score']:.4f}, but "
-            f"{len(others)} finished run(s) there started from one scoring {start.get('fact_score', math.nan):.4f} "
-            f"(e.g. {run}). The setup is rebuilt, not copied, and the same seed trains a different SFT policy on "
+            f"{folder}: the start policy built here has validation {here}, but {len(others)} finished run(s) "
+            f"there started from one with {there} (e.g. {run}). The setup is rebuilt, not copied, and the same seed trains a different SFT policy on "
             "another CPU or torch build, so new runs cannot be compared with those. They ran on "
             f"{theirs} with torch {result.get('versions', {}).get('torch', '(not recorded)')}; this machine is "
             f"{cpu_model()}, {cpu_kernels()} with torch {torch.__version__} (a CPU of the same name can use other "
@@ -942,6 +960,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr_frontier", type=float, nargs="*", default=[],
                         help="phase frontier: every method again with the final seeds at each of these learning rates "
                              "(its chosen KL setting and lambda): points of the same frontier, reached by the step size")
+    parser.add_argument("--frontier_methods", nargs="+", default=None,
+                        help="phase frontier: only these of the methods get frontier runs (e.g. text2grad scalar_sum; "
+                             "a defended one as text2grad+refresh); default: every method")
     parser.add_argument("--grid_extensions", type=int, default=2,
                         help="times the learning-rate and KL grids grow (x3) past a choice at their edge")
     parser.add_argument("--settings_from", default=None,
@@ -951,6 +972,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "a study over several task instances gives each instance its own sweep's choices")
     parser.add_argument("--jobs", type=int, default=max(1, len(os.sched_getaffinity(0))), help="runs at a time (one thread each)")
     args = parser.parse_args(argv)
+    try:
+        frontier_keys(method_keys(args.arms, args.methods, args.variants), args.frontier_methods)
+    except ValueError as exc:
+        parser.error(str(exc))
     command = "python benchmarks/method_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
     out = Path(args.output_dir)
     if args.resume_from:
@@ -1097,7 +1122,8 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     finals = [RunSpec(a, m, chosen[(a, m)], s, "final") for a, m in keys for s in args.seeds]
     if "final" in args.phases:
         run_all(ctx, finals, args.jobs)
-    frontier = frontier_specs(keys, chosen, args.kl_frontier, args.seeds, ctx.kl_coef, args.lr_frontier)
+    frontier = frontier_specs(frontier_keys(keys, getattr(args, "frontier_methods", None)), chosen, args.kl_frontier,
+                              args.seeds, ctx.kl_coef, args.lr_frontier)
     if "frontier" in args.phases:
         run_all(ctx, frontier, args.jobs)
     quick = Setting(lr=1e-4, kl="fixed", lam=0.0)  # the quickstart's setting, where the collapse was seen

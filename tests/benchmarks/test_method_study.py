@@ -350,8 +350,8 @@ def test_runs_from_another_start_policy_stop_the_study_before_it_adds_any(tmp_pa
     (tmp_path / "shared" / "x" / "result.json").write_text("{}")
     ms.check_same_start(tmp_path, here)  # the same start, resumed
     finished("learned-scalar_sum-seed0", 0.2792)
-    with pytest.raises(SystemExit, match=r"validation fact score of 0\.1958, but 1 finished run\(s\) there started "
-                                         r"from one scoring 0\.2792 \(e\.g\. final/learned-scalar_sum-seed0\).*new --output_dir") as stop:
+    with pytest.raises(SystemExit, match=r"validation fact_score 0\.1958, but 1 finished run\(s\) there started "
+                                         r"from one with fact_score 0\.2792 \(e\.g\. final/learned-scalar_sum-seed0\).*new --output_dir") as stop:
         ms.check_same_start(tmp_path, here)
     # both machines named: a CPU of the same model name can run other kernels, so the name alone is no advice
     here_machine = f"{ms.cpu_model()}, {ms.cpu_kernels()} with torch {ms.torch.__version__}"
@@ -362,13 +362,19 @@ def test_runs_from_another_start_policy_stop_the_study_before_it_adds_any(tmp_pa
 
 def test_a_report_names_the_machines_its_runs_ran_on_not_its_own(tmp_path):
     assert ms.machines_of_runs(tmp_path) is None  # no run yet: the study's own machine is used
-    for run, cpu in [("a", "AMD EPYC, 2 cores"), ("b", "AMD EPYC, 2 cores"), ("c", "Intel Xeon, 2 cores"), ("d", None)]:
+    runs = [("a", "AMD EPYC, 2 cores", None), ("b", "AMD EPYC, 2 cores", None), ("c", "Intel Xeon, 2 cores", None),
+            ("d", None, None), ("e", "Intel Xeon, 2 cores", "AVX512 + AMX"), ("f", "Intel Xeon, 2 cores", "AVX512 + AMX"),
+            ("g", "Intel Xeon, 2 cores", "AVX512 + AMX")]
+    for run, cpu, kernels in runs:
         (tmp_path / "final" / run).mkdir(parents=True)
-        (tmp_path / "final" / run / "result.json").write_text(json.dumps({"cpu": cpu} if cpu else {}))
+        recorded = {k: v for k, v in (("cpu", cpu), ("cpu_kernels", kernels)) if v}
+        (tmp_path / "final" / run / "result.json").write_text(json.dumps(recorded))
     (tmp_path / "shared" / "rm").mkdir(parents=True)
     (tmp_path / "shared" / "rm" / "result.json").write_text(json.dumps({"cpu": "GPU box, 64 cores"}))
-    assert ms.machines_of_runs(tmp_path) == ("AMD EPYC, 2 cores (2 runs); Intel Xeon, 2 cores (1 run)",
-                                             "AMD EPYC + Intel Xeon")
+    # one CPU name with and without recorded kernels counts apart: the same name can run other kernels
+    assert ms.machines_of_runs(tmp_path) == (
+        "Intel Xeon, 2 cores, AVX512 + AMX (3 runs); AMD EPYC, 2 cores (2 runs); Intel Xeon, 2 cores (1 run)",
+        "Intel Xeon + AMD EPYC")
 
 
 def test_a_report_over_several_instances_names_the_machines_of_every_instance_s_runs(tmp_path):
@@ -940,6 +946,19 @@ def test_frontier_runs_each_method_at_each_coefficient_but_not_its_chosen_one_tw
     assert {s.setting.lam for s in specs if s.method == "text2grad"} == {0.0}
 
 
+def test_frontier_runs_can_be_limited_to_some_methods_and_a_misspelt_one_stops_the_study(capsys):
+    keys = ms.method_keys(["learned"], ["text2grad", "scalar_sum", "scalar_collapsed", "scalar_bt"], ["refresh"])
+    assert ms.frontier_keys(keys, None) == keys
+    assert ms.frontier_keys(keys, ["scalar_sum", "text2grad+refresh"]) == [
+        ("learned", "scalar_sum"), ("learned", "text2grad+refresh")]
+    with pytest.raises(ValueError, match=r"--frontier_methods scalar_summ: not among this study's methods "
+                                         r"\(text2grad, scalar_sum, scalar_collapsed, scalar_bt, text2grad\+refresh"):
+        ms.frontier_keys(keys, ["scalar_summ"])
+    with pytest.raises(SystemExit) as stop:  # before any setup is built
+        ms.main(["--methods", "text2grad", "--frontier_methods", "scalar_sum", "--phases", "report"])
+    assert stop.value.code == 2 and "--frontier_methods scalar_sum: not among" in capsys.readouterr().err
+
+
 def test_the_learning_rate_frontier_runs_other_step_sizes_at_the_chosen_kl_and_labels_its_points():
     t2g, base = ms.Setting(1e-5, "fixed", 0.0), ms.Setting(3.3333e-6, "fixed", 0.95)
     keys = [("learned", "text2grad"), ("learned", "scalar_sum")]
@@ -1385,3 +1404,13 @@ def test_a_report_keeps_the_recorded_quality_of_a_critic_not_trained_in_its_fold
     assert critics["bradley_terry"] == recorded  # not trained here: kept
     assert critics["generative"]["token_accuracy"] == 0.625 and critics["generative"]["n_train"] == 144  # re-read
     assert "0.923 (52 held-out pairs, 467 for training)" in (out / "study.md").read_text()
+
+
+def test_a_refused_resume_names_the_scores_that_differ_even_when_the_fact_score_agrees(tmp_path):
+    path = tmp_path / "final" / "learned-text2grad-seed0" / "result.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"curve": [{"iteration": 0, "val": {"fact_score": 0.225, "n_false": 0.9791666}}]}))
+    with pytest.raises(SystemExit, match=r"validation n_false 1\.02083, but 1 finished run\(s\) there started from "
+                                         r"one with n_false 0\.979167 ") as stop:
+        ms.check_same_start(tmp_path, {"val": {"fact_score": 0.225, "n_false": 1.0208333}})
+    assert "fact_score" not in str(stop.value).split("(e.g.")[0]  # the agreeing score is not named as a difference
