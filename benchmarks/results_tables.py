@@ -341,13 +341,51 @@ def headline_studies() -> list[tuple[str, str, str, dict[str, Any]]]:
     return shown
 
 
+def sign_test_p(ahead: int, behind: int) -> float:
+    """Exact two-sided sign test of ``ahead`` positive and ``behind`` negative paired differences (ties dropped):
+    the probability of a split at least this uneven when either sign is equally likely; nan for no pairs."""
+    n = ahead + behind
+    if n == 0:
+        return math.nan
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(ahead, behind) + 1)) / 2 ** n)
+
+
+def across_studies_sentence(policy: str, per_study: Sequence[Mapping[str, Any]]) -> str | None:
+    """One sentence over every task instance of the ``per_study`` comparisons (`matched_instances`' first item, one
+    per study of ``policy`` in the headline): on how many instances Text2Grad is ahead of the information-matched
+    baseline on average, at no larger final KL, and both; and its seed pairs all together, with the exact sign
+    test. None for fewer than two studies (the study's own sentence says it all)."""
+    if len(per_study) < 2:
+        return None
+    instances = [c for per in per_study for c in per.values()]
+    diffs = [d for c in instances for d in c["pair"]["diffs"]]
+    ahead, behind = sum(d > TIE for d in diffs), sum(d < -TIE for d in diffs)
+    on_average = [c["pair"]["mean"] > TIE for c in instances]
+    no_further = [c["kl"][0] <= c["kl"][1] for c in instances]
+    both = sum(a and k for a, k in zip(on_average, no_further))
+    n = len(instances)
+    sentence = (f"{policy}, the {len(per_study)} studies together ({n} task instances, each its own SFT start): "
+                f"Text2Grad ends ahead of the information-matched baseline on average on {sum(on_average)} of {n}, "
+                f"at no larger final KL on {sum(no_further)} of {n}, and both on {both} of {n}; over all {len(diffs)} "
+                f"seed pairs it is ahead on {ahead} and behind on {behind} (mean paired difference "
+                f"{sum(diffs) / len(diffs):+.3f}; exact two-sided sign test p = {sign_test_p(ahead, behind):.3g})")
+    if with_best := [c for c in instances if c.get("best")]:
+        above = sum(c["t2g"][0] > c["best"][1] + TIE for c in with_best)
+        sentence += f"; its mean final score is above the best scalar baseline's on {above} of {len(with_best)}"
+    for who, side in (("Text2Grad", "t2g"), ("the information-matched baseline", "base")):
+        if below := sum(c[side][0] <= c["sft"] for c in instances if "sft" in c):
+            sentence += f"; {who} ends no better than its start policy on {below} of {n}"
+    return sentence + "."
+
+
 def headline_table() -> str:
     """The README's headline (`headline_studies`): Text2Grad against the information-matched baseline with the
     learned critic, per task instance and pooled, the best scalar baseline beside it, then sentences generated from
-    those numbers."""
-    rows, sentences = [], []
+    those numbers: one per policy (all its studies together where it has several)."""
+    rows, sentences, per_policy = [], {}, {}
     for policy, date, name, study in headline_studies():
         per, pooled, how = matched_instances(study)
+        per_policy.setdefault(policy, []).append(per)
         link = f"[`{name}`](benchmarks/results/{name}/study.md)"
         ahead_on = [ts for ts, c in per.items() if c["pair"]["mean"] > TIE]
         closer = [ts for ts, c in per.items() if c["kl"][0] <= c["kl"][1]]
@@ -373,11 +411,13 @@ def headline_table() -> str:
         for who, side in (("Text2Grad", "t2g"), ("the information-matched baseline", "base")):
             if below := [ts for ts, c in per.items() if c[side][0] <= c["sft"]]:
                 sentence += f"; {who} ends no better than its start policy on instance(s) {', '.join(below)}"
-        sentences.append(sentence + ".")
+        sentences.setdefault(policy, []).append(sentence + ".")
+    # a policy's studies together in one sentence (each study's own numbers are its rows), or its one study's
+    lines = [across_studies_sentence(policy, per_policy[policy]) or own[0] for policy, own in sentences.items()]
     header = ("policy, study", "task instance (SFT start)", "Text2Grad", "information-matched baseline",
               "paired difference [95 % interval], seeds ahead", "final KL (nats), Text2Grad vs baseline",
               "best scalar baseline")
-    return markdown(header, rows) + "\n\n" + "\n".join(f"- {s}" for s in sentences)
+    return markdown(header, rows) + "\n\n" + "\n".join(f"- {s}" for s in lines)
 
 
 # --------------------------------------------------------------------------------------------------

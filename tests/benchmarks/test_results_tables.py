@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import sys
@@ -165,17 +166,22 @@ def test_the_headline_compares_text2grad_with_the_information_matched_baseline_o
     assert rows[2].endswith("| scalar PPO (Bradley-Terry RM) -0.330 |")  # at the validation-picked KL, as both sides
     assert "| 0 (0.362) | 0.450 | 0.400 | +0.050 [+0.020, +0.080], ahead on 2 of 3 | 5.00 vs 6.00 | " \
            "scalar PPO (Bradley-Terry RM) 0.596 |" in rows[8]
-    toy, replica_sentence, real = [line for line in table.splitlines() if line.startswith("- ")]
-    assert replica_sentence.startswith("- tiny Llama, toy task (d_replica, 2026-11-20; ")
+    together, real = [line for line in table.splitlines() if line.startswith("- ")]
+    # the study and its replica together: twice instances 0 and 1 ahead (at larger KL), instance 2 behind (at less)
+    assert together.startswith("- tiny Llama, toy task, the 2 studies together (6 task instances, each its own SFT "
+                               "start): Text2Grad ends ahead of the information-matched baseline on average on 4 of "
+                               "6, at no larger final KL on 2 of 6, and both on 0 of 6; over all 30 seed pairs")
+    assert real == ("- SmolLM2-135M-Instruct (b_smol, 2026-11-29; both at lr 0.0001, KL fixed, lambda 0.95): Text2Grad "
+                    "ends ahead of the information-matched baseline on average on 1 of 1 task instance, and at no larger "
+                    "final KL on 1 of 1; its mean final score is above the best scalar baseline's on 0 of 1.")
+    shutil.rmtree(results / "d_replica")  # one study of the policy: its own sentence
+    toy = next(line for line in rt.headline_table().splitlines() if line.startswith("- tiny"))
     assert toy.startswith("- tiny Llama, toy task (a_pooled, 2026-11-29; each at the KL setting its validation score "
                           "picks per instance): Text2Grad ends ahead of the information-matched baseline on average on "
                           "2 of 3 task instances, and at no larger final KL on 1 of 3; pooled over 15 seed pairs the "
                           "paired difference is +0.024 [-0.034, +0.082], which includes zero")
-    assert real == ("- SmolLM2-135M-Instruct (b_smol, 2026-11-29; both at lr 0.0001, KL fixed, lambda 0.95): Text2Grad "
-                    "ends ahead of the information-matched baseline on average on 1 of 1 task instance, and at no larger "
-                    "final KL on 1 of 1; its mean final score is above the best scalar baseline's on 0 of 1.")
     readme_table = rt.tables()["readme"]  # the headline's studies are not repeated in the table of every benchmark
-    assert "c_older_smol" in readme_table and not any(n in readme_table for n in ("a_pooled", "b_smol", "d_replica"))
+    assert "c_older_smol" in readme_table and not any(n in readme_table for n in ("a_pooled", "b_smol"))
     # a baseline that ends below the start policy is said to
     smol["matched"] = {"learned/text2grad": _matched([0.3, 0.45, 0.6], [0.1, 0.2, 0.3])}
     (results / "b_smol" / "study.json").write_text(json.dumps(smol))
@@ -184,6 +190,20 @@ def test_the_headline_compares_text2grad_with_the_information_matched_baseline_o
     # a study with no information-matched comparison gives no headline row
     (results / "b_smol" / "study.json").write_text(json.dumps({**smol, "matched": {}}))
     assert "b_smol" not in rt.headline_table() and "c_older_smol" in rt.headline_table()
+
+
+def test_the_studies_of_one_policy_are_summed_up_together_with_an_exact_sign_test():
+    first = {"0": {"pair": {"diffs": [0.1, 0.2, -0.05], "mean": 0.25 / 3}, "kl": (0.5, 0.6)},
+             "1": {"pair": {"diffs": [-0.1, -0.2, 0.0], "mean": -0.1}, "kl": (0.1, 0.05)}}
+    second = {"0": {"pair": {"diffs": [0.3, 0.1, 0.2], "mean": 0.2}, "kl": (1.0, 0.2)}}
+    assert rt.across_studies_sentence("P", [first]) is None  # one study: its own sentence says it
+    # 5 ahead, 3 behind, 1 tie: p = 2 (C(8,0) + C(8,1) + C(8,2) + C(8,3)) / 2^8 = 186 / 256
+    assert rt.across_studies_sentence("P", [first, second]) == (
+        "P, the 2 studies together (3 task instances, each its own SFT start): Text2Grad ends ahead of the "
+        "information-matched baseline on average on 2 of 3, at no larger final KL on 1 of 3, and both on 1 of 3; over "
+        "all 9 seed pairs it is ahead on 5 and behind on 3 (mean paired difference +0.061; exact two-sided sign test "
+        "p = 0.727).")
+    assert rt.sign_test_p(5, 0) == 0.0625 and rt.sign_test_p(3, 3) == 1.0 and math.isnan(rt.sign_test_p(0, 0))
 
 
 def test_the_refresh_memory_row_quotes_each_piece_size_against_the_whole_batch():
