@@ -127,7 +127,7 @@ from text2grad.core.vllm_engine import close_shared_engine  # noqa: E402
 from benchmarks.method_study_report import (  # noqa: E402
     ARMS, CRITIC_FREE, DEFENCE_CONTROLS, KL_COEFS, LABELS, LAMBDAS, METHODS, REWARD_MODE,
     SCALAR_METHODS, Setting, choose, control_lines, edge_lines, end_score, early_stopped, frontier_plot, grid_position,
-    kl_baselines, kl_matched_lines, matched_baseline, matched_comparisons,
+    frontier_dominance_lines, kl_baselines, kl_matched_lines, matched_baseline, matched_comparisons,
     kl_on_validation_lines, markdown, mean_ci95, method_label, paper_comparison, plot, pooled_lines, pooled_markdown,
     summarize_ablations, summarize_final, summarize_frontier,
 )
@@ -1017,7 +1017,10 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
             if lines:  # at the sweep's settings, against the information-matched baseline
                 add(arm, lines).setdefault("matched", {})[method] = numbers
             for against in kl_baselines(method):
-                for kind, make_lines in (("kl_on_validation", kl_on_validation_lines), ("kl_matched", kl_matched_lines)):
+                makers = [("kl_on_validation", kl_on_validation_lines), ("kl_matched", kl_matched_lines)]
+                if against is not None:  # the best scalar baseline differs per instance: its frontier is not one line
+                    makers.append(("frontier_dominance", frontier_dominance_lines))
+                for kind, make_lines in makers:
                     more, numbers = make_lines(studies, arm, method, against)
                     if more:
                         add(arm, more).setdefault(kind if against is None else f"{kind}_{against}", {})[method] = numbers

@@ -508,6 +508,8 @@ def markdown(study: Mapping[str, Any]) -> str:
                 for against in kl_baselines(method):
                     lines += ["", *kl_on_validation_lines({task: study}, arm, method, against)[0]]
                     lines += ["", *kl_matched_lines({task: study}, arm, method, against)[0]]
+                    if against is not None and (more := frontier_dominance_lines({task: study}, arm, method, against)[0]):
+                        lines += ["", *more]
     if study.get("sweep"):
         lines += ["", *sweep_markdown(study)]
     if study.get("paper_comparison"):
@@ -1095,6 +1097,60 @@ def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, m
                      + (f"The goal is met on instance(s) {', '.join(goal)} of {len(per)}." if goal
                         else f"The goal is met on none of the {len(per)} instances."))
     return lines, {"instances": per, "pooled": pooled}
+
+
+def frontier_dominance(study: Mapping[str, Any], arm: str, method: str, against: str) -> dict[str, Any] | None:
+    """``method`` held to the KL of every point of the baseline's frontier, not only its chosen setting's: at each
+    baseline point (its chosen setting, and the ``--kl_frontier`` / ``--lr_frontier`` ones), ``method``'s setting with
+    the best end-of-run validation score among those whose mean final KL is no larger, compared seed by seed on test.
+    A method that wins only by drifting further loses here wherever the baseline, given the same room, uses it.
+    Returns the baseline key, per baseline point (sorted by KL) the ``base_point``, the ``point`` (None when no
+    setting stays within) and its ``pair``, and ``ahead``: at how many baseline points ``method`` is ahead on average
+    at no larger KL. None when either side has fewer than two points (`kl_matched` covers one)."""
+    frontier = study.get("kl_frontier", {})
+    mine, theirs = frontier.get(f"{arm}/{method}", []), frontier.get(f"{arm}/{against}", [])
+    if len(mine) < 2 or len(theirs) < 2:
+        return None
+    rows = []
+    for base in theirs:
+        within = [p for p in mine if p["kl_end"][0] <= base["kl_end"][0]]
+        pick = max(within, key=lambda p: p["val_end_mean"], default=None)
+        rows.append({"base_point": base, "point": pick, "pair": paired(pick["final"], base["final"]) if pick else None})
+    ahead = sum(r["pair"] is not None and r["pair"]["mean"] > TIE for r in rows)
+    return {"baseline": f"{arm}/{against}", "rows": rows, "ahead": ahead}
+
+
+def frontier_dominance_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method: str = "text2grad",
+                             against: str = "scalar_sum") -> tuple[list[str], dict[str, Any]]:
+    """Per instance and pooled sentences for `frontier_dominance`: at each point of the baseline's frontier, the
+    setting of ``method`` chosen within its KL and the paired difference; then at how many points it is ahead."""
+    per = {ts: c for ts, st in studies.items() if (c := frontier_dominance(st, arm, method, against)) is not None}
+    if not per:
+        return [], {}
+    name, who = _comparison_names(method, against)
+    lines = [f"{name} against every point of the KL frontier of {who} ({method_label(against)}), at each its setting "
+             "with the best end-of-run validation score among those ending at no larger mean KL:"]
+    for ts, c in per.items():
+        parts = []
+        for r in c["rows"]:
+            b, p = r["base_point"], r["point"]
+            at = f"at the baseline's KL {b['kl_setting']} ({b['kl_end'][0]:.2f} nats, {b['final_mean_ci'][0]:.3f}): "
+            if p is None:
+                parts.append(at + "no setting stays within")
+                continue
+            lo, hi = r["pair"]["interval"]
+            interval = f" [{lo:+.3f}, {hi:+.3f}]" if lo == lo else ""
+            parts.append(f"{at}KL {p['kl_setting']} ({p['kl_end'][0]:.2f} nats) {p['final_mean_ci'][0]:.3f}, "
+                         f"{r['pair']['mean']:+.3f}{interval}, ahead on {r['pair']['ahead']} of {r['pair']['n']}")
+        n = len(c["rows"])
+        lines.append(f"Task instance {ts}: " + "; ".join(parts) + f". {name} is ahead at no larger KL at {c['ahead']} "
+                     f"of the baseline's {n} point{'s' if n != 1 else ''}.")
+    points = sum(len(c["rows"]) for c in per.values())
+    ahead = sum(c["ahead"] for c in per.values())
+    if len(per) > 1:  # a count only: one instance's points share its runs, so their seed pairs are not independent
+        lines.append(f"Over the {len(per)} instances {name} is ahead at no larger KL at {ahead} of the baseline's "
+                     f"{points} frontier points.")
+    return lines, {"instances": per, "ahead": ahead, "points": points}
 
 
 # Each defence against the run that differs from it only by the defence, seed by seed at their chosen settings:

@@ -1145,6 +1145,31 @@ def test_held_to_a_baseline_that_a_looser_penalty_does_not_move_the_report_says_
         "it moves 0.56 nats further from the start policy, and its score changes by +0.030.")
 
 
+def test_text2grad_is_held_to_every_point_of_the_baselines_frontier_and_loses_where_the_baseline_uses_the_room():
+    text2grad = [_point("fixed 0.1", [0, 1], 0.40, [0.42, 0.40], 0.90), _point("fixed 3", [0, 1], 0.30, [0.31, 0.33], 0.02),
+                 _point("fixed 1", [0, 1], 0.35, [0.36, 0.34], 0.20)]
+    base = [_point("fixed 0.1", [0, 1], 0.29, [0.30, 0.30], 0.03),          # within: only fixed 3 (+0.02)
+            _point("fixed 0.1, lr 1e-05", [0, 1], 0.38, [0.39, 0.37], 0.30),  # within: fixed 3 and 1, 1 best on val
+            _point("fixed 1", [0, 1], 0.2, [0.25, 0.25], 0.01)]              # nothing within 0.01 nats
+    study = {"kl_frontier": {"learned/text2grad": text2grad, "learned/scalar_sum": base}}
+    c = msr.frontier_dominance(study, "learned", "text2grad", "scalar_sum")
+    assert [r["point"]["kl_setting"] if r["point"] else None for r in c["rows"]] == ["fixed 3", "fixed 1", None]
+    assert c["rows"][0]["pair"]["diffs"] == pytest.approx([0.01, 0.03])
+    assert c["rows"][1]["pair"]["diffs"] == pytest.approx([-0.03, -0.03])  # the baseline given room beats it
+    assert c["ahead"] == 1
+    lines, numbers = msr.frontier_dominance_lines({0: study, 1: study}, "learned", "text2grad", "scalar_sum")
+    assert lines[0].startswith("Text2Grad against every point of the KL frontier of the information-matched baseline")
+    assert lines[1].startswith("Task instance 0: at the baseline's KL fixed 0.1 (0.03 nats, 0.300): KL fixed 3 (0.02 "
+                               "nats) 0.320, +0.020 [")
+    assert "at the baseline's KL fixed 1 (0.01 nats, 0.250): no setting stays within. Text2Grad is ahead at no " \
+           "larger KL at 1 of the baseline's 3 points." in lines[1]
+    assert lines[-1] == "Over the 2 instances Text2Grad is ahead at no larger KL at 2 of the baseline's 6 frontier points."
+    assert (numbers["ahead"], numbers["points"]) == (2, 6)
+    # one point on either side is the chosen setting's own comparison (held to its KL), not a frontier
+    assert msr.frontier_dominance({"kl_frontier": {**study["kl_frontier"], "learned/scalar_sum": base[:1]}},
+                                  "learned", "text2grad", "scalar_sum") is None
+
+
 def test_a_defended_text2grad_is_also_held_to_the_information_matched_baseline_with_the_same_defence():
     assert msr.kl_baselines("text2grad") == (None, "scalar_sum")
     assert msr.kl_baselines("text2grad+refresh") == (None, "scalar_sum", "scalar_sum+refresh")
