@@ -407,7 +407,8 @@ def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
                                                      "seconds": seconds_before + time.perf_counter() - t0})
     result: dict[str, Any] = {"spec": {**asdict(spec), "run_id": spec.run_id}, "curve": curve, "metrics": metrics,
                               "final": curve[-1], "seconds": seconds_before + time.perf_counter() - t0, "cpu": cpu_model(),
-                              "cpu_kernels": cpu_kernels(), "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
+                              "cpu_kernels": cpu_kernels(), "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+                              "date": time.strftime("%Y-%m-%d")}
     if score_test:
         sft_model = load_causal_lm(ctx.sft).eval()
         _, sft_gens = _greedy(sft_model, trainer.tokenizer, ctx.test_records, ctx.response_length, ctx.use_chat_template)
@@ -849,6 +850,14 @@ def machines_of_runs(folder: Path) -> tuple[str, str] | None:
     return machine, " + ".join(dict.fromkeys(cpu.rsplit(", ", 1)[0] for (cpu, _), _ in ranked))
 
 
+def study_date(folder: Path, stored: str | None) -> str:
+    """When the study's numbers were made: the day its newest finished run under ``folder`` ended (runs record it),
+    or the ``stored`` date of a study whose runs recorded none, whichever is later; today for a study with neither.
+    A report made again later from the same runs (new sentences, say) keeps their date."""
+    dates = [d for _, result in finished_results(folder) if (d := result.get("date"))]
+    return max([*dates, *([stored] if stored else [])], default=time.strftime("%Y-%m-%d"))
+
+
 def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]]) -> None:
     """Refuse to add runs to ``folder`` when its finished runs started from another SFT policy than ``sft_scores``
     (split -> scores) describes. The setup (data, SFT policy, reward models) is rebuilt on every machine, never
@@ -1099,7 +1108,7 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     machine, cpu = machines_of_runs(Path(args.output_dir)) or (cpu_model(), cpu_name())
     study.update({"config": {k: v for k, v in vars(args).items()}, "sft": ctx.sft_scores,
                   "machine": f"{machine}, Python {platform.python_version()}", "command": command,
-                  "cpu": cpu, "date": time.strftime("%Y-%m-%d")})  # cpu and date: benchmarks/results_tables.py
+                  "cpu": cpu, "date": study_date(Path(args.output_dir), study.get("date"))})  # both read by results_tables
     # a critic whose files are not in this folder (e.g. not trained on this machine) keeps what study.json recorded
     study["critics"] = {**study.get("critics", {}), **critic_quality(Path(args.output_dir) / "shared")}
     study["config"].update(batch_size=ctx.batch_size, n_test=len(ctx.test_records), n_val=len(ctx.val_records),

@@ -1439,3 +1439,16 @@ def test_a_refused_resume_names_the_scores_that_differ_even_when_the_fact_score_
                                          r"one with n_false 0\.979167 ") as stop:
         ms.check_same_start(tmp_path, {"val": {"fact_score": 0.225, "n_false": 1.0208333}})
     assert "fact_score" not in str(stop.value).split("(e.g.")[0]  # the agreeing score is not named as a difference
+
+
+def test_a_study_is_dated_by_its_newest_run_not_by_the_day_its_report_was_made_again(tmp_path):
+    today = ms.time.strftime("%Y-%m-%d")
+    assert ms.study_date(tmp_path, None) == today  # nothing ran, nothing stored
+    for run, date in [("a", "2026-11-28"), ("b", "2026-11-29"), ("c", None)]:
+        (tmp_path / "final" / run).mkdir(parents=True)
+        (tmp_path / "final" / run / "result.json").write_text(json.dumps({"date": date} if date else {}))
+    (tmp_path / "shared" / "rm").mkdir(parents=True)  # the setup's files are no runs
+    (tmp_path / "shared" / "rm" / "result.json").write_text(json.dumps({"date": "2030-01-01"}))
+    assert ms.study_date(tmp_path, None) == "2026-11-29"
+    assert ms.study_date(tmp_path, "2026-11-30") == "2026-11-30"  # an earlier report saw runs that recorded no date
+    assert ms.study_date(tmp_path, "2026-11-01") == "2026-11-29"
