@@ -303,6 +303,24 @@ def matched_instances(study: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
                     "best": (best["base_name"], best["base"][0]) if best else None}}, None, how)
 
 
+def frontier_points(study: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(points ahead, points) of Text2Grad held to the KL of each point of the information-matched baseline's KL
+    frontier, over a pooled study's instances (`method_study_report.frontier_dominance_lines`); None when the
+    baseline ran no frontier of its own."""
+    numbers = study.get("pooled", {}).get(HEADLINE_ARM, {}).get("frontier_dominance_scalar_sum", {}).get("text2grad")
+    return (numbers["ahead"], numbers["points"]) if numbers else None
+
+
+def _frontier_clause(counts: Sequence[tuple[int, int] | None]) -> str:
+    """'; held to the KL of each point of the baseline's KL frontier, ahead at 10 of 15 points (1 study)', or ''."""
+    ran = [c for c in counts if c is not None]
+    if not ran:
+        return ""
+    studies = f" ({len(ran)} stud{'ies' if len(ran) > 1 else 'y'} with one)" if len(counts) > 1 else ""
+    return (f"; held to the KL of each point of the baseline's own KL frontier{studies}, ahead at "
+            f"{sum(a for a, _ in ran)} of {sum(n for _, n in ran)} points")
+
+
 def _baseline_name(key: str) -> str:
     """'scalar PPO (Bradley-Terry RM)' for a study key 'learned/scalar_bt'; a defended baseline's defence follows
     ('learned/scalar_sum+refresh': 'scalar PPO (summed span rewards) + refresh')."""
@@ -350,11 +368,13 @@ def sign_test_p(ahead: int, behind: int) -> float:
     return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(ahead, behind) + 1)) / 2 ** n)
 
 
-def across_studies_sentence(policy: str, per_study: Sequence[Mapping[str, Any]]) -> str | None:
+def across_studies_sentence(policy: str, per_study: Sequence[Mapping[str, Any]],
+                            frontiers: Sequence[tuple[int, int] | None] = ()) -> str | None:
     """One sentence over every task instance of the ``per_study`` comparisons (`matched_instances`' first item, one
     per study of ``policy`` in the headline): on how many instances Text2Grad is ahead of the information-matched
-    baseline on average, at no larger final KL, and both; and its seed pairs all together, with the exact sign
-    test. None for fewer than two studies (the study's own sentence says it all)."""
+    baseline on average, at no larger final KL, and both; its seed pairs all together, with the exact sign test;
+    and from ``frontiers`` (`frontier_points` of each study) at how many of the baseline's frontier points it is
+    ahead at no larger KL. None for fewer than two studies (the study's own sentence says it all)."""
     if len(per_study) < 2:
         return None
     instances = [c for per in per_study for c in per.values()]
@@ -368,7 +388,8 @@ def across_studies_sentence(policy: str, per_study: Sequence[Mapping[str, Any]])
                 f"Text2Grad ends ahead of the information-matched baseline on average on {sum(on_average)} of {n}, "
                 f"at no larger final KL on {sum(no_further)} of {n}, and both on {both} of {n}; over all {len(diffs)} "
                 f"seed pairs it is ahead on {ahead} and behind on {behind} (mean paired difference "
-                f"{sum(diffs) / len(diffs):+.3f}; exact two-sided sign test p = {sign_test_p(ahead, behind):.3g})")
+                f"{sum(diffs) / len(diffs):+.3f}; exact two-sided sign test p = {sign_test_p(ahead, behind):.3g})"
+                + _frontier_clause(frontiers))
     if with_best := [c for c in instances if c.get("best")]:
         above = sum(c["t2g"][0] > c["best"][1] + TIE for c in with_best)
         sentence += f"; its mean final score is above the best scalar baseline's on {above} of {len(with_best)}"
@@ -382,10 +403,11 @@ def headline_table() -> str:
     """The README's headline (`headline_studies`): Text2Grad against the information-matched baseline with the
     learned critic, per task instance and pooled, the best scalar baseline beside it, then sentences generated from
     those numbers: one per policy (all its studies together where it has several)."""
-    rows, sentences, per_policy = [], {}, {}
+    rows, sentences, per_policy, frontiers = [], {}, {}, {}
     for policy, date, name, study in headline_studies():
         per, pooled, how = matched_instances(study)
         per_policy.setdefault(policy, []).append(per)
+        frontiers.setdefault(policy, []).append(frontier_points(study))
         link = f"[`{name}`](benchmarks/results/{name}/study.md)"
         ahead_on = [ts for ts, c in per.items() if c["pair"]["mean"] > TIE]
         closer = [ts for ts, c in per.items() if c["kl"][0] <= c["kl"][1]]
@@ -404,6 +426,7 @@ def headline_table() -> str:
             lo, hi = pooled["interval"]
             sentence += (f"; pooled over {pooled['n']} seed pairs the paired difference is {pooled['mean']:+.3f} "
                          f"[{lo:+.3f}, {hi:+.3f}], which " + ("excludes" if lo > 0 or hi < 0 else "includes") + " zero")
+        sentence += _frontier_clause([frontiers[policy][-1]])
         with_best = [ts for ts, c in per.items() if c["best"]]
         if with_best:
             sentence += (f"; its mean final score is above the best scalar baseline's on {len(above_best)} of "
@@ -413,7 +436,8 @@ def headline_table() -> str:
                 sentence += f"; {who} ends no better than its start policy on instance(s) {', '.join(below)}"
         sentences.setdefault(policy, []).append(sentence + ".")
     # a policy's studies together in one sentence (each study's own numbers are its rows), or its one study's
-    lines = [across_studies_sentence(policy, per_policy[policy]) or own[0] for policy, own in sentences.items()]
+    lines = [across_studies_sentence(policy, per_policy[policy], frontiers[policy]) or own[0]
+             for policy, own in sentences.items()]
     header = ("policy, study", "task instance (SFT start)", "Text2Grad", "information-matched baseline",
               "paired difference [95 % interval], seeds ahead", "final KL (nats), Text2Grad vs baseline",
               "best scalar baseline")

@@ -171,6 +171,8 @@ def test_the_headline_compares_text2grad_with_the_information_matched_baseline_o
     assert together.startswith("- tiny Llama, toy task, the 2 studies together (6 task instances, each its own SFT "
                                "start): Text2Grad ends ahead of the information-matched baseline on average on 4 of "
                                "6, at no larger final KL on 2 of 6, and both on 0 of 6; over all 30 seed pairs")
+    assert "held to the KL of each point of the baseline's own KL frontier (2 studies with one), ahead at 20 of 30 " \
+           "points" in together  # the committed study's count, twice
     assert real == ("- SmolLM2-135M-Instruct (b_smol, 2026-11-29; both at lr 0.0001, KL fixed, lambda 0.95): Text2Grad "
                     "ends ahead of the information-matched baseline on average on 1 of 1 task instance, and at no larger "
                     "final KL on 1 of 1; its mean final score is above the best scalar baseline's on 0 of 1.")
@@ -203,6 +205,11 @@ def test_the_studies_of_one_policy_are_summed_up_together_with_an_exact_sign_tes
         "information-matched baseline on average on 2 of 3, at no larger final KL on 1 of 3, and both on 1 of 3; over "
         "all 9 seed pairs it is ahead on 5 and behind on 3 (mean paired difference +0.061; exact two-sided sign test "
         "p = 0.727).")
+    # the baseline's own frontier where a study ran one: Text2Grad held to the KL of each of its points
+    assert rt.across_studies_sentence("P", [first, second], [(3, 4), None]).endswith(
+        "p = 0.727); held to the KL of each point of the baseline's own KL frontier (1 study with one), ahead at 3 of "
+        "4 points.")
+    assert rt._frontier_clause([None, None]) == "" and rt._frontier_clause([(1, 2)]).endswith("frontier, ahead at 1 of 2 points")
     assert rt.sign_test_p(5, 0) == 0.0625 and rt.sign_test_p(3, 3) == 1.0 and math.isnan(rt.sign_test_p(0, 0))
 
 
