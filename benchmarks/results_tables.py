@@ -103,7 +103,8 @@ def _interval(pooled: Mapping[str, Any]) -> str:
 def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
     """The README row and the index headline of a study over several task instances (its pooled study.json):
     for Text2Grad and each of its defended variants, the comparisons with the information-matched baseline first
-    (each method at the KL setting its validation score picks, then Text2Grad held to the baseline's KL), then
+    (each method at the KL setting its validation score picks, then Text2Grad held to the baseline's KL, and to the
+    KL of each point of the baseline's own frontier where it ran one), then
     those with the best scalar baseline (at the sweep's settings, at validation-picked KL settings, held to its KL),
     each per instance and pooled for Text2Grad, pooled only for a defended variant (its instances are in study.md),
     one comparison per line."""
@@ -168,6 +169,13 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
                 else:
                     text += f"no setting tried stays within it on any of the {len(numbers['instances'])} instances"
                 parts.append(text)
+            for method, numbers in entry.get(f"frontier_dominance{suffix}", {}).items():
+                name = _variant_name(method)
+                parts.append(f"{arm} critic, {name} held to the KL of each point of {who}'s own KL frontier: ahead "
+                             f"at {numbers['ahead']} of {numbers['points']} points over {len(numbers['instances'])} "
+                             "instances")
+                heads.append(f"{arm}: {name} held to each of {short}'s frontier points, ahead at "
+                             f"{numbers['ahead']}/{numbers['points']}")
     result = "final test fact score (mean over seeds):<br>" + "<br>".join(parts)
     return (what, result, conditions(study), command(study)), "; ".join(heads)
 

@@ -241,3 +241,16 @@ def test_a_study_that_only_swept_several_instances_gets_each_instances_choices(t
     assert result == ("instance 1: learned/scalar_sum chose lr 1e-05, KL fixed, lambda 0.95 (0.175 of 3 tried)<br>"
                       "instance 2: learned/scalar_sum chose lr 3.3e-06, KL fixed, lambda 0.95 (-0.227 of 2 tried)")
     assert headline.startswith("instance 1: learned/scalar_sum chose lr 1e-05") and machine.startswith("test cpu")
+
+
+def test_a_pooled_study_row_says_how_often_text2grad_is_ahead_held_to_each_point_of_the_baselines_frontier():
+    folder = ROOT / "benchmarks" / "results" / "method_study_xeon"
+    study = json.loads((folder / "study.json").read_text())
+    numbers = study["pooled"]["learned"]["frontier_dominance_scalar_sum"]["text2grad"]
+    (_, result, _, _), heads = rt.pooled_study_rows(folder, study)
+    count = f"{numbers['ahead']}/{numbers['points']}"
+    assert f"learned: Text2Grad held to each of scalar_sum's frontier points, ahead at {count}" in heads.split("; ")
+    assert (f"learned critic, Text2Grad held to the KL of each point of the information-matched baseline's own KL "
+            f"frontier: ahead at {numbers['ahead']} of {numbers['points']} points over 3 instances") in result
+    del study["pooled"]["learned"]["frontier_dominance_scalar_sum"]  # a study whose baseline ran no frontier
+    assert "scalar_sum's frontier points" not in rt.pooled_study_rows(folder, study)[1]
