@@ -60,6 +60,8 @@ default for ``--preset smollm2``, a run killed midway resumes from its last eval
   also compares Text2Grad held to the KL of the best scalar baseline, and of the information-matched scalar_sum: its
   KL setting is chosen on validation among those whose mean final KL is no larger than the baseline's, and compared
   with the baseline on test, seed by seed (a method that wins only by drifting further from the start is not winning).
+  Where scalar_sum has frontier points of its own, Text2Grad is held that way to each of them too: the baseline
+  given more room may use it.
   ``--lr_frontier`` adds points at other learning rates (chosen KL setting kept), labelled "fixed 0.1, lr 1e-05":
   a method whose KL no penalty moves (its step size holds it) gets points further out, and the choices on
   validation above choose among them too. ``--frontier_methods`` gives frontier runs to some methods only (e.g. the
