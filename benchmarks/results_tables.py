@@ -320,7 +320,8 @@ def frontier_points(study: Mapping[str, Any]) -> tuple[int, int] | None:
 
 
 def _frontier_clause(counts: Sequence[tuple[int, int] | None]) -> str:
-    """'; held to the KL of each point of the baseline's KL frontier, ahead at 10 of 15 points (1 study)', or ''."""
+    """'; held to the KL of each point of the baseline's own KL frontier (1 study with one), ahead at 10 of 15
+    points' (the count of studies only when there are several), or '' when no study ran such a frontier."""
     ran = [c for c in counts if c is not None]
     if not ran:
         return ""
