@@ -975,7 +975,7 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
                against: str | None = None) -> dict[str, Any] | None:
     """``method`` (Text2Grad or a variant) held to a baseline's KL: among its KL settings whose mean final KL is no
     larger than the baseline's (at the baseline's chosen setting), the one with the best end-of-run validation
-    score, compared seed by seed with the baseline on test. The baseline is ``against`` (a method of ``arm``, e.g.
+    score among those run on the most seeds (`validation_pick`), compared seed by seed with the baseline on test. The baseline is ``against`` (a method of ``arm``, e.g.
     the information-matched scalar_sum) or, by default, the best scalar baseline. None without frontier points or
     that baseline; ``point`` None when no setting stays within the baseline's KL (``lowest`` then says how close the
     nearest came)."""
@@ -986,8 +986,7 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
         return None
     base = summ[base_key]
     budget = base["kl_end"][0]
-    within = [p for p in points if p["kl_end"][0] <= budget]
-    pick = max(within, key=lambda p: p["val_end_mean"], default=None)
+    pick = validation_pick([p for p in points if p["kl_end"][0] <= budget])
     pair = paired(pick["final"], base["final"]) if pick else None
     fall = pick.get("val_fall", {}) if pick else {}
     return {"baseline": base_key, "budget": budget, "base": base["final_mean_ci"], "tried": len(points),
@@ -1102,7 +1101,8 @@ def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, m
 def frontier_dominance(study: Mapping[str, Any], arm: str, method: str, against: str) -> dict[str, Any] | None:
     """``method`` held to the KL of every point of the baseline's frontier, not only its chosen setting's: at each
     baseline point (its chosen setting, and the ``--kl_frontier`` / ``--lr_frontier`` ones), ``method``'s setting with
-    the best end-of-run validation score among those whose mean final KL is no larger, compared seed by seed on test.
+    the best end-of-run validation score among those whose mean final KL is no larger (`validation_pick`: of those,
+    the ones run on the most seeds), compared seed by seed on test.
     A method that wins only by drifting further loses here wherever the baseline, given the same room, uses it.
     Returns the baseline key, per baseline point (sorted by KL) the ``base_point``, the ``point`` (None when no
     setting stays within) and its ``pair``, and ``ahead``: at how many baseline points ``method`` is ahead on average
@@ -1113,8 +1113,7 @@ def frontier_dominance(study: Mapping[str, Any], arm: str, method: str, against:
         return None
     rows = []
     for base in theirs:
-        within = [p for p in mine if p["kl_end"][0] <= base["kl_end"][0]]
-        pick = max(within, key=lambda p: p["val_end_mean"], default=None)
+        pick = validation_pick([p for p in mine if p["kl_end"][0] <= base["kl_end"][0]])
         rows.append({"base_point": base, "point": pick, "pair": paired(pick["final"], base["final"]) if pick else None})
     ahead = sum(r["pair"] is not None and r["pair"]["mean"] > TIE for r in rows)
     return {"baseline": f"{arm}/{against}", "rows": rows, "ahead": ahead}

@@ -1119,6 +1119,28 @@ def test_the_validation_pick_compares_settings_on_the_same_seeds_and_checks_the_
     assert msr.kl_on_validation({**study, "kl_frontier": {"learned/text2grad": [fixed]}}, "learned", "text2grad") is None
 
 
+def test_held_to_a_baselines_kl_text2grad_is_chosen_among_its_settings_run_on_the_most_seeds():
+    """A setting run on two seeds of five, best on validation and within the baseline's KL, is not picked over one
+    run on all five: its paired difference would be measured on a different, smaller sample."""
+    five = [0, 1, 2, 3, 4]
+    two_seeds = _point("fixed 3", [0, 1], 0.50, [0.50, 0.50], 0.01)
+    all_seeds = _point("fixed 1", five, 0.40, [0.41] * 5, 0.02)
+    loose = _point("fixed 0.1", five, 0.60, [0.60] * 5, 1.00)
+    base = _point("fixed 0.1", five, 0.30, [0.30] * 5, 0.05)
+    study = {"kl_frontier": {"learned/text2grad": [loose, two_seeds, all_seeds],
+                             "learned/scalar_sum": [base, _point("fixed 0.1, lr 1e-05", five, 0.3, [0.35] * 5, 0.5)]},
+             "final": {"learned/scalar_sum": {"method": "scalar_sum", "arm": "learned", "final_mean_ci": (0.30, 0.0),
+                                              "kl_end": (0.05, 0.0), "final": dict.fromkeys(five, 0.30)}},
+             "sft": {"test": {"fact_score": 0.2}}}
+    c = msr.kl_matched(study, "learned", "text2grad", "scalar_sum")
+    assert c["point"] is all_seeds and c["pair"]["n"] == 5 and c["pair"]["diffs"] == pytest.approx([0.11] * 5)
+    rows = msr.frontier_dominance(study, "learned", "text2grad", "scalar_sum")["rows"]
+    assert [r["point"] for r in rows] == [all_seeds, all_seeds]
+    # with only the two-seed setting within the budget, it is the one compared (on its two seeds)
+    study["kl_frontier"]["learned/text2grad"] = [loose, two_seeds]
+    assert msr.kl_matched(study, "learned", "text2grad", "scalar_sum")["pair"]["n"] == 2
+
+
 def test_held_to_a_baseline_that_a_looser_penalty_does_not_move_the_report_says_the_penalty_did_not_hold_it():
     def chosen(point):
         return {**point, "chosen": True}
