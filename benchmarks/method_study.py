@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
 import json
 import math
 import os
@@ -187,6 +188,7 @@ class StudyContext:
     rm_replay: str = ""  # the reward model's training annotations, replayed by the refresh variants
     rm_offline_matched: str = ""  # the reward model of the offline_matched variant (the refresh's control)
     sft_scores: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> scores
+    start_fingerprint: str = ""  # `weights_fingerprint` of the SFT policy, recorded in every run's result
     use_chat_template: bool = False  # the policy's prompts through its tokenizer's chat template (SmolLM2)
     ppo_fields: dict[str, Any] = field(default_factory=dict)  # the preset's PPOConfig fields (SmolLM2: LoRA)
     checkpoint_runs: bool = False  # checkpoint each run at its evaluation points, so a killed run resumes there
@@ -276,6 +278,28 @@ def cpu_kernels() -> str:
     name ("Intel(R) Xeon(R) Processor") can differ in them, and so in the SFT policy the same seed trains."""
     amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()  # private in torch 2.x: absent is "no"
     return torch.backends.cpu.get_cpu_capability() + (" + AMX" if amx else "")
+
+
+def cpu_id() -> str:
+    """The CPU's family, model and stepping numbers (x86 /proc/cpuinfo), e.g. "family 6 model 143 stepping 8": a
+    virtual CPU's model name can be as generic as "Intel(R) Xeon(R) Processor". "" where they are not exposed."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                      if ":" in line)
+    except OSError:
+        return ""
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    return " ".join(f"{k.split()[-1]} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields)
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A short sha256 of every parameter and buffer (names sorted, exact bytes): two start policies with the same
+    fingerprint are the same policy, while equal validation scores only say their greedy outputs agree there."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -409,7 +433,8 @@ def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
                                                      "seconds": seconds_before + time.perf_counter() - t0})
     result: dict[str, Any] = {"spec": {**asdict(spec), "run_id": spec.run_id}, "curve": curve, "metrics": metrics,
                               "final": curve[-1], "seconds": seconds_before + time.perf_counter() - t0, "cpu": cpu_model(),
-                              "cpu_kernels": cpu_kernels(), "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+                              "cpu_kernels": cpu_kernels(), "cpu_id": cpu_id(),
+                              "start_fingerprint": ctx.start_fingerprint, "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
                               "date": time.strftime("%Y-%m-%d")}
     if score_test:
         sft_model = load_causal_lm(ctx.sft).eval()
@@ -757,8 +782,9 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
     tok, model = load_tokenizer(str(sft)), load_causal_lm(str(sft)).eval()
     sft_scores = {split: _greedy(model, tok, recs, cfg.response_length, cfg.use_chat_template)[0]
                   for split, recs in (("val", val_records), ("test", test_records))}
+    fingerprint = weights_fingerprint(model)
     del model
-    check_same_start(out, sft_scores)  # before the reward models: they take the longest to build
+    check_same_start(out, sft_scores, fingerprint)  # before the reward models: they take the longest to build
     learned = {m for a, m in keys if a == "learned" and m != "scalar_bt"}
     rm = dense_rm = scalar_rm = rm_ensemble = rm_replay = ""
     if learned - {"dense"}:
@@ -805,7 +831,7 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         rm_offline_matched=rm_offline_matched,
         checkpoint_runs=args.preset == "smollm2" if getattr(args, "checkpoint_runs", None) is None else args.checkpoint_runs,
     )
-    ctx.sft_scores = sft_scores
+    ctx.sft_scores, ctx.start_fingerprint = sft_scores, fingerprint
     return ctx
 
 
@@ -860,29 +886,40 @@ def study_date(folder: Path, stored: str | None) -> str:
     return max([*dates, *([stored] if stored else [])], default=time.strftime("%Y-%m-%d"))
 
 
-def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]]) -> None:
-    """Refuse to add runs to ``folder`` when its finished runs started from another SFT policy than ``sft_scores``
-    (split -> scores) describes. The setup (data, SFT policy, reward models) is rebuilt on every machine, never
-    copied, and the same seed trains a different tiny policy on another CPU or torch build: new runs would be
-    compared with old ones as if they shared a start."""
+def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]], fingerprint: str = "") -> None:
+    """Refuse to add runs to ``folder`` when its finished runs started from another SFT policy than the one built
+    here: its ``fingerprint`` (`weights_fingerprint`) differs from the one a run recorded, or, for a run that recorded
+    none, its validation scores differ from ``sft_scores`` (split -> scores). The setup (data, SFT policy, reward
+    models) is rebuilt on every machine, never copied, and the same seed trains a different tiny policy on another CPU
+    or torch build: new runs would be compared with old ones as if they shared a start."""
     mine, others = sft_scores["val"], []
+
+    def differing_scores(start: Mapping[str, float]) -> list[str]:
+        return [k for k, v in mine.items() if not math.isclose(start.get(k, math.nan), v, abs_tol=1e-9)]
+
     for path, result in finished_results(folder):
-        start = result["curve"][0]["val"]
-        if any(not math.isclose(start.get(k, math.nan), v, abs_tol=1e-9) for k, v in mine.items()):
+        start, theirs = result["curve"][0]["val"], result.get("start_fingerprint")
+        if (fingerprint and theirs and theirs != fingerprint) or differing_scores(start):
             others.append((path.parent.relative_to(folder), start, result))
-    if others:
-        run, start, result = others[0]
-        theirs = ", ".join(x for x in (result.get("cpu"), result.get("cpu_kernels") or "CPU kernels not recorded") if x)
-        differ = [k for k, v in mine.items() if not math.isclose(start.get(k, math.nan), v, abs_tol=1e-9)]
+    if not others:
+        return
+    run, start, result = others[0]
+    machine = ", ".join(x for x in (result.get("cpu"), result.get("cpu_kernels") or "CPU kernels not recorded",
+                                    result.get("cpu_id")) if x)
+    if differ := differing_scores(start):
         # every differing score at full precision: two starts can agree to four digits on the fact score alone
         here, there = (", ".join(f"{k} {scores.get(k, math.nan):.6g}" for k in differ) for scores in (mine, start))
-        raise SystemExit(
-            f"{folder}: the start policy built here has validation {here}, but {len(others)} finished run(s) "
-            f"there started from one with {there} (e.g. {run}). The setup is rebuilt, not copied, and the same seed trains a different SFT policy on "
-            "another CPU or torch build, so new runs cannot be compared with those. They ran on "
-            f"{theirs} with torch {result.get('versions', {}).get('torch', '(not recorded)')}; this machine is "
-            f"{cpu_model()}, {cpu_kernels()} with torch {torch.__version__} (a CPU of the same name can use other "
-            "vector instructions). Resume on a machine like theirs, or pass a new --output_dir.")
+        what = f"validation {here}, but {len(others)} finished run(s) there started from one with {there}"
+    else:  # the same greedy outputs on validation from other weights
+        what = (f"weights fingerprint {fingerprint}, but {len(others)} finished run(s) there started from one with "
+                f"{result['start_fingerprint']} (the same validation scores)")
+    here_machine = ", ".join(x for x in (cpu_model(), cpu_kernels(), cpu_id()) if x)
+    raise SystemExit(
+        f"{folder}: the start policy built here has {what} (e.g. {run}). The setup is rebuilt, not copied, and the "
+        "same seed trains a different SFT policy on another CPU or torch build, so new runs cannot be compared with "
+        f"those. They ran on {machine} with torch {result.get('versions', {}).get('torch', '(not recorded)')}; this "
+        f"machine is {here_machine} with torch {torch.__version__} (a CPU of the same name can use other vector "
+        "instructions). Resume on a machine like theirs, or pass a new --output_dir.")
 
 
 def study_identity(args: argparse.Namespace) -> dict[str, Any]:

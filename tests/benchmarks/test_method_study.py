@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -354,10 +356,40 @@ def test_runs_from_another_start_policy_stop_the_study_before_it_adds_any(tmp_pa
                                          r"from one with fact_score 0\.2792 \(e\.g\. final/learned-scalar_sum-seed0\).*new --output_dir") as stop:
         ms.check_same_start(tmp_path, here)
     # both machines named: a CPU of the same model name can run other kernels, so the name alone is no advice
-    here_machine = f"{ms.cpu_model()}, {ms.cpu_kernels()} with torch {ms.torch.__version__}"
+    here_machine = ", ".join(x for x in (ms.cpu_model(), ms.cpu_kernels(), ms.cpu_id()) if x)
     assert ("They ran on Intel(R) Xeon(R) Processor, 2 cores, CPU kernels not recorded with torch 2.13.0+cpu; "
-            f"this machine is {here_machine}") in str(stop.value)
+            f"this machine is {here_machine} with torch") in str(stop.value)
     assert ms.cpu_kernels().split(" + ")[0] in {"DEFAULT", "AVX2", "AVX512", "Z VECTOR", "VSX", "SVE256", "NO AVX"}
+
+
+def test_a_run_that_recorded_its_start_policys_weights_is_resumed_only_from_those_weights(tmp_path):
+    """Equal validation scores say only that two start policies' greedy outputs agree there: where a run recorded
+    its start policy's fingerprint, other weights are refused even at the same scores, and the same weights pass."""
+    start = {"fact_score": 0.225, "fact_recall": 0.4125}
+    path = tmp_path / "final" / "learned-text2grad-seed0" / "result.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"curve": [{"iteration": 0, "val": start}], "start_fingerprint": "0123456789abcdef",
+                                "cpu": "Intel(R) Xeon(R) Processor, 2 cores", "cpu_kernels": "AVX512 + AMX",
+                                "cpu_id": "family 6 model 143 stepping 8"}))
+    ms.check_same_start(tmp_path, {"val": start}, "0123456789abcdef")
+    ms.check_same_start(tmp_path, {"val": start})  # a caller without a fingerprint compares the scores alone
+    with pytest.raises(SystemExit, match=r"weights fingerprint fedcba9876543210, but 1 finished run\(s\) there "
+                                         r"started from one with 0123456789abcdef \(the same validation scores\)"
+                                         r".*They ran on Intel\(R\) Xeon\(R\) Processor, 2 cores, AVX512 \+ AMX, "
+                                         r"family 6 model 143 stepping 8 with torch"):
+        ms.check_same_start(tmp_path, {"val": start}, "fedcba9876543210")
+
+
+def test_the_weights_fingerprint_changes_with_any_weight_and_names_the_cpu_numbers():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2)).to(torch.bfloat16)
+    before = ms.weights_fingerprint(model)
+    assert before == ms.weights_fingerprint(model) and len(before) == 16
+    with torch.no_grad():
+        model[1].bias[0] += 2 ** -6  # one element, representable in bf16
+    assert ms.weights_fingerprint(model) != before
+    cpu = ms.cpu_id()
+    assert cpu == "" or re.fullmatch(r"family \d+ model \d+( stepping \d+)?", cpu), cpu
 
 
 def test_a_report_names_the_machines_its_runs_ran_on_not_its_own(tmp_path):
