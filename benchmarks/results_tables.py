@@ -399,13 +399,22 @@ def across_studies_sentence(policy: str, per_study: Sequence[Mapping[str, Any]],
                 f"seed pairs it is ahead on {ahead} and behind on {behind} (mean paired difference "
                 f"{sum(diffs) / len(diffs):+.3f}; exact two-sided sign test p = {sign_test_p(ahead, behind):.3g})"
                 + _frontier_clause(frontiers))
-    if with_best := [c for c in instances if c.get("best")]:
+    return sentence + _best_and_start_clauses(dict(enumerate(instances)), counted=True) + "."
+
+
+def _best_and_start_clauses(per: Mapping[Any, Mapping[str, Any]], counted: bool) -> str:
+    """The headline sentence's closing clauses over the ``per`` instance comparisons: on how many Text2Grad's mean
+    final score is above the best scalar baseline's, and where either side ends no better than its start policy
+    (as a count of the instances with ``counted``, else naming them)."""
+    clauses = []
+    if with_best := [c for c in per.values() if c.get("best")]:
         above = sum(c["t2g"][0] > c["best"][1] + TIE for c in with_best)
-        sentence += f"; its mean final score is above the best scalar baseline's on {above} of {len(with_best)}"
+        clauses.append(f"its mean final score is above the best scalar baseline's on {above} of {len(with_best)}")
     for who, side in (("Text2Grad", "t2g"), ("the information-matched baseline", "base")):
-        if below := sum(c[side][0] <= c["sft"] for c in instances if "sft" in c):
-            sentence += f"; {who} ends no better than its start policy on {below} of {n}"
-    return sentence + "."
+        if below := [str(ts) for ts, c in per.items() if "sft" in c and c[side][0] <= c["sft"]]:
+            where = f"{len(below)} of {len(per)}" if counted else f"instance(s) {', '.join(below)}"
+            clauses.append(f"{who} ends no better than its start policy on {where}")
+    return "".join(f"; {c}" for c in clauses)
 
 
 def headline_table() -> str:
@@ -420,7 +429,6 @@ def headline_table() -> str:
         link = f"[`{name}`](benchmarks/results/{name}/study.md)"
         ahead_on = [ts for ts, c in per.items() if c["pair"]["mean"] > TIE]
         closer = [ts for ts, c in per.items() if c["kl"][0] <= c["kl"][1]]
-        above_best = [ts for ts, c in per.items() if c["best"] and c["t2g"][0] > c["best"][1] + TIE]
         for k, (ts, c) in enumerate(per.items()):  # the study named on its first row
             rows.append((f"{policy}, {link}" if k == 0 else "", f"{ts} ({c['sft']:.3f})", f"{c['t2g'][0]:.3f}", f"{c['base'][0]:.3f}",
                          _interval(c["pair"]), f"{c['kl'][0]:.2f} vs {c['kl'][1]:.2f}",
@@ -435,14 +443,7 @@ def headline_table() -> str:
             lo, hi = pooled["interval"]
             sentence += (f"; pooled over {pooled['n']} seed pairs the paired difference is {pooled['mean']:+.3f} "
                          f"[{lo:+.3f}, {hi:+.3f}], which " + ("excludes" if lo > 0 or hi < 0 else "includes") + " zero")
-        sentence += _frontier_clause([frontiers[policy][-1]])
-        with_best = [ts for ts, c in per.items() if c["best"]]
-        if with_best:
-            sentence += (f"; its mean final score is above the best scalar baseline's on {len(above_best)} of "
-                         f"{len(with_best)}")
-        for who, side in (("Text2Grad", "t2g"), ("the information-matched baseline", "base")):
-            if below := [ts for ts, c in per.items() if c[side][0] <= c["sft"]]:
-                sentence += f"; {who} ends no better than its start policy on instance(s) {', '.join(below)}"
+        sentence += _frontier_clause([frontiers[policy][-1]]) + _best_and_start_clauses(per, counted=False)
         sentences.setdefault(policy, []).append(sentence + ".")
     # a policy's studies together in one sentence (each study's own numbers are its rows), or its one study's
     lines = [across_studies_sentence(policy, per_policy[policy], frontiers[policy]) or own[0]
