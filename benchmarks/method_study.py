@@ -677,12 +677,19 @@ def _fixed_coef_or(default: float | None):
     return coef
 
 
-def runs_not_finished(specs: Sequence[RunSpec]) -> dict[str, dict[str, list[int]]]:
-    """The seeds of ``specs`` (runs without a result) by (arm/method) and KL setting, as the report names them."""
+def runs_not_finished(specs: Sequence[RunSpec], default_coef: float,
+                      chosen: Mapping[tuple[str, str], Setting] | None = None) -> dict[str, dict[str, list[int]]]:
+    """The seeds of ``specs`` (runs without a result) by (arm/method) and KL setting, labelled as the report labels
+    frontier points: "fixed 0.3" (the preset's ``default_coef`` where a setting names none), and with ", lr 1e-05"
+    for a learning rate other than the ``chosen`` setting's."""
     out: dict[str, dict[str, list[int]]] = {}
     for s in specs:
-        kl = s.setting.kl if s.setting.kl_coef is None else f"{s.setting.kl} {s.setting.kl_coef:g}"
-        out.setdefault(f"{s.arm}/{s.method}", {}).setdefault(kl, []).append(s.seed)
+        label = "adaptive" if s.setting.kl == "adaptive" else (
+            f"fixed {default_coef if s.setting.kl_coef is None else s.setting.kl_coef:g}")
+        own = (chosen or {}).get((s.arm, s.method))
+        if own is not None and not math.isclose(s.setting.lr, own.lr, rel_tol=1e-3):
+            label += f", lr {s.setting.lr:.3g}"
+        out.setdefault(f"{s.arm}/{s.method}", {}).setdefault(label, []).append(s.seed)
     return out
 
 
@@ -1200,7 +1207,7 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     study["kl_frontier"] = summarize_frontier(results, ctx.kl_coef) if frontier else study.get("kl_frontier", {})
     if frontier:  # what the report says is missing at the frontier's KL settings
         study["frontier_requested"] = len(frontier)
-        study["frontier_not_run"] = runs_not_finished([s for s in frontier if s not in results])
+        study["frontier_not_run"] = runs_not_finished([s for s in frontier if s not in results], ctx.kl_coef, chosen)
     study["seconds"] = time.perf_counter() - t0
     _write_json(study_path, study)
     if study["final"]:

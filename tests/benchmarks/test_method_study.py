@@ -1401,8 +1401,12 @@ def test_a_report_names_the_kl_frontier_runs_not_run():
                               [0.1, 0.3, 1.0], [0, 1], default_coef=0.1)
     assert len(specs) == 8  # 0.1 is the chosen setting's own coefficient: the final run, not run twice
     ran = {s for s in specs if s.method == "text2grad"} | {specs[-1]}  # scalar_sum ran only at 1.0 with seed 1
-    not_run = ms.runs_not_finished([s for s in specs if s not in ran])
+    not_run = ms.runs_not_finished([s for s in specs if s not in ran], 0.1)
     assert not_run == {"learned/scalar_sum": {"fixed 0.3": [0, 1], "fixed 1": [0]}}
+    # a learning-rate point is named with its learning rate, as the report labels it; the preset's coefficient too
+    chosen = {("learned", "text2grad"): ms.Setting(lr=1e-5, kl="fixed", lam=0.0)}
+    lr_point = ms.RunSpec("learned", "text2grad", ms.Setting(lr=3e-5, kl="fixed", lam=0.0), 2, "frontier")
+    assert ms.runs_not_finished([lr_point], 0.1, chosen) == {"learned/text2grad": {"fixed 0.1, lr 3e-05": [2]}}
     study = {"final": {}, "frontier_requested": len(specs), "frontier_not_run": not_run}
     [line] = msr.missing_runs_lines(study)
     assert line == (f"Of the 8 requested runs at the KL frontier's settings, 3 have not run, so the comparisons across "
