@@ -296,6 +296,7 @@ def matched_instances(study: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
                 b = best.get(ts)
                 b_score = None if b is None else b["base_point"]["final_mean_ci"][0] if "base_point" in b else b["base"][0]
                 per[ts] = {**c, "sft": study["instances"][ts]["sft"]["test"]["fact_score"],
+                           "start": start_key(ts, study["instances"][ts]["sft"]),
                            "best": None if b is None else (_baseline_name(b["baseline"]), b_score)}
             return per, numbers["pooled"], how
         return None
@@ -307,27 +308,38 @@ def matched_instances(study: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     settings = {_setting_label(study["final"][key]["setting"])
                 for key in (f"{HEADLINE_ARM}/text2grad", f"{HEADLINE_ARM}/scalar_sum")}
     how = f"both at {settings.pop()}" if len(settings) == 1 else "each at its own setting"
-    return ({task: {**c, "sft": study["sft"]["test"]["fact_score"],
+    return ({task: {**c, "sft": study["sft"]["test"]["fact_score"], "start": start_key(task, study["sft"]),
                     "best": (best["base_name"], best["base"][0]) if best else None}}, None, how)
 
 
-def frontier_points(study: Mapping[str, Any]) -> tuple[int, int] | None:
-    """(points ahead, points) of Text2Grad held to the KL of each point of the information-matched baseline's KL
-    frontier, over a pooled study's instances (`method_study_report.frontier_dominance_lines`); None when the
-    baseline ran no frontier of its own."""
+def start_key(task: str, sft: Mapping[str, Any]) -> tuple | None:
+    """What identifies an instance's SFT start across studies: its task instance and its validation scores at full
+    precision (two machines can train the same start, and then their studies share that instance). None without
+    validation scores."""
+    val = sft.get("val")
+    return (str(task), tuple(sorted((k, round(v, 9)) for k, v in val.items()))) if val else None
+
+
+def frontier_points(study: Mapping[str, Any]) -> dict[str, tuple[int, int]] | None:
+    """Per task instance, (points ahead, points) of Text2Grad held to the KL of each point of the information-matched
+    baseline's KL frontier (`method_study_report.frontier_dominance_lines`); None when the baseline ran no frontier of
+    its own."""
     numbers = study.get("pooled", {}).get(HEADLINE_ARM, {}).get("frontier_dominance_scalar_sum", {}).get("text2grad")
-    return (numbers["ahead"], numbers["points"]) if numbers else None
+    if not numbers:
+        return None
+    return {str(ts): (c["ahead"], len(c["rows"])) for ts, c in numbers["instances"].items()}
 
 
-def _frontier_clause(counts: Sequence[tuple[int, int] | None]) -> str:
+def _frontier_clause(counts: Sequence[Mapping[str, tuple[int, int]] | None]) -> str:
     """'; held to the KL of each point of the baseline's own KL frontier (1 study with one), ahead at 10 of 15
-    points' (the count of studies only when there are several), or '' when no study ran such a frontier."""
-    ran = [c for c in counts if c is not None]
+    points' over the per-instance ``counts`` of each study (`frontier_points`; the count of studies only when there
+    are several), or '' when no study ran such a frontier."""
+    ran = [c for c in counts if c]
     if not ran:
         return ""
     studies = f" ({len(ran)} stud{'ies' if len(ran) > 1 else 'y'} with one)" if len(counts) > 1 else ""
     return (f"; held to the KL of each point of the baseline's own KL frontier{studies}, ahead at "
-            f"{sum(a for a, _ in ran)} of {sum(n for _, n in ran)} points")
+            f"{sum(a for c in ran for a, _ in c.values())} of {sum(n for c in ran for _, n in c.values())} points")
 
 
 def _baseline_name(key: str) -> str:
@@ -378,28 +390,55 @@ def sign_test_p(ahead: int, behind: int) -> float:
 
 
 def across_studies_sentence(policy: str, per_study: Sequence[Mapping[str, Any]],
-                            frontiers: Sequence[tuple[int, int] | None] = ()) -> str | None:
+                            frontiers: Sequence[Mapping[str, tuple[int, int]] | None] = ()) -> str | None:
     """One sentence over every task instance of the ``per_study`` comparisons (`matched_instances`' first item, one
     per study of ``policy`` in the headline): on how many instances Text2Grad is ahead of the information-matched
     baseline on average, at no larger final KL, and both; its seed pairs all together, with the exact sign test;
     and from ``frontiers`` (`frontier_points` of each study) at how many of the baseline's frontier points it is
-    ahead at no larger KL. None for fewer than two studies (the study's own sentence says it all)."""
+    ahead at no larger KL. Instances of several studies with the same SFT start (`start_key`: two machines trained
+    the same policy) are one instance whose seed pairs are all those studies' (more runs of one instance, not more
+    instances); its means and KLs are over them all, its best scalar baseline the first (newest) study's. None for
+    fewer than two studies (the study's own sentence says it all)."""
     if len(per_study) < 2:
         return None
-    instances = [c for per in per_study for c in per.values()]
+    merged: dict[Any, list[Mapping[str, Any]]] = {}
+    for k, per in enumerate(per_study):
+        for ts, c in per.items():
+            merged.setdefault(c.get("start") or (k, ts), []).append(c)
+    instances = [_merge_runs_of_one_start(group) for group in merged.values()]
+    shared = sum(len(group) > 1 for group in merged.values())
     diffs = [d for c in instances for d in c["pair"]["diffs"]]
     ahead, behind = sum(d > TIE for d in diffs), sum(d < -TIE for d in diffs)
     on_average = [c["pair"]["mean"] > TIE for c in instances]
     no_further = [c["kl"][0] <= c["kl"][1] for c in instances]
     both = sum(a and k for a, k in zip(on_average, no_further))
     n = len(instances)
-    sentence = (f"{policy}, the {len(per_study)} studies together ({n} task instances, each its own SFT start): "
+    again = (f"; for {shared} of them more than one study trained the same start, and their seed pairs are pooled"
+             if shared else "")
+    sentence = (f"{policy}, the {len(per_study)} studies together ({n} task instances, each its own SFT start{again}): "
                 f"Text2Grad ends ahead of the information-matched baseline on average on {sum(on_average)} of {n}, "
                 f"at no larger final KL on {sum(no_further)} of {n}, and both on {both} of {n}; over all {len(diffs)} "
                 f"seed pairs it is ahead on {ahead} and behind on {behind} (mean paired difference "
                 f"{sum(diffs) / len(diffs):+.3f}; exact two-sided sign test p = {sign_test_p(ahead, behind):.3g})"
                 + _frontier_clause(frontiers))
     return sentence + _best_and_start_clauses(dict(enumerate(instances)), counted=True) + "."
+
+
+def _merge_runs_of_one_start(group: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """One instance's comparison from those of several studies that share its SFT start: every seed pair, and the
+    means of both sides' final scores and KLs weighted by their studies' seed counts; the first study's best scalar
+    baseline and start score."""
+    if len(group) == 1:
+        return group[0]
+    diffs = [d for c in group for d in c["pair"]["diffs"]]
+    weights = [len(c["pair"]["diffs"]) for c in group]
+
+    def mean(values: Sequence[float]) -> float:
+        return sum(w * v for w, v in zip(weights, values)) / sum(weights)
+
+    return {**group[0], "pair": {"diffs": diffs, "mean": sum(diffs) / len(diffs)},
+            "t2g": (mean([c["t2g"][0] for c in group]),), "base": (mean([c["base"][0] for c in group]),),
+            "kl": (mean([c["kl"][0] for c in group]), mean([c["kl"][1] for c in group]))}
 
 
 def _best_and_start_clauses(per: Mapping[Any, Mapping[str, Any]], counted: bool) -> str:

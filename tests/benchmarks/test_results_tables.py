@@ -9,6 +9,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -167,10 +169,12 @@ def test_the_headline_compares_text2grad_with_the_information_matched_baseline_o
     assert "| 0 (0.362) | 0.450 | 0.400 | +0.050 [+0.020, +0.080], ahead on 2 of 3 | 5.00 vs 6.00 | " \
            "scalar PPO (Bradley-Terry RM) 0.596 |" in rows[8]
     together, real = [line for line in table.splitlines() if line.startswith("- ")]
-    # the study and its replica together: twice instances 0 and 1 ahead (at larger KL), instance 2 behind (at less)
-    assert together.startswith("- tiny Llama, toy task, the 2 studies together (6 task instances, each its own SFT "
-                               "start): Text2Grad ends ahead of the information-matched baseline on average on 4 of "
-                               "6, at no larger final KL on 2 of 6, and both on 0 of 6; over all 30 seed pairs")
+    # the study and its replica (the same starts) together: each instance once with both studies' seed pairs,
+    # instances 0 and 1 ahead (at larger KL), instance 2 behind (at less)
+    assert together.startswith("- tiny Llama, toy task, the 2 studies together (3 task instances, each its own SFT "
+                               "start; for 3 of them more than one study trained the same start, and their seed pairs "
+                               "are pooled): Text2Grad ends ahead of the information-matched baseline on average on 2 "
+                               "of 3, at no larger final KL on 1 of 3, and both on 0 of 3; over all 30 seed pairs")
     assert "held to the KL of each point of the baseline's own KL frontier (2 studies with one), ahead at 20 of 30 " \
            "points" in together  # the committed study's count, twice
     assert real == ("- SmolLM2-135M-Instruct (b_smol, 2026-11-29; both at lr 0.0001, KL fixed, lambda 0.95): Text2Grad "
@@ -206,11 +210,40 @@ def test_the_studies_of_one_policy_are_summed_up_together_with_an_exact_sign_tes
         "all 9 seed pairs it is ahead on 5 and behind on 3 (mean paired difference +0.061; exact two-sided sign test "
         "p = 0.727).")
     # the baseline's own frontier where a study ran one: Text2Grad held to the KL of each of its points
-    assert rt.across_studies_sentence("P", [first, second], [(3, 4), None]).endswith(
+    assert rt.across_studies_sentence("P", [first, second], [{"0": (1, 2), "1": (2, 2)}, None]).endswith(
         "p = 0.727); held to the KL of each point of the baseline's own KL frontier (1 study with one), ahead at 3 of "
         "4 points.")
-    assert rt._frontier_clause([None, None]) == "" and rt._frontier_clause([(1, 2)]).endswith("frontier, ahead at 1 of 2 points")
+    assert rt._frontier_clause([None, None]) == "" and rt._frontier_clause([{"0": (1, 2)}]).endswith(
+        "frontier, ahead at 1 of 2 points")
     assert rt.sign_test_p(5, 0) == 0.0625 and rt.sign_test_p(3, 3) == 1.0 and math.isnan(rt.sign_test_p(0, 0))
+
+
+def test_two_studies_that_trained_the_same_start_give_one_instance_with_both_studies_seed_pairs():
+    """Two machines can train the same SFT start for a task instance: that is one instance run twice, so it counts
+    once, with every seed pair of both studies and their pooled means (here behind, though the newer study alone is
+    ahead)."""
+    same = rt.start_key("2", {"val": {"fact_score": -0.3208333333333335, "n_false": 2.875}, "test": {}})
+    assert same == rt.start_key(2, {"val": {"n_false": 2.875, "fact_score": -0.32083333333333}})  # 9 digits, any order
+    assert same != rt.start_key("1", {"val": {"fact_score": -0.3208333333333335, "n_false": 2.875}})  # another task
+    assert rt.start_key("2", {"test": {"fact_score": 0.1}}) is None
+    newer = {"2": {"pair": {"diffs": [0.01, 0.02], "mean": 0.015}, "kl": (0.1, 0.2), "t2g": (0.3,), "base": (0.285,),
+                   "sft": 0.2, "start": same},
+             "0": {"pair": {"diffs": [0.1, 0.1], "mean": 0.1}, "kl": (1.0, 0.1), "t2g": (0.5,), "base": (0.4,),
+                   "sft": 0.3, "start": ("0", ())}}
+    older = {"2": {"pair": {"diffs": [-0.1, -0.1], "mean": -0.1}, "kl": (0.0, 0.4), "t2g": (0.2,), "base": (0.3,),
+                   "sft": 0.2, "start": same}}
+    sentence = rt.across_studies_sentence("P", [newer, older])
+    assert sentence.startswith(
+        "P, the 2 studies together (2 task instances, each its own SFT start; for 1 of them more than one study trained "
+        "the same start, and their seed pairs are pooled): Text2Grad ends ahead of the information-matched baseline on "
+        "average on 1 of 2, at no larger final KL on 1 of 2, and both on 0 of 2; over all 6 seed pairs it is ahead on "
+        "4 and behind on 2")
+    merged = rt._merge_runs_of_one_start([newer["2"], older["2"]])
+    assert merged["pair"]["mean"] == pytest.approx(-0.0425) and merged["kl"] == pytest.approx((0.05, 0.3))
+    assert merged["t2g"][0] == pytest.approx(0.25) and merged["base"][0] == pytest.approx(0.2925)
+    # without start keys (older study files) every instance counts on its own
+    plain = [{ts: {k: v for k, v in c.items() if k != "start"} for ts, c in per.items()} for per in (newer, older)]
+    assert "(3 task instances, each its own SFT start)" in rt.across_studies_sentence("P", plain)
 
 
 def test_the_refresh_memory_row_quotes_each_piece_size_against_the_whole_batch():
