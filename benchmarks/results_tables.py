@@ -425,9 +425,9 @@ def across_studies_sentence(policy: str, per_study: Sequence[Mapping[str, Any]],
 
 
 def _merge_runs_of_one_start(group: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """One instance's comparison from those of several studies that share its SFT start: every seed pair, and the
-    means of both sides' final scores and KLs weighted by their studies' seed counts; the first study's best scalar
-    baseline and start score."""
+    """One instance's comparison from those of several studies that share its SFT start: every seed pair, the means
+    of both sides' final scores and KLs weighted by their studies' seed counts, and the best of their best scalar
+    baselines (a study that ran fewer baselines does not lower the bar)."""
     if len(group) == 1:
         return group[0]
     diffs = [d for c in group for d in c["pair"]["diffs"]]
@@ -436,7 +436,9 @@ def _merge_runs_of_one_start(group: Sequence[Mapping[str, Any]]) -> Mapping[str,
     def mean(values: Sequence[float]) -> float:
         return sum(w * v for w, v in zip(weights, values)) / sum(weights)
 
+    bests = [c["best"] for c in group if c.get("best")]
     return {**group[0], "pair": {"diffs": diffs, "mean": sum(diffs) / len(diffs)},
+            "best": max(bests, key=lambda b: b[1]) if bests else None,
             "t2g": (mean([c["t2g"][0] for c in group]),), "base": (mean([c["base"][0] for c in group]),),
             "kl": (mean([c["kl"][0] for c in group]), mean([c["kl"][1] for c in group]))}
 

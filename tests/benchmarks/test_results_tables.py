@@ -241,6 +241,9 @@ def test_two_studies_that_trained_the_same_start_give_one_instance_with_both_stu
     merged = rt._merge_runs_of_one_start([newer["2"], older["2"]])
     assert merged["pair"]["mean"] == pytest.approx(-0.0425) and merged["kl"] == pytest.approx((0.05, 0.3))
     assert merged["t2g"][0] == pytest.approx(0.25) and merged["base"][0] == pytest.approx(0.2925)
+    # the bar is the best scalar baseline any of the studies ran on that start
+    newer["2"]["best"], older["2"]["best"] = ("scalar PPO (summed span rewards)", 0.285), ("scalar PPO", 0.34)
+    assert rt._merge_runs_of_one_start([newer["2"], older["2"]])["best"] == ("scalar PPO", 0.34)
     # without start keys (older study files) every instance counts on its own
     plain = [{ts: {k: v for k, v in c.items() if k != "start"} for ts, c in per.items()} for per in (newer, older)]
     assert "(3 task instances, each its own SFT start)" in rt.across_studies_sentence("P", plain)
