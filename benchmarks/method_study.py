@@ -895,10 +895,11 @@ def study_date(folder: Path, stored: str | None) -> str:
 
 def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]], fingerprint: str = "") -> None:
     """Refuse to add runs to ``folder`` when its finished runs started from another SFT policy than the one built
-    here: its ``fingerprint`` (`weights_fingerprint`) differs from the one a run recorded, or, for a run that recorded
-    none, its validation scores differ from ``sft_scores`` (split -> scores). The setup (data, SFT policy, reward
-    models) is rebuilt on every machine, never copied, and the same seed trains a different tiny policy on another CPU
-    or torch build: new runs would be compared with old ones as if they shared a start."""
+    here: its validation scores differ from ``sft_scores`` (split -> scores), or its ``fingerprint``
+    (`weights_fingerprint`) from the one a run recorded (runs from before fingerprints have only the scores). The
+    setup (data, SFT policy, reward models) is rebuilt on every machine, never copied, and the same seed trains a
+    different tiny policy on another CPU or torch build: new runs would be compared with old ones as if they shared a
+    start."""
     mine, others = sft_scores["val"], []
 
     def differing_scores(start: Mapping[str, float]) -> list[str]:
