@@ -975,10 +975,10 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
                against: str | None = None) -> dict[str, Any] | None:
     """``method`` (Text2Grad or a variant) held to a baseline's KL: among its KL settings whose mean final KL is no
     larger than the baseline's (at the baseline's chosen setting), the one with the best end-of-run validation
-    score among those run on the most seeds (`validation_pick`), compared seed by seed with the baseline on test. The baseline is ``against`` (a method of ``arm``, e.g.
-    the information-matched scalar_sum) or, by default, the best scalar baseline. None without frontier points or
-    that baseline; ``point`` None when no setting stays within the baseline's KL (``lowest`` then says how close the
-    nearest came)."""
+    score among those run on the most seeds (`validation_pick`), compared seed by seed with the baseline on test.
+    The baseline is ``against`` (a method of ``arm``, e.g. the information-matched scalar_sum) or, by default, the
+    best scalar baseline. None without frontier points or that baseline; ``point`` None when no setting stays within
+    the baseline's KL (``lowest`` then says how close the nearest came)."""
     points = study.get("kl_frontier", {}).get(f"{arm}/{method}", [])
     summ = study.get("final", {})
     base_key = best_scalar(summ, arm) if against is None else f"{arm}/{against}"

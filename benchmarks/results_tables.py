@@ -397,8 +397,8 @@ def across_studies_sentence(policy: str, per_study: Sequence[Mapping[str, Any]],
     and from ``frontiers`` (`frontier_points` of each study) at how many of the baseline's frontier points it is
     ahead at no larger KL. Instances of several studies with the same SFT start (`start_key`: two machines trained
     the same policy) are one instance whose seed pairs are all those studies' (more runs of one instance, not more
-    instances); its means and KLs are over them all, its best scalar baseline the first (newest) study's. None for
-    fewer than two studies (the study's own sentence says it all)."""
+    instances); its means and KLs are over them all, its best scalar baseline the best of theirs. None for fewer
+    than two studies (the study's own sentence says it all)."""
     if len(per_study) < 2:
         return None
     merged: dict[Any, list[Mapping[str, Any]]] = {}
