@@ -65,7 +65,9 @@ default for ``--preset smollm2``, a run killed midway resumes from its last eval
   ``--lr_frontier`` adds points at other learning rates (chosen KL setting kept), labelled "fixed 0.1, lr 1e-05":
   a method whose KL no penalty moves (its step size holds it) gets points further out, and the choices on
   validation above choose among them too. ``--frontier_methods`` gives frontier runs to some methods only (e.g. the
-  information-matched pair), so the report does not list the others' points as missing.
+  information-matched pair), so the report does not list the others' points as missing. ``--frontier_points
+  text2grad:3.33e-06:3`` adds a point with both knobs moved (labelled "fixed 3, lr 3.33e-06"), for the named
+  method only: where neither knob alone brings a method down to a baseline's KL.
 - ``ablation``: the quickstart's learned-arm Text2Grad setting with one change each (reward scale, whitening, value
   strength, entropy, clip range, oracle critic), to find what drives its late collapse.
 - ``report``: ``study.json`` (everything, each run's validation curve and CPU included, and each Text2Grad method
@@ -75,9 +77,9 @@ default for ``--preset smollm2``, a run killed midway resumes from its last eval
 
 ``--export_to`` copies every finished run's ``result.json`` and the reports out (to commit them); ``--resume_from``
 copies such files into a fresh ``--output_dir``, so another machine resumes the study instead of starting over. The
-setup is rebuilt there, and another kind of CPU trains a different tiny SFT policy from the same seed (SmolLM2's
-LoRA SFT came out the same): a study stops before adding runs that would start from another policy than its
-finished runs did.
+setup is rebuilt there, and another kind of CPU, or another torch thread count, trains a different tiny SFT policy
+from the same seed (SmolLM2's LoRA SFT came out the same): the SFT policy trains on ``--sft_threads`` (1), and a
+study stops before adding runs that would start from another policy than its finished runs did.
 
 The test split is never read by the sweep or by early stopping: it is scored only in the final and ablation phases.
 """
@@ -189,11 +191,15 @@ class StudyContext:
     rm_offline_matched: str = ""  # the reward model of the offline_matched variant (the refresh's control)
     sft_scores: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> scores
     start_fingerprint: str = ""  # `weights_fingerprint` of the SFT policy, recorded in every run's result
+    sft_threads: int = 0  # the torch threads the SFT policy trained with (--sft_threads), recorded likewise
     use_chat_template: bool = False  # the policy's prompts through its tokenizer's chat template (SmolLM2)
     ppo_fields: dict[str, Any] = field(default_factory=dict)  # the preset's PPOConfig fields (SmolLM2: LoRA)
     checkpoint_runs: bool = False  # checkpoint each run at its evaluation points, so a killed run resumes there
 
 
+# The SFT policy trains on one torch thread: its numbers then depend on the CPU's kernels alone, not on the
+# machine's core count or on what the process ran before (`build_context`).
+DEFAULT_SFT_THREADS = 1
 REFRESHES_PER_RUN = 6  # on-policy reward-model refreshes over a run (every 15 iterations of 90, every 8 of 48)
 ENSEMBLE_SIZE = 3
 
@@ -434,7 +440,8 @@ def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
     result: dict[str, Any] = {"spec": {**asdict(spec), "run_id": spec.run_id}, "curve": curve, "metrics": metrics,
                               "final": curve[-1], "seconds": seconds_before + time.perf_counter() - t0, "cpu": cpu_model(),
                               "cpu_kernels": cpu_kernels(), "cpu_id": cpu_id(),
-                              "start_fingerprint": ctx.start_fingerprint, "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+                              "start_fingerprint": ctx.start_fingerprint, "sft_threads": ctx.sft_threads,
+                              "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
                               "date": time.strftime("%Y-%m-%d")}
     if score_test:
         sft_model = load_causal_lm(ctx.sft).eval()
@@ -470,11 +477,13 @@ REPORT_FILES = ("study.json", "study.md", "curves.png", "frontier.png")
 
 
 def copy_results(src: Path, dst: Path, reports: bool = False) -> int:
-    """Copy every finished run's small result files (`RESULT_FILES`, same relative path) from ``src`` to ``dst``,
-    keeping files ``dst`` already has; with ``reports`` also the study's report files of every folder. Used both
-    ways: to commit a study's runs (``--export_to``) and to resume it elsewhere from them (``--resume_from``), since
-    a run whose result.json is in place is not run again. Returns the number of files copied."""
-    names = RESULT_FILES + (REPORT_FILES if reports else ())
+    """Copy every finished run's small result files (`RESULT_FILES`, same relative path) and every folder's
+    study.json from ``src`` to ``dst``, keeping files ``dst`` already has; with ``reports`` every report file
+    (`REPORT_FILES`), replacing ``dst``'s. Used both ways: to commit a study's runs (``--export_to``) and to resume
+    it elsewhere from them (``--resume_from``), since a run whose result.json is in place is not run again, and a
+    study.json keeps what only the earlier machine recorded (its identity, which the resume is checked against, its
+    critics' quality, its sweep). Returns the number of files copied."""
+    names = RESULT_FILES + (REPORT_FILES if reports else ("study.json",))
     copied = 0
     for path in sorted(p for name in names for p in Path(src).rglob(name)):
         rel = path.relative_to(src)
@@ -537,21 +546,61 @@ def run_all(ctx: StudyContext, specs: Sequence[RunSpec], jobs: int, train: bool 
 
 
 def frontier_specs(keys: Sequence[tuple[str, str]], chosen: Mapping[tuple[str, str], Setting], coefs: Sequence[float],
-                   seeds: Sequence[int], default_coef: float, lrs: Sequence[float] = ()) -> list[RunSpec]:
-    """The frontier phase's runs, on the final seeds: each (arm, method) at its chosen learning rate and lambda with
-    each fixed KL coefficient of ``coefs``, and at its chosen KL setting and lambda with each learning rate of
-    ``lrs`` (the step size, not the penalty, can be what holds a method near its start). A coefficient or learning
-    rate equal to the chosen one is the final run itself and is not run twice."""
+                   seeds: Sequence[int], default_coef: float, lrs: Sequence[float] = (),
+                   points: Sequence[tuple[str, float, float]] = (),
+                   point_keys: Sequence[tuple[str, str]] | None = None) -> list[RunSpec]:
+    """The frontier phase's runs, on the final seeds: each (arm, method) of ``keys`` at its chosen learning rate and
+    lambda with each fixed KL coefficient of ``coefs``, and at its chosen KL setting and lambda with each learning
+    rate of ``lrs`` (the step size, not the penalty, can be what holds a method near its start); then each
+    two-knob point (method, learning rate, fixed coefficient) of ``points`` for the (arm, method) pairs of
+    ``point_keys`` (default ``keys``) with that method, its chosen lambda kept (at the chosen coefficient it is the
+    same run as that learning rate's ``lrs`` point). A point equal to the chosen setting is the final run itself and
+    is not run twice."""
     fixed_coef = _fixed_coef_or(default_coef)
-    specs = []
+    specs: list[RunSpec] = []
+
+    def add(a: str, m: str, setting: Setting) -> None:
+        own = chosen[(a, m)]
+        if math.isclose(setting.lr, own.lr, rel_tol=1e-3) and setting.kl == own.kl and (
+                own.kl == "adaptive" or math.isclose(fixed_coef(setting), fixed_coef(own))):
+            return
+        specs.extend(RunSpec(a, m, setting, s, "frontier") for s in seeds)
+
     for a, m in keys:
         setting = chosen[(a, m)]
-        own = fixed_coef(setting)
-        specs += [RunSpec(a, m, replace(setting, kl="fixed", kl_coef=c), s, "frontier")
-                  for c in coefs if own is None or not math.isclose(c, own) for s in seeds]
-        specs += [RunSpec(a, m, replace(setting, lr=lr), s, "frontier")
-                  for lr in lrs if not math.isclose(lr, setting.lr, rel_tol=1e-3) for s in seeds]
+        for c in coefs:
+            add(a, m, replace(setting, kl="fixed", kl_coef=c))
+        for lr in lrs:
+            add(a, m, replace(setting, lr=lr))
+    for a, m in (keys if point_keys is None else point_keys):
+        own = chosen[(a, m)]
+        for lr, c in ((lr, c) for method, lr, c in points if method == m):
+            # at the chosen coefficient the point is the --lr_frontier run (the same run, not a second one)
+            same_coef = own.kl == "fixed" and math.isclose(fixed_coef(own), c)
+            add(a, m, replace(own, lr=lr) if same_coef else replace(own, lr=lr, kl="fixed", kl_coef=c))
     return specs
+
+
+def parse_frontier_points(texts: Sequence[str], keys: Sequence[tuple[str, str]]) -> list[tuple[str, float, float]]:
+    """``--frontier_points`` as (method, learning rate, fixed KL coefficient): each text is METHOD:LR:COEF, e.g.
+    "text2grad:3.33e-06:3" (a defended method as "text2grad+refresh:..."). Raises ValueError naming what is wrong:
+    the form, a number, or a method that is none of ``keys``' methods."""
+    known = list(dict.fromkeys(m for _, m in keys))
+    points = []
+    for text in texts:
+        method, *numbers = text.split(":")
+        try:
+            lr, coef = (float(x) for x in numbers)
+        except ValueError:
+            raise ValueError(f"--frontier_points {text}: expected METHOD:LR:COEF with two numbers, e.g. "
+                             "text2grad:3.33e-06:3 (the learning rate, then the fixed KL coefficient)") from None
+        if method not in known:
+            raise ValueError(f"--frontier_points {text}: {method!r} is not among this study's methods "
+                             f"({', '.join(known)}); name it in --methods (a defence in --variants) too")
+        if not (lr > 0 and coef >= 0):
+            raise ValueError(f"--frontier_points {text}: the learning rate must be > 0 and the KL coefficient >= 0")
+        points.append((method, lr, coef))
+    return points
 
 
 def method_keys(arms: Sequence[str], methods: Sequence[str], variants: Sequence[str] = ()) -> list[tuple[str, str]]:
@@ -736,8 +785,12 @@ SMOLLM2_SFT_ARGS = [*SMOLLM2_LORA, "--per_device_train_batch_size", "8", "--grad
 
 
 def study_config(args: argparse.Namespace, shared: Path) -> QuickstartConfig:
-    """The quickstart configuration the study builds its task, SFT policy and reward models with."""
-    base = dict(output_dir=str(shared), seed=args.task_seed, modes=["nl_gradient"], early_stopping=True)
+    """The quickstart configuration the study builds its task, SFT policy and reward models with. Their cache is the
+    quickstart's, in a folder of its own per ``--sft_threads``: the cache key does not hold the thread count, and an
+    SFT policy trained on another count is another policy."""
+    root = Path(os.environ.get("TEXT2GRAD_CACHE") or Path.home() / ".cache" / "text2grad" / "quickstart")
+    base = dict(output_dir=str(shared), seed=args.task_seed, modes=["nl_gradient"], early_stopping=True,
+                cache_dir=str(root / f"study-sft_threads{getattr(args, 'sft_threads', DEFAULT_SFT_THREADS)}"))
     if getattr(args, "rm_annotations", 0):
         base["n_annotations"] = args.rm_annotations
     if args.preset != "smollm2":
@@ -780,6 +833,10 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
     (out / "commands.sh").write_text("#!/usr/bin/env bash\n# Every phase command the study's setup ran, in order.\n")
     stages = qs.StageClock(qs.STAGES)
     data = qs.stage_data(cfg, shared)
+    # the SFT policy's floating-point sums follow the thread count: fixed, so every task instance of every command
+    # trains the same start on a machine of this kind, whatever came before it in the process
+    sft_threads = getattr(args, "sft_threads", DEFAULT_SFT_THREADS)
+    torch.set_num_threads(sft_threads)
     sft, rm_base = qs.stage_policy(cfg, data)
     if is_adapter_only(sft):  # the LoRA SFT folded in once: every run's start policy, and the reward models' base
         rm_base = rm_base if Path(rm_base).resolve() != Path(sft).resolve() else shared / "sft_merged"
@@ -791,7 +848,7 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
                   for split, recs in (("val", val_records), ("test", test_records))}
     fingerprint = weights_fingerprint(model)
     del model
-    check_same_start(out, sft_scores, fingerprint)  # before the reward models: they take the longest to build
+    check_same_start(out, sft_scores, fingerprint, sft_threads)  # before the reward models: they take the longest to build
     learned = {m for a, m in keys if a == "learned" and m != "scalar_bt"}
     rm = dense_rm = scalar_rm = rm_ensemble = rm_replay = ""
     if learned - {"dense"}:
@@ -838,7 +895,7 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         rm_offline_matched=rm_offline_matched,
         checkpoint_runs=args.preset == "smollm2" if getattr(args, "checkpoint_runs", None) is None else args.checkpoint_runs,
     )
-    ctx.sft_scores, ctx.start_fingerprint = sft_scores, fingerprint
+    ctx.sft_scores, ctx.start_fingerprint, ctx.sft_threads = sft_scores, fingerprint, sft_threads
     return ctx
 
 
@@ -893,13 +950,14 @@ def study_date(folder: Path, stored: str | None) -> str:
     return max([*dates, *([stored] if stored else [])], default=time.strftime("%Y-%m-%d"))
 
 
-def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]], fingerprint: str = "") -> None:
+def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]], fingerprint: str = "",
+                     sft_threads: int | None = None) -> None:
     """Refuse to add runs to ``folder`` when its finished runs started from another SFT policy than the one built
     here: its validation scores differ from ``sft_scores`` (split -> scores), or its ``fingerprint``
     (`weights_fingerprint`) from the one a run recorded (runs from before fingerprints have only the scores). The
     setup (data, SFT policy, reward models) is rebuilt on every machine, never copied, and the same seed trains a
-    different tiny policy on another CPU or torch build: new runs would be compared with old ones as if they shared a
-    start."""
+    different tiny policy on another CPU, torch build or torch thread count (``sft_threads``, here; the message names
+    theirs where the runs recorded it): new runs would be compared with old ones as if they shared a start."""
     mine, others = sft_scores["val"], []
 
     def differing_scores(start: Mapping[str, float]) -> list[str]:
@@ -922,12 +980,17 @@ def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]]
         what = (f"weights fingerprint {fingerprint}, but {len(others)} finished run(s) there started from one with "
                 f"{result['start_fingerprint']} (the same validation scores)")
     here_machine = ", ".join(x for x in (cpu_model(), cpu_kernels(), cpu_id()) if x)
+    theirs_threads = (f"{result['sft_threads']} torch thread(s)" if result.get("sft_threads") else
+                      "threads not recorded: before --sft_threads, a command's first task instance trained on the "
+                      "machine's cores, the others on 1")
+    here_threads = f", its SFT policy on {sft_threads} torch thread(s)" if sft_threads else ""
     raise SystemExit(
         f"{folder}: the start policy built here has {what} (e.g. {run}). The setup is rebuilt, not copied, and the "
-        "same seed trains a different SFT policy on another CPU or torch build, so new runs cannot be compared with "
-        f"those. They ran on {machine} with torch {result.get('versions', {}).get('torch', '(not recorded)')}; this "
-        f"machine is {here_machine} with torch {torch.__version__} (a CPU of the same name can use other vector "
-        "instructions). Resume on a machine like theirs, or pass a new --output_dir.")
+        "same seed trains a different SFT policy on another CPU, torch build or torch thread count, so new runs "
+        f"cannot be compared with those. They ran on {machine} with torch "
+        f"{result.get('versions', {}).get('torch', '(not recorded)')} (SFT policy: {theirs_threads}); this machine is "
+        f"{here_machine} with torch {torch.__version__}{here_threads} (a CPU of the same name can use other vector "
+        "instructions). Resume on a machine like theirs with their --sft_threads, or pass a new --output_dir.")
 
 
 def study_identity(args: argparse.Namespace) -> dict[str, Any]:
@@ -984,6 +1047,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--checkpoint_runs", action=argparse.BooleanOptionalAction, default=None,
                         help="checkpoint each run at its evaluation points, so that a killed study resumes its runs "
                         "there instead of from the start (default: on for --preset smollm2, whose runs take hours)")
+    parser.add_argument("--sft_threads", type=int, default=DEFAULT_SFT_THREADS,
+                        help="torch threads the setup trains the SFT policy with: the same seed trains another policy "
+                             "on another count. A study from before this option trained the first task instance of "
+                             "each command with the machine's cores and the others with 1; pass its count to resume it")
     parser.add_argument("--batch_size", type=int, default=0, help="rollouts per PPO iteration (0: the preset's)")
     parser.add_argument("--task_seed", type=int, default=0, help="the task instance (one folder: --output_dir)")
     parser.add_argument("--task_seeds", type=int, nargs="+", default=None,
@@ -1016,6 +1083,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr_frontier", type=float, nargs="*", default=[],
                         help="phase frontier: every method again with the final seeds at each of these learning rates "
                              "(its chosen KL setting and lambda): points of the same frontier, reached by the step size")
+    parser.add_argument("--frontier_points", nargs="+", default=[], metavar="METHOD:LR:COEF",
+                        help="phase frontier: a method again with the final seeds at this learning rate AND this fixed KL "
+                             "coefficient (its chosen lambda), e.g. text2grad:3.33e-06:3: a point that needs both knobs "
+                             "moved (a smaller step and a stronger penalty); only the named method runs it")
     parser.add_argument("--frontier_methods", nargs="+", default=None,
                         help="phase frontier: only these of the methods get frontier runs (e.g. text2grad scalar_sum; "
                              "a defended one as text2grad+refresh); default: every method")
@@ -1029,7 +1100,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=max(1, len(os.sched_getaffinity(0))), help="runs at a time (one thread each)")
     args = parser.parse_args(argv)
     try:
-        frontier_keys(method_keys(args.arms, args.methods, args.variants), args.frontier_methods)
+        keys = method_keys(args.arms, args.methods, args.variants)
+        frontier_keys(keys, args.frontier_methods)
+        args.frontier_points = parse_frontier_points(args.frontier_points, keys)
+        if args.sft_threads < 1:
+            raise ValueError(f"--sft_threads {args.sft_threads}: the SFT policy needs at least 1 torch thread")
     except ValueError as exc:
         parser.error(str(exc))
     command = "python benchmarks/method_study.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -1182,7 +1257,7 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     if "final" in args.phases:
         run_all(ctx, finals, args.jobs)
     frontier = frontier_specs(frontier_keys(keys, getattr(args, "frontier_methods", None)), chosen, args.kl_frontier,
-                              args.seeds, ctx.kl_coef, args.lr_frontier)
+                              args.seeds, ctx.kl_coef, args.lr_frontier, getattr(args, "frontier_points", ()), keys)
     if "frontier" in args.phases:
         run_all(ctx, frontier, args.jobs)
     quick = Setting(lr=1e-4, kl="fixed", lam=0.0)  # the quickstart's setting, where the collapse was seen

@@ -953,12 +953,15 @@ def looser_penalty_sentence(chosen: Mapping[str, Any], loose: Mapping[str, Any])
 
 
 def larger_step(points: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
-    """(the chosen point, the point at the largest learning rate above the chosen one's, `--lr_frontier`) among one
-    method's frontier ``points``; None when no larger learning rate ran (or a study stored its points without)."""
+    """(the chosen point, the point at the largest learning rate above the chosen one's at the chosen KL setting,
+    `--lr_frontier`) among one method's frontier ``points`` (a point with both knobs moved, `--frontier_points`, is
+    not the larger step alone); None when no larger learning rate ran (or a study stored its points without)."""
     chosen = next((p for p in points if p.get("chosen")), None)
     if chosen is None or "lr" not in chosen:
         return None
-    larger = [p for p in points if p.get("lr", 0.0) > chosen["lr"] * (1 + 1e-3)]
+    coef = fixed_coefficient(chosen["kl_setting"])
+    larger = [p for p in points if p.get("lr", 0.0) > chosen["lr"] * (1 + 1e-3)
+              and fixed_coefficient(p["kl_setting"]) == coef]
     return (chosen, max(larger, key=lambda p: p["lr"])) if larger else None
 
 

@@ -320,7 +320,7 @@ def start_key(task: str, sft: Mapping[str, Any]) -> tuple | None:
     return (str(task), tuple(sorted((k, round(v, 9)) for k, v in val.items()))) if val else None
 
 
-def frontier_points(study: Mapping[str, Any]) -> dict[str, tuple[int, int]] | None:
+def frontier_dominance_counts(study: Mapping[str, Any]) -> dict[str, tuple[int, int]] | None:
     """Per task instance, (points ahead, points) of Text2Grad held to the KL of each point of the information-matched
     baseline's KL frontier (`method_study_report.frontier_dominance_lines`); None when the baseline ran no frontier of
     its own."""
@@ -332,8 +332,8 @@ def frontier_points(study: Mapping[str, Any]) -> dict[str, tuple[int, int]] | No
 
 def _frontier_clause(counts: Sequence[Mapping[str, tuple[int, int]] | None]) -> str:
     """'; held to the KL of each point of the baseline's own KL frontier (1 study with one), ahead at 10 of 15
-    points' over the per-instance ``counts`` of each study (`frontier_points`; the count of studies only when there
-    are several), or '' when no study ran such a frontier."""
+    points' over the per-instance ``counts`` of each study (`frontier_dominance_counts`; the count of studies only
+    when there are several), or '' when no study ran such a frontier."""
     ran = [c for c in counts if c]
     if not ran:
         return ""
@@ -394,8 +394,8 @@ def across_studies_sentence(policy: str, per_study: Sequence[Mapping[str, Any]],
     """One sentence over every task instance of the ``per_study`` comparisons (`matched_instances`' first item, one
     per study of ``policy`` in the headline): on how many instances Text2Grad is ahead of the information-matched
     baseline on average, at no larger final KL, and both; its seed pairs all together, with the exact sign test;
-    and from ``frontiers`` (`frontier_points` of each study) at how many of the baseline's frontier points it is
-    ahead at no larger KL. Instances of several studies with the same SFT start (`start_key`: two machines trained
+    and from ``frontiers`` (`frontier_dominance_counts` of each study) at how many of the baseline's frontier points it
+    is ahead at no larger KL. Instances of several studies with the same SFT start (`start_key`: two machines trained
     the same policy) are one instance whose seed pairs are all those studies' (more runs of one instance, not more
     instances); its means and KLs are over them all, its best scalar baseline the best of theirs. None for fewer
     than two studies (the study's own sentence says it all)."""
@@ -466,7 +466,7 @@ def headline_table() -> str:
     for policy, date, name, study in headline_studies():
         per, pooled, how = matched_instances(study)
         per_policy.setdefault(policy, []).append(per)
-        frontiers.setdefault(policy, []).append(frontier_points(study))
+        frontiers.setdefault(policy, []).append(frontier_dominance_counts(study))
         link = f"[`{name}`](benchmarks/results/{name}/study.md)"
         ahead_on = [ts for ts, c in per.items() if c["pair"]["mean"] > TIE]
         closer = [ts for ts, c in per.items() if c["kl"][0] <= c["kl"][1]]

@@ -3,6 +3,7 @@ hand-made curves; the study itself is a benchmark (hours), its smoke run a slow 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -357,9 +358,43 @@ def test_runs_from_another_start_policy_stop_the_study_before_it_adds_any(tmp_pa
         ms.check_same_start(tmp_path, here)
     # both machines named: a CPU of the same model name can run other kernels, so the name alone is no advice
     here_machine = ", ".join(x for x in (ms.cpu_model(), ms.cpu_kernels(), ms.cpu_id()) if x)
-    assert ("They ran on Intel(R) Xeon(R) Processor, 2 cores, CPU kernels not recorded with torch 2.13.0+cpu; "
-            f"this machine is {here_machine} with torch") in str(stop.value)
+    assert ("They ran on Intel(R) Xeon(R) Processor, 2 cores, CPU kernels not recorded with torch 2.13.0+cpu (SFT "
+            "policy: threads not recorded: before --sft_threads, a command's first task instance trained on the "
+            f"machine's cores, the others on 1); this machine is {here_machine} with torch") in str(stop.value)
     assert ms.cpu_kernels().split(" + ")[0] in {"DEFAULT", "AVX2", "AVX512", "Z VECTOR", "VSX", "SVE256", "NO AVX"}
+
+
+def test_the_sft_policy_trains_on_the_studys_thread_count_whatever_the_process_ran_before(tmp_path, monkeypatch, capsys):
+    """The same seed trains another SFT policy on another torch thread count, and the setup of a command's later task
+    instances used to inherit the one thread its earlier instance's runs set: the count is now the study's own, and
+    each count caches its policies apart (the quickstart's cache key does not hold it)."""
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def stage_policy(cfg, data):
+        seen.append((torch.get_num_threads(), cfg.cache_dir))
+        raise Stop
+
+    monkeypatch.setattr(ms.qs, "stage_data", lambda cfg, shared: {})
+    monkeypatch.setattr(ms.qs, "stage_policy", stage_policy)
+    monkeypatch.setenv("TEXT2GRAD_CACHE", str(tmp_path / "cache"))
+    before = torch.get_num_threads()
+    try:
+        for prior, threads in ((1, 2), (2, 1), (2, ms.DEFAULT_SFT_THREADS)):
+            torch.set_num_threads(prior)  # what an earlier task instance left behind
+            args = argparse.Namespace(output_dir=str(tmp_path / "study"), task_seed=1, preset="ci", rm_annotations=0,
+                                      sft_threads=threads)
+            with pytest.raises(Stop):
+                ms.build_context(args, [("learned", "text2grad")])
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [(2, str(tmp_path / "cache" / "study-sft_threads2")), (1, str(tmp_path / "cache" / "study-sft_threads1")),
+                    (1, str(tmp_path / "cache" / "study-sft_threads1"))]
+    with pytest.raises(SystemExit) as stop:  # before any setup is built
+        ms.main(["--sft_threads", "0", "--phases", "report", "--output_dir", str(tmp_path / "study")])
+    assert stop.value.code == 2 and "--sft_threads 0: the SFT policy needs at least 1 torch thread" in capsys.readouterr().err
 
 
 def test_a_run_that_recorded_its_start_policys_weights_is_resumed_only_from_those_weights(tmp_path):
@@ -370,14 +405,16 @@ def test_a_run_that_recorded_its_start_policys_weights_is_resumed_only_from_thos
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"curve": [{"iteration": 0, "val": start}], "start_fingerprint": "0123456789abcdef",
                                 "cpu": "Intel(R) Xeon(R) Processor, 2 cores", "cpu_kernels": "AVX512 + AMX",
-                                "cpu_id": "family 6 model 143 stepping 8"}))
+                                "cpu_id": "family 6 model 143 stepping 8", "sft_threads": 2}))
     ms.check_same_start(tmp_path, {"val": start}, "0123456789abcdef")
     ms.check_same_start(tmp_path, {"val": start})  # a caller without a fingerprint compares the scores alone
     with pytest.raises(SystemExit, match=r"weights fingerprint fedcba9876543210, but 1 finished run\(s\) there "
                                          r"started from one with 0123456789abcdef \(the same validation scores\)"
                                          r".*They ran on Intel\(R\) Xeon\(R\) Processor, 2 cores, AVX512 \+ AMX, "
-                                         r"family 6 model 143 stepping 8 with torch"):
-        ms.check_same_start(tmp_path, {"val": start}, "fedcba9876543210")
+                                         r"family 6 model 143 stepping 8 with torch .* \(SFT policy: 2 torch "
+                                         r"thread\(s\)\); this machine is .*, its SFT policy on 1 torch thread\(s\)"
+                                         r".*with their --sft_threads"):
+        ms.check_same_start(tmp_path, {"val": start}, "fedcba9876543210", 1)
 
 
 def test_the_weights_fingerprint_changes_with_any_weight_and_names_the_cpu_numbers():
@@ -744,6 +781,30 @@ def test_a_study_resumes_and_reports_from_committed_result_files(tmp_path):
     assert not list(fresh.rglob("ppo")) and not (fresh / "task_seed0" / "shared" / "sft").exists()  # nothing trained
 
 
+def test_a_resumed_study_keeps_what_only_the_earlier_machine_recorded_and_is_checked_against_its_identity(tmp_path):
+    """--resume_from brings each folder's study.json along with the runs: a report made after the resume keeps the
+    critics' quality that only the earlier machine's setup measured (here the Bradley-Terry model, which the resumed
+    command never trains), and a resume with other study settings is refused before anything runs."""
+    base = ms.Setting(1e-4, "fixed", 0.95)
+    committed = tmp_path / "committed"
+    for m in ("text2grad", "scalar_sum"):
+        for seed in (0, 1):
+            spec = ms.RunSpec("learned", m, base, seed, "final")
+            ms._write_json(committed / "task_seed0" / spec.run_id / "result.json", _result(spec, 0.3, 0.3))
+    bt = {"n": 171, "n_train": 1541, "pairwise_accuracy": 0.626}
+    identity = {"preset": "ci", "task_seed": 0, "iterations": 2, "eval_every": 2, "batch_size": 0, "target_kl": 6.0}
+    ms._write_json(committed / "task_seed0" / "study.json", {"critics": {"bradley_terry": bt}, "identity": identity})
+    argv = ["--resume_from", str(committed), "--task_seeds", "0", "--preset", "ci", "--arms", "learned", "--methods",
+            "text2grad", "scalar_sum", "--seeds", "0", "1", "--sweep_knobs", "lambda", "--lambdas", "0.95",
+            "--eval_every", "2", "--phases", "report"]
+    assert ms.main(["--output_dir", str(tmp_path / "fresh"), "--iterations", "2", *argv]) == 0
+    study = json.loads((tmp_path / "fresh" / "task_seed0" / "study.json").read_text())
+    assert study["critics"]["bradley_terry"] == bt
+    assert "0.626 (171 held-out pairs, 1541 for training)" in (tmp_path / "fresh" / "study.md").read_text()
+    with pytest.raises(SystemExit, match="iterations: 2 there, 90 now"):
+        ms.main(["--output_dir", str(tmp_path / "other"), "--iterations", "90", *argv])
+
+
 def test_a_study_that_only_swept_asks_for_no_final_runs(tmp_path):
     """A sweep-only study (no final phase, no final run) reports its sweep and names no missing final runs."""
     base = ms.Setting(1e-4, "fixed", 0.95)
@@ -989,6 +1050,48 @@ def test_frontier_runs_can_be_limited_to_some_methods_and_a_misspelt_one_stops_t
     with pytest.raises(SystemExit) as stop:  # before any setup is built
         ms.main(["--methods", "text2grad", "--frontier_methods", "scalar_sum", "--phases", "report"])
     assert stop.value.code == 2 and "--frontier_methods scalar_sum: not among" in capsys.readouterr().err
+
+
+def test_a_two_knob_frontier_point_runs_only_its_method_with_both_knobs_moved(capsys):
+    t2g, base = ms.Setting(1e-5, "fixed", 0.0), ms.Setting(3.3333e-6, "fixed", 0.95)
+    keys = [("learned", "text2grad"), ("learned", "scalar_sum")]
+    points = ms.parse_frontier_points(["text2grad:3.3333e-06:3", "text2grad:1e-5:0.1"], keys)
+    assert points == [("text2grad", 3.3333e-6, 3.0), ("text2grad", 1e-5, 0.1)]
+    # frontier_methods may leave text2grad out of the one-knob points: a named point still runs
+    specs = ms.frontier_specs(keys[1:], {keys[0]: t2g, keys[1]: base}, [1.0], [0, 1], default_coef=0.1,
+                              points=points, point_keys=keys)
+    got = sorted({(s.method, s.setting.lr, s.setting.kl_coef, s.setting.lam) for s in specs})
+    # text2grad:1e-5:0.1 is its chosen setting (the preset's 0.1): the final run, not run twice
+    assert got == [("scalar_sum", 3.3333e-6, 1.0, 0.95), ("text2grad", 3.3333e-6, 3.0, 0.0)]
+    assert len(specs) == 4 and {s.phase for s in specs} == {"frontier"}
+    not_run = ms.runs_not_finished([s for s in specs if s.method == "text2grad"], 0.1, {keys[0]: t2g})
+    assert not_run == {"learned/text2grad": {"fixed 3, lr 3.33e-06": [0, 1]}}
+    results = {spec: _result(spec, 0.3, 0.4, kl=0.02) for spec in specs}
+    results.update({spec: _result(spec, 0.3, 0.45, kl=0.9) for spec in
+                    (ms.RunSpec("learned", "text2grad", t2g, seed, "final") for seed in (0, 1))})
+    frontier = msr.summarize_frontier(results, default_coef=0.1)
+    assert [(p["kl_setting"], p["chosen"]) for p in frontier["learned/text2grad"]] == [
+        ("fixed 3, lr 3.33e-06", False), ("fixed 0.1", True)]
+    assert msr.fixed_coefficient("fixed 3, lr 3.33e-06") == 3.0
+    # a larger step at a stronger penalty is not "the larger step alone": the baseline's sentence reads the latter
+    base_points = [{"kl_setting": "fixed 0.1", "chosen": True, "lr": 1e-5},
+                   {"kl_setting": "fixed 1, lr 3e-05", "chosen": False, "lr": 3e-5},
+                   {"kl_setting": "fixed 0.1, lr 2e-05", "chosen": False, "lr": 2e-5}]
+    assert msr.larger_step(base_points)[1]["kl_setting"] == "fixed 0.1, lr 2e-05"
+    assert msr.larger_step(base_points[:2]) is None
+    # at the chosen coefficient a point is the learning-rate frontier's run itself (one run id, not two runs)
+    [same] = {s.setting for s in ms.frontier_specs([], {keys[0]: t2g}, [], [0], 0.1, points=[("text2grad", 3e-6, 0.1)],
+                                                    point_keys=keys[:1])}
+    assert same == replace(t2g, lr=3e-6) and ms.frontier_specs(keys[:1], {keys[0]: t2g}, [], [0], 0.1, lrs=[3e-6])[0].setting == same
+    for bad, why in (("text2grad:3e-6", "expected METHOD:LR:COEF with two numbers"),
+                     ("text2grad:fast:3", "expected METHOD:LR:COEF with two numbers"),
+                     ("scalar_summ:3e-6:3", "'scalar_summ' is not among this study's methods (text2grad, scalar_sum)"),
+                     ("text2grad:0:3", "the learning rate must be > 0")):
+        with pytest.raises(ValueError, match=re.escape(f"--frontier_points {bad}: {why}")):
+            ms.parse_frontier_points([bad], keys)
+    with pytest.raises(SystemExit) as stop:  # before any setup is built
+        ms.main(["--methods", "text2grad", "--frontier_points", "scalar_sum:1e-5:1", "--phases", "report"])
+    assert stop.value.code == 2 and "--frontier_points scalar_sum:1e-5:1: 'scalar_sum' is not among" in capsys.readouterr().err
 
 
 def test_the_learning_rate_frontier_runs_other_step_sizes_at_the_chosen_kl_and_labels_its_points():
