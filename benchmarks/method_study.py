@@ -788,7 +788,7 @@ def study_config(args: argparse.Namespace, shared: Path) -> QuickstartConfig:
     """The quickstart configuration the study builds its task, SFT policy and reward models with. Their cache is the
     quickstart's, in a folder of its own per ``--sft_threads``: the cache key does not hold the thread count, and an
     SFT policy trained on another count is another policy."""
-    root = Path(os.environ.get("TEXT2GRAD_CACHE") or Path.home() / ".cache" / "text2grad" / "quickstart")
+    root = qs._cache_root(QuickstartConfig())  # the quickstart's default cache ($TEXT2GRAD_CACHE or ~/.cache/...)
     base = dict(output_dir=str(shared), seed=args.task_seed, modes=["nl_gradient"], early_stopping=True,
                 cache_dir=str(root / f"study-sft_threads{getattr(args, 'sft_threads', DEFAULT_SFT_THREADS)}"))
     if getattr(args, "rm_annotations", 0):
