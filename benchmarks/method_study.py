@@ -581,11 +581,21 @@ def frontier_specs(keys: Sequence[tuple[str, str]], chosen: Mapping[tuple[str, s
     return specs
 
 
+def study_methods(keys: Sequence[tuple[str, str]]) -> list[str]:
+    """The methods of the (arm, method) ``keys``, each once, in order (a defended one as "text2grad+refresh")."""
+    return list(dict.fromkeys(m for _, m in keys))
+
+
+def _methods_hint(known: Sequence[str], pronoun: str) -> str:
+    """The end of an unknown-method error: the study's methods and where a missing one is named."""
+    return (f"this study's methods ({', '.join(known)}); name {pronoun} in --methods (a defence in --variants) too")
+
+
 def parse_frontier_points(texts: Sequence[str], keys: Sequence[tuple[str, str]]) -> list[tuple[str, float, float]]:
     """``--frontier_points`` as (method, learning rate, fixed KL coefficient): each text is METHOD:LR:COEF, e.g.
     "text2grad:3.33e-06:3" (a defended method as "text2grad+refresh:..."). Raises ValueError naming what is wrong:
     the form, a number, or a method that is none of ``keys``' methods."""
-    known = list(dict.fromkeys(m for _, m in keys))
+    known = study_methods(keys)
     points = []
     for text in texts:
         method, *numbers = text.split(":")
@@ -595,8 +605,7 @@ def parse_frontier_points(texts: Sequence[str], keys: Sequence[tuple[str, str]])
             raise ValueError(f"--frontier_points {text}: expected METHOD:LR:COEF with two numbers, e.g. "
                              "text2grad:3.33e-06:3 (the learning rate, then the fixed KL coefficient)") from None
         if method not in known:
-            raise ValueError(f"--frontier_points {text}: {method!r} is not among this study's methods "
-                             f"({', '.join(known)}); name it in --methods (a defence in --variants) too")
+            raise ValueError(f"--frontier_points {text}: {method!r} is not among {_methods_hint(known, 'it')}")
         if not (lr > 0 and coef >= 0):
             raise ValueError(f"--frontier_points {text}: the learning rate must be > 0 and the KL coefficient >= 0")
         points.append((method, lr, coef))
@@ -620,11 +629,10 @@ def frontier_keys(keys: Sequence[tuple[str, str]], methods: Sequence[str] | None
     methods raises ValueError naming those there are (a typo would silently leave the frontier empty)."""
     if methods is None:
         return list(keys)
-    known = list(dict.fromkeys(m for _, m in keys))
+    known = study_methods(keys)
     unknown = [m for m in methods if m not in known]
     if unknown:
-        raise ValueError(f"--frontier_methods {' '.join(unknown)}: not among this study's methods "
-                         f"({', '.join(known)}); name them in --methods (a defence in --variants) too")
+        raise ValueError(f"--frontier_methods {' '.join(unknown)}: not among {_methods_hint(known, 'them')}")
     return [(a, m) for a, m in keys if m in methods]
 
 
