@@ -847,8 +847,9 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
     torch.set_num_threads(sft_threads)
     sft, rm_base = qs.stage_policy(cfg, data)
     if is_adapter_only(sft):  # the LoRA SFT folded in once: every run's start policy, and the reward models' base
-        rm_base = rm_base if Path(rm_base).resolve() != Path(sft).resolve() else shared / "sft_merged"
-        sft = merge_adapter_folder(sft, shared / "sft_merged")
+        merged = merged_sft_folder(Path(sft))
+        rm_base = rm_base if Path(rm_base).resolve() != Path(sft).resolve() else merged
+        sft = merge_adapter_folder(sft, merged)
     torch.set_num_threads(1)
     val_records, test_records = list(iter_jsonl(data["val"])), list(iter_jsonl(data["eval"]))
     tok, model = load_tokenizer(str(sft)), load_causal_lm(str(sft)).eval()
@@ -956,6 +957,13 @@ def study_date(folder: Path, stored: str | None) -> str:
     A report made again later from the same runs (new sentences, say) keeps their date."""
     dates = [d for _, result in finished_results(folder) if (d := result.get("date"))]
     return max([*dates, *([stored] if stored else [])], default=time.strftime("%Y-%m-%d"))
+
+
+def merged_sft_folder(sft: Path) -> Path:
+    """Where a LoRA SFT policy (an adapter-only folder in the quickstart's cache) is folded into its base: beside it
+    in that cache, not in the study's folder, because the reward models' cache key holds this path, and a study
+    resumed or reported in another folder would otherwise train its reward models again."""
+    return sft.resolve().with_name(sft.resolve().name + "-merged")
 
 
 def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]], fingerprint: str = "",

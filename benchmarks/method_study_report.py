@@ -1043,6 +1043,23 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
     return lines, {"instances": per, "pooled": pooled if matched else None}
 
 
+def pick_edges(pick: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Where a validation pick sits at the edge of what was tried among ``points`` (`summarize_frontier`): "the
+    largest learning rate tried" / "the smallest ...", "the weakest fixed KL penalty tried" / "the strongest ...".
+    Empty when every knob the points vary is interior: a pick at an edge says the grid has not bracketed the best
+    setting, so a step further out could still do better on validation."""
+    edges = []
+    for values, mine, low, high in (
+            (sorted({p["lr"] for p in points if p.get("lr") is not None}), pick.get("lr"),
+             "the smallest learning rate tried", "the largest learning rate tried"),
+            (sorted({c for p in points if (c := fixed_coefficient(p["kl_setting"])) is not None}),
+             fixed_coefficient(pick["kl_setting"]), "the weakest fixed KL penalty tried",
+             "the strongest fixed KL penalty tried")):
+        if len(values) > 1 and mine is not None:
+            edges += [low] if mine == values[0] else [high] if mine == values[-1] else []
+    return edges
+
+
 def validation_pick(points: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The KL setting with the best mean end-of-run validation score among those run on the most seeds (a setting
     run on fewer seeds is not compared on a different sample)."""
@@ -1068,7 +1085,13 @@ def kl_on_validation(study: Mapping[str, Any], arm: str, method: str = "text2gra
     pair = paired(pick["final"], base["final"])
     fall = pick.get("val_fall", {})
     return {"baseline": base_key, "point": pick, "base_point": base, "pair": pair, "tried": len(points),
+            "edges": pick_edges(pick, points), "base_edges": pick_edges(base, frontier.get(base_key, [])),
             **goal_conditions(pair, fall, (pick["kl_end"][0], base["kl_end"][0]))}
+
+
+def edge_words(who: str, edges: Sequence[str]) -> str:
+    """" X's pick is at the largest learning rate tried: the grid does not bracket it." (empty without edges)."""
+    return f" {who[0].upper()}{who[1:]}'s pick is at {' and '.join(edges)}: the grid does not bracket it." if edges else ""
 
 
 def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method: str = "text2grad",
@@ -1091,7 +1114,8 @@ def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, m
             f"{method_label(c['baseline'].split('/')[1])} at KL {b['kl_setting']} at {_pm(b['final_mean_ci'])} with "
             f"{b['kl_end'][0]:.2f}; paired difference {paired_words(c['pair'])}; {name}'s largest fall from its best "
             f"validation point to its last is {worst}. Goal {goal_verdict(c)} ("
-            f"{goal_checklist(c, c['pair']['n'])}).")
+            f"{goal_checklist(c, c['pair']['n'])})." + edge_words(name, c.get("edges", []))
+            + edge_words("the baseline", c.get("base_edges", [])))
     pooled = pool_pairs({ts: c["pair"] for ts, c in per.items()})
     if len(per) > 1:
         goal = [str(ts) for ts, c in per.items() if goal_met(c)]

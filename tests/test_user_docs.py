@@ -79,3 +79,40 @@ def test_readme_is_a_guide_of_at_most_260_lines():
         f"README.md has {len(lines)} lines (at most {README_MAX_LINES}): move details into the package READMEs "
         "or benchmarks/README.md and link them"
     )
+
+
+# How the method study's report opens its generated sentences (benchmarks/method_study_report.py). A bullet in the
+# benchmark notes that opens the same way quotes the report, and must still read as the committed study.md does:
+# a number typed or left behind by hand is caught here.
+GENERATED_OPENINGS = (
+    "Task instance", "Pooled over the", "With learned feedback", "With oracle feedback", "The 3 instances",
+    "The 2 instances", "The instances disagree", "Over the last", "Early-stopped on validation",
+    "Text2Grad reached that", "At the end,", "On the SFT", "Text2Grad itself ends", "The study's goal (",
+    "The learned critics",
+)
+
+
+def stale_quotes(notes: str, reports: str) -> list[tuple[int, str]]:
+    """(line number, sentence) for each bullet of ``notes`` that opens like a generated sentence of the method
+    study's report but is not, word for word, in ``reports`` (the committed study.md files together)."""
+    quoted = [(n, m.group(1)) for n, line in enumerate(notes.splitlines(), 1)
+              if (m := re.match(r"\s*- (.+)$", line)) and m.group(1).startswith(GENERATED_OPENINGS)]
+    return [(n, sentence) for n, sentence in quoted if sentence not in reports]
+
+
+def test_a_quoted_study_sentence_is_caught_once_its_number_no_longer_matches():
+    reports = "Pooled over the 3 instances (15 seed pairs): +0.044 (ahead on 9 of 15).\nTask instance 0: ahead."
+    notes = ("Intro written by hand.\n- Pooled over the 3 instances (15 seed pairs): +0.044 (ahead on 9 of 15).\n"
+             "- Task instance 0: behind.\n- A hand-written bullet is not a quote.\n")
+    assert stale_quotes(notes, reports) == [(3, "Task instance 0: behind.")]
+
+
+def test_the_benchmark_notes_quote_the_committed_study_reports_word_for_word():
+    reports = "\n".join(p.read_text() for p in sorted((ROOT / "benchmarks" / "results").glob("*/study.md")))
+    assert reports, "no committed study.md under benchmarks/results"
+    stale = stale_quotes((ROOT / "benchmarks" / "README.md").read_text(), reports)
+    assert stale == [], (
+        "benchmarks/README.md quotes sentences of the method study's report that its committed study.md no longer "
+        "says; copy the current sentence from benchmarks/results/<study>/study.md (after `--phases report "
+        "--export_to ...`):\n" + "\n".join(f"benchmarks/README.md:{n}: {s[:160]}" for n, s in stale)
+    )

@@ -1254,6 +1254,43 @@ def test_the_validation_pick_compares_settings_on_the_same_seeds_and_checks_the_
     assert msr.kl_on_validation({**study, "kl_frontier": {"learned/text2grad": [fixed]}}, "learned", "text2grad") is None
 
 
+def test_a_validation_pick_at_the_edge_of_the_grid_is_named_with_the_knob_and_the_side():
+    def point(label, lr):
+        return {**_point(label, [0], 0.5, [0.5], 1.0), "lr": lr}
+
+    low, mid, high = point("fixed 0.1, lr 3.33e-06", 3.33e-6), point("fixed 0.1", 1e-5), point("fixed 0.1, lr 3e-05", 3e-5)
+    tight, loose = point("fixed 1", 1e-5), point("fixed 0.3, lr 3e-05", 3e-5)
+    grid = [low, mid, high, tight, loose]
+    assert msr.pick_edges(mid, grid) == ["the weakest fixed KL penalty tried"]
+    assert msr.pick_edges(loose, grid) == ["the largest learning rate tried"]  # 0.3 lies between 0.1 and 1
+    assert msr.pick_edges(high, grid) == ["the largest learning rate tried", "the weakest fixed KL penalty tried"]
+    assert msr.pick_edges(low, grid) == ["the smallest learning rate tried", "the weakest fixed KL penalty tried"]
+    assert msr.pick_edges(tight, grid) == ["the strongest fixed KL penalty tried"]
+    assert msr.pick_edges(mid, [mid]) == []  # one point: no grid to be at the edge of
+    # the adaptive controller has no coefficient to sit at an edge of; its learning rate still does
+    assert msr.pick_edges(point("adaptive", 1e-5), [point("adaptive", 1e-5), tight, loose]) == [
+        "the smallest learning rate tried"]
+    assert msr.edge_words("Text2Grad", ["the largest learning rate tried"]) == (
+        " Text2Grad's pick is at the largest learning rate tried: the grid does not bracket it.")
+    assert msr.edge_words("the baseline", []) == ""
+
+
+def test_the_validation_pick_sentence_says_when_a_pick_sits_at_a_grid_edge():
+    def point(label, lr, val, final, kl):
+        return {**_point(label, [0, 1, 2], val, final, kl), "lr": lr}
+
+    study = {"kl_frontier": {
+        "learned/text2grad": [point("fixed 0.1", 1e-5, 0.4, [0.4] * 3, 1.0),
+                              point("fixed 0.1, lr 3e-05", 3e-5, 0.5, [0.5] * 3, 2.0)],
+        "learned/scalar_sum": [point("fixed 0.1", 1e-5, 0.3, [0.3] * 3, 0.1),
+                               point("fixed 0.1, lr 3e-05", 3e-5, 0.2, [0.2] * 3, 0.3),
+                               point("fixed 0.1, lr 3.33e-06", 3.33e-6, 0.1, [0.1] * 3, 0.0)]},
+        "final": {"learned/scalar_sum": {"method": "scalar_sum", "arm": "learned", "final_mean_ci": (0.3, 0.0)}}}
+    lines, _ = msr.kl_on_validation_lines({0: study}, "learned", "text2grad", "scalar_sum")
+    assert lines[1].endswith("Text2Grad's pick is at the largest learning rate tried: the grid does not bracket it.")
+    assert "The baseline's pick" not in lines[1]  # 1e-5 lies between 3.33e-6 and 3e-5
+
+
 def test_held_to_a_baselines_kl_text2grad_is_chosen_among_its_settings_run_on_the_most_seeds():
     """A setting run on two seeds of five, best on validation and within the baseline's KL, is not picked over one
     run on all five: its paired difference would be measured on a different, smaller sample."""
@@ -1613,3 +1650,13 @@ def test_a_study_is_dated_by_its_newest_run_not_by_the_day_its_report_was_made_a
     assert ms.study_date(tmp_path, None) == "2026-11-29"
     assert ms.study_date(tmp_path, "2026-11-30") == "2026-11-30"  # an earlier report saw runs that recorded no date
     assert ms.study_date(tmp_path, "2026-11-01") == "2026-11-29"
+
+
+def test_a_lora_sft_is_merged_beside_it_in_the_cache_so_every_study_folder_shares_the_reward_models(tmp_path):
+    """The reward models' cache key holds the merged start's path: merged inside a study's folder, a study resumed
+    or reported in another folder trained its reward models again (minutes each for SmolLM2)."""
+    sft = tmp_path / "cache" / "policy-abc" / "sft"
+    sft.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(sft.parent)
+    assert ms.merged_sft_folder(sft) == tmp_path / "cache" / "policy-abc" / "sft-merged"
+    assert ms.merged_sft_folder(tmp_path / "link" / "sft") == ms.merged_sft_folder(sft)  # one path per policy
