@@ -963,7 +963,8 @@ def merged_sft_folder(sft: Path) -> Path:
     """Where a LoRA SFT policy (an adapter-only folder in the quickstart's cache) is folded into its base: beside it
     in that cache, not in the study's folder, because the reward models' cache key holds this path, and a study
     resumed or reported in another folder would otherwise train its reward models again."""
-    return sft.resolve().with_name(sft.resolve().name + "-merged")
+    sft = sft.resolve()
+    return sft.with_name(sft.name + "-merged")
 
 
 def check_same_start(folder: Path, sft_scores: Mapping[str, Mapping[str, float]], fingerprint: str = "",

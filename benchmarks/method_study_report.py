@@ -1079,13 +1079,14 @@ def kl_on_validation(study: Mapping[str, Any], arm: str, method: str = "text2gra
     base_key = best_scalar(summ, arm) if against is None else f"{arm}/{against}"
     if len(points) < 2 or base_key not in summ:
         return None
-    pick, base = validation_pick(points), validation_pick(frontier.get(base_key, []))
+    base_points = frontier.get(base_key, [])
+    pick, base = validation_pick(points), validation_pick(base_points)
     if base is None:  # a study summarised before frontier points existed
         return None
     pair = paired(pick["final"], base["final"])
     fall = pick.get("val_fall", {})
     return {"baseline": base_key, "point": pick, "base_point": base, "pair": pair, "tried": len(points),
-            "edges": pick_edges(pick, points), "base_edges": pick_edges(base, frontier.get(base_key, [])),
+            "edges": pick_edges(pick, points), "base_edges": pick_edges(base, base_points),
             **goal_conditions(pair, fall, (pick["kl_end"][0], base["kl_end"][0]))}
 
 
@@ -1114,8 +1115,8 @@ def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, m
             f"{method_label(c['baseline'].split('/')[1])} at KL {b['kl_setting']} at {_pm(b['final_mean_ci'])} with "
             f"{b['kl_end'][0]:.2f}; paired difference {paired_words(c['pair'])}; {name}'s largest fall from its best "
             f"validation point to its last is {worst}. Goal {goal_verdict(c)} ("
-            f"{goal_checklist(c, c['pair']['n'])})." + edge_words(name, c.get("edges", []))
-            + edge_words("the baseline", c.get("base_edges", [])))
+            f"{goal_checklist(c, c['pair']['n'])})." + edge_words(name, c["edges"])
+            + edge_words("the baseline", c["base_edges"]))
     pooled = pool_pairs({ts: c["pair"] for ts, c in per.items()})
     if len(per) > 1:
         goal = [str(ts) for ts, c in per.items() if goal_met(c)]
