@@ -466,6 +466,18 @@ def missing_runs_lines(study: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def paragraphs(lines: Sequence[str]) -> str:
+    """The report's lines as markdown, with at most one blank line between paragraphs and none at either end: a
+    section with nothing to say leaves no gap behind."""
+    kept: list[str] = []
+    for line in lines:
+        if line or (kept and kept[-1]):
+            kept.append(line)
+    while kept and not kept[-1]:
+        kept.pop()
+    return "\n".join(kept)
+
+
 def markdown(study: Mapping[str, Any]) -> str:
     summ, sft = study["final"], study["sft"].get("test", {}).get("fact_score", float("nan"))
     knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
@@ -524,7 +536,7 @@ def markdown(study: Mapping[str, Any]) -> str:
         for name, a in study["ablations"].items():
             lines.append(f"| {name} | {_pm(a['final'])} | {_pm(a['peak'])} | {_pm(a['kl'])} | {_pm(a['poor_first'])} |")
         lines += ["", *interpret_ablations(study["ablations"])]
-    return "\n".join(lines)
+    return paragraphs(lines)
 
 
 # The PPO fields set by the paper's Table 10 (configs/slf5k/ppo.yaml transcribes it for SLF5K), with why the study
@@ -1346,7 +1358,7 @@ def pooled_markdown(studies: Mapping[Any, Mapping[str, Any]], pooled: Mapping[st
     else:
         lines += ["", "Plots: [curves per instance](task_seed{0}/curves.png), [final score vs final KL](frontier.png)."
                   .replace("{0}", str(next(iter(studies))))]
-    return "\n".join(lines)
+    return paragraphs(lines)
 
 
 def chosen_per_instance_markdown(studies: Mapping[Any, Mapping[str, Any]]) -> list[str]:

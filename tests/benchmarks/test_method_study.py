@@ -1660,3 +1660,13 @@ def test_a_lora_sft_is_merged_beside_it_in_the_cache_so_every_study_folder_share
     (tmp_path / "link").symlink_to(sft.parent)
     assert ms.merged_sft_folder(sft) == tmp_path / "cache" / "policy-abc" / "sft-merged"
     assert ms.merged_sft_folder(tmp_path / "link" / "sft") == ms.merged_sft_folder(sft)  # one path per policy
+
+
+def test_a_section_with_nothing_to_say_leaves_no_gap_in_the_report():
+    assert msr.paragraphs(["", "a", "", "", "", "b", "c", "", ""]) == "a\n\nb\nc"
+    assert msr.paragraphs(["", ""]) == ""
+    # a real report: SmolLM2's study has comparisons that print nothing for some methods
+    study = json.loads((ROOT / "benchmarks" / "results" / "method_study_smollm2_v2" / "study.json").read_text())
+    md = msr.markdown(study)
+    assert "\n\n\n" not in md and not md.startswith("\n") and not md.endswith("\n")
+    assert "\n\nText2Grad against the information-matched baseline:\n" in md  # paragraphs still apart
