@@ -67,7 +67,8 @@ default for ``--preset smollm2``, a run killed midway resumes from its last eval
   validation above choose among them too. ``--frontier_methods`` gives frontier runs to some methods only (e.g. the
   information-matched pair), so the report does not list the others' points as missing. ``--frontier_points
   text2grad:3.33e-06:3`` adds a point with both knobs moved (labelled "fixed 3, lr 3.33e-06"), for the named
-  method only: where neither knob alone brings a method down to a baseline's KL.
+  method only: where neither knob alone brings a method down to a baseline's KL. ``text2grad:3e-04:0.1@2`` runs
+  (and reports) the point on task instance 2 only: a step past one instance's grid edge.
 - ``ablation``: the quickstart's learned-arm Text2Grad setting with one change each (reward scale, whitening, value
   strength, entropy, clip range, oracle critic), to find what drives its late collapse.
 - ``report``: ``study.json`` (everything, each run's validation curve and CPU included, and each Text2Grad method
@@ -591,14 +592,19 @@ def _methods_hint(known: Sequence[str], pronoun: str) -> str:
     return (f"this study's methods ({', '.join(known)}); name {pronoun} in --methods (a defence in --variants) too")
 
 
-def parse_frontier_points(texts: Sequence[str], keys: Sequence[tuple[str, str]]) -> list[tuple[str, float, float]]:
-    """``--frontier_points`` as (method, learning rate, fixed KL coefficient): each text is METHOD:LR:COEF, e.g.
-    "text2grad:3.33e-06:3" (a defended method as "text2grad+refresh:..."). Raises ValueError naming what is wrong:
-    the form, a number, or a method that is none of ``keys``' methods."""
+def parse_frontier_points(texts: Sequence[str], keys: Sequence[tuple[str, str]],
+                          task_seeds: Sequence[int] | None = None) -> list[tuple[str, float, float, tuple[int, ...] | None]]:
+    """``--frontier_points`` as (method, learning rate, fixed KL coefficient, task instances): each text is
+    METHOD:LR:COEF, e.g. "text2grad:3.33e-06:3" (a defended method as "text2grad+refresh:..."), run on every task
+    instance, or METHOD:LR:COEF@SEEDS, e.g. "text2grad:3e-04:0.1@2" or "...@0,1", run on those task instances only
+    (a point past one instance's grid edge need not run, nor be reported missing, on the others). Raises ValueError
+    naming what is wrong: the form, a number, a method that is none of ``keys``' methods, or an instance that is
+    not among ``task_seeds`` (the study's instances; None: any)."""
     known = study_methods(keys)
     points = []
     for text in texts:
-        method, *numbers = text.split(":")
+        point, at, where = text.partition("@")
+        method, *numbers = point.split(":")
         try:
             lr, coef = (float(x) for x in numbers)
         except ValueError:
@@ -608,8 +614,24 @@ def parse_frontier_points(texts: Sequence[str], keys: Sequence[tuple[str, str]])
             raise ValueError(f"--frontier_points {text}: {method!r} is not among {_methods_hint(known, 'it')}")
         if not (lr > 0 and coef >= 0):
             raise ValueError(f"--frontier_points {text}: the learning rate must be > 0 and the KL coefficient >= 0")
-        points.append((method, lr, coef))
+        only = None
+        if at:
+            try:
+                only = tuple(int(x) for x in where.split(","))
+            except ValueError:
+                raise ValueError(f"--frontier_points {text}: after '@' expected task instances separated by commas, "
+                                 "e.g. text2grad:3e-04:0.1@2 or text2grad:3e-04:0.1@0,1") from None
+            if task_seeds is not None and (outside := [t for t in only if t not in task_seeds]):
+                raise ValueError(f"--frontier_points {text}: task instance(s) {', '.join(map(str, outside))} not "
+                                 f"among this study's ({', '.join(map(str, task_seeds))}); name them in --task_seeds")
+        points.append((method, lr, coef, only))
     return points
+
+
+def points_on_instance(points: Sequence[tuple[str, float, float, tuple[int, ...] | None]],
+                       task_seed: int) -> list[tuple[str, float, float]]:
+    """The (method, learning rate, fixed coefficient) of the ``--frontier_points`` that run on ``task_seed``."""
+    return [(m, lr, c) for m, lr, c, only in points if only is None or task_seed in only]
 
 
 def method_keys(arms: Sequence[str], methods: Sequence[str], variants: Sequence[str] = ()) -> list[tuple[str, str]]:
@@ -1100,10 +1122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr_frontier", type=float, nargs="*", default=[],
                         help="phase frontier: every method again with the final seeds at each of these learning rates "
                              "(its chosen KL setting and lambda): points of the same frontier, reached by the step size")
-    parser.add_argument("--frontier_points", nargs="+", default=[], metavar="METHOD:LR:COEF",
+    parser.add_argument("--frontier_points", nargs="+", default=[], metavar="METHOD:LR:COEF[@SEEDS]",
                         help="phase frontier: a method again with the final seeds at this learning rate AND this fixed KL "
                              "coefficient (its chosen lambda), e.g. text2grad:3.33e-06:3: a point that needs both knobs "
-                             "moved (a smaller step and a stronger penalty); only the named method runs it")
+                             "moved (a smaller step and a stronger penalty); only the named method runs it; with @SEEDS "
+                             "(e.g. @2 or @0,1) only on those task instances")
     parser.add_argument("--frontier_methods", nargs="+", default=None,
                         help="phase frontier: only these of the methods get frontier runs (e.g. text2grad scalar_sum; "
                              "a defended one as text2grad+refresh); default: every method")
@@ -1119,7 +1142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         keys = method_keys(args.arms, args.methods, args.variants)
         frontier_keys(keys, args.frontier_methods)
-        args.frontier_points = parse_frontier_points(args.frontier_points, keys)
+        args.frontier_points = parse_frontier_points(args.frontier_points, keys,
+                                                     args.task_seeds if args.task_seeds else [args.task_seed])
         if args.sft_threads < 1:
             raise ValueError(f"--sft_threads {args.sft_threads}: the SFT policy needs at least 1 torch thread")
     except ValueError as exc:
@@ -1274,7 +1298,8 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     if "final" in args.phases:
         run_all(ctx, finals, args.jobs)
     frontier = frontier_specs(frontier_keys(keys, getattr(args, "frontier_methods", None)), chosen, args.kl_frontier,
-                              args.seeds, ctx.kl_coef, args.lr_frontier, getattr(args, "frontier_points", ()), keys)
+                              args.seeds, ctx.kl_coef, args.lr_frontier,
+                              points_on_instance(getattr(args, "frontier_points", ()), args.task_seed), keys)
     if "frontier" in args.phases:
         run_all(ctx, frontier, args.jobs)
     quick = Setting(lr=1e-4, kl="fixed", lam=0.0)  # the quickstart's setting, where the collapse was seen

@@ -1056,7 +1056,8 @@ def test_a_two_knob_frontier_point_runs_only_its_method_with_both_knobs_moved(ca
     t2g, base = ms.Setting(1e-5, "fixed", 0.0), ms.Setting(3.3333e-6, "fixed", 0.95)
     keys = [("learned", "text2grad"), ("learned", "scalar_sum")]
     points = ms.parse_frontier_points(["text2grad:3.3333e-06:3", "text2grad:1e-5:0.1"], keys)
-    assert points == [("text2grad", 3.3333e-6, 3.0), ("text2grad", 1e-5, 0.1)]
+    assert points == [("text2grad", 3.3333e-6, 3.0, None), ("text2grad", 1e-5, 0.1, None)]
+    points = ms.points_on_instance(points, 0)
     # frontier_methods may leave text2grad out of the one-knob points: a named point still runs
     specs = ms.frontier_specs(keys[1:], {keys[0]: t2g, keys[1]: base}, [1.0], [0, 1], default_coef=0.1,
                               points=points, point_keys=keys)
@@ -1086,12 +1087,36 @@ def test_a_two_knob_frontier_point_runs_only_its_method_with_both_knobs_moved(ca
     for bad, why in (("text2grad:3e-6", "expected METHOD:LR:COEF with two numbers"),
                      ("text2grad:fast:3", "expected METHOD:LR:COEF with two numbers"),
                      ("scalar_summ:3e-6:3", "'scalar_summ' is not among this study's methods (text2grad, scalar_sum)"),
-                     ("text2grad:0:3", "the learning rate must be > 0")):
+                     ("text2grad:0:3", "the learning rate must be > 0"),
+                     ("text2grad:3e-6:3@two", "after '@' expected task instances separated by commas"),
+                     ("text2grad:3e-6:3@1,5", "task instance(s) 5 not among this study's (0, 1, 2); name them in "
+                                              "--task_seeds")):
         with pytest.raises(ValueError, match=re.escape(f"--frontier_points {bad}: {why}")):
-            ms.parse_frontier_points([bad], keys)
+            ms.parse_frontier_points([bad], keys, [0, 1, 2])
     with pytest.raises(SystemExit) as stop:  # before any setup is built
         ms.main(["--methods", "text2grad", "--frontier_points", "scalar_sum:1e-5:1", "--phases", "report"])
     assert stop.value.code == 2 and "--frontier_points scalar_sum:1e-5:1: 'scalar_sum' is not among" in capsys.readouterr().err
+
+
+def test_a_frontier_point_named_for_some_task_instances_runs_and_is_reported_only_there():
+    keys = [("learned", "text2grad"), ("learned", "scalar_sum")]
+    points = ms.parse_frontier_points(["text2grad:3e-4:0.1@2", "scalar_sum:1e-4:0.1@0,2", "text2grad:1e-5:0.03"],
+                                      keys, [0, 1, 2])
+    assert points[0] == ("text2grad", 3e-4, 0.1, (2,)) and points[1][3] == (0, 2) and points[2][3] is None
+    assert ms.points_on_instance(points, 1) == [("text2grad", 1e-5, 0.03)]
+    assert ms.points_on_instance(points, 2) == [("text2grad", 3e-4, 0.1), ("scalar_sum", 1e-4, 0.1),
+                                                ("text2grad", 1e-5, 0.03)]
+    chosen = {keys[0]: ms.Setting(1e-4, "fixed", 0.0), keys[1]: ms.Setting(3e-5, "fixed", 0.95)}
+    on = {ts: {(s.method, s.setting.lr, s.setting.kl_coef) for s in
+               ms.frontier_specs([], chosen, [], [0], 0.1, points=ms.points_on_instance(points, ts), point_keys=keys)}
+          for ts in (0, 1, 2)}
+    assert on[1] == {("text2grad", 1e-5, 0.03)}
+    # at the preset's coefficient the point is the learning-rate frontier's run (its coefficient left at the default)
+    assert ("text2grad", 3e-4, None) in on[2] and ("scalar_sum", 1e-4, None) in on[2]
+    assert on[0] == {("scalar_sum", 1e-4, None), ("text2grad", 1e-5, 0.03)}
+    # a single-instance study accepts its own --task_seed only
+    with pytest.raises(ValueError, match=r"task instance\(s\) 2 not among this study's \(0\)"):
+        ms.parse_frontier_points(["text2grad:3e-4:0.1@2"], keys, [0])
 
 
 def test_the_learning_rate_frontier_runs_other_step_sizes_at_the_chosen_kl_and_labels_its_points():
