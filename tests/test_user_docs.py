@@ -86,7 +86,7 @@ def test_readme_is_a_guide_of_at_most_260_lines():
 # a number typed or left behind by hand is caught here.
 GENERATED_OPENINGS = (
     "Task instance", "Pooled over the", "With learned feedback", "With oracle feedback", "The 3 instances",
-    "The 2 instances", "The instances disagree", "Over the last", "Early-stopped on validation",
+    "The 2 instances", "The instances disagree", "Over the ", "Early-stopped on validation",
     "Text2Grad reached that", "At the end,", "On the SFT", "Text2Grad itself ends", "The study's goal (",
     "The learned critics",
 )
