@@ -21,6 +21,7 @@ from scipy.stats import binomtest
 from scipy.stats import t as student_t
 
 from policy_optimization.ppo_config import PPOConfig
+from text2grad.apps.quickstart.task import SLOTS
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
@@ -45,6 +46,7 @@ CRITIC_FREE = {"scalar_bt": "learned", "scalar_task": "oracle"}
 ARM_INFORMATION = {"learned": 0, "oracle": 1}
 LAMBDAS = (0.0, 0.95, 1.0)
 KL_COEFS = (0.05, 0.1, 0.3, 1.0)  # the fixed-coefficient sweep, beside the adaptive controller
+N_FACTS = len(SLOTS)  # the task's key facts: fact score = recall - false facts / N_FACTS
 
 @dataclass(frozen=True)
 class Setting:
@@ -833,8 +835,8 @@ def summarize_frontier(results: Mapping[Any, Mapping[str, Any]], default_coef: f
     ``--kl_frontier`` runs at fixed coefficients and the ``--lr_frontier`` runs at other learning rates, labelled
     "fixed 0.1, lr 1e-05"): its label, whether it is the chosen one, and per seed the final test score, the
     end-of-run validation score (`end_score`, what a KL-constrained choice is made on) and the final KL, with their
-    means, and per seed the fall from its best validation point to its last (``val_fall``). Points are sorted by
-    mean final KL."""
+    means, per seed the fall from its best validation point to its last (``val_fall``), and the mean test recall and
+    false facts per summary at the end (``recall_false``). Points are sorted by mean final KL."""
     groups: dict[tuple[str, str, str], dict[int, Mapping[str, Any]]] = {}
     chosen: dict[tuple[str, str, str], bool] = {}
     final_lr = {(spec.arm, spec.method): spec.setting.lr for spec in results if spec.phase == "final"}
@@ -860,6 +862,8 @@ def summarize_frontier(results: Mapping[Any, Mapping[str, Any]], default_coef: f
             "final": final, "final_mean_ci": mean_ci95(list(final.values())),
             "val_end": val_end, "val_end_mean": statistics.fmean(val_end.values()),
             "kl_final": kl, "kl_end": mean_ci95(list(kl.values())), "val_fall": fall,
+            "recall_false": [statistics.fmean(r["final"]["test"].get(k, math.nan) for r in runs.values())
+                             for k in ("fact_recall", "n_false")],
         })
     for points in out.values():
         points.sort(key=lambda p: p["kl_end"][0])
@@ -1097,9 +1101,41 @@ def kl_on_validation(study: Mapping[str, Any], arm: str, method: str = "text2gra
         return None
     pair = paired(pick["final"], base["final"])
     fall = pick.get("val_fall", {})
+    sft = study.get("sft", {}).get("test", {})
     return {"baseline": base_key, "point": pick, "base_point": base, "pair": pair, "tried": len(points),
+            "sft_recall_false": (sft.get("fact_recall", math.nan), sft.get("n_false", math.nan)),
             "edges": pick_edges(pick, points), "base_edges": pick_edges(base, base_points),
             **goal_conditions(pair, fall, (pick["kl_end"][0], base["kl_end"][0]))}
+
+
+def score_sources(point: Mapping[str, Any], base: Mapping[str, Any],
+                  start: Sequence[float]) -> dict[str, float] | None:
+    """Where the difference in mean final test score between two frontier points (`summarize_frontier`) comes from.
+    The fact score is (C - W) / K = recall - false facts / K, so the difference splits exactly into the recall
+    difference and the false-facts term: ``recall`` + ``false_facts`` = ``score``. ``start`` is the start policy's
+    (recall, false facts per summary). None when a point's recall or false facts were not recorded."""
+    (r1, f1), (r2, f2) = point.get("recall_false", (math.nan,) * 2), base.get("recall_false", (math.nan,) * 2)
+    if any(x != x for x in (r1, f1, r2, f2)):
+        return None
+    return {"score": (r1 - f1 / N_FACTS) - (r2 - f2 / N_FACTS), "recall": r1 - r2, "false_facts": (f2 - f1) / N_FACTS,
+            "recall_own": r1, "false_own": f1, "recall_base": r2, "false_base": f2,
+            "recall_start": start[0], "false_start": start[1]}
+
+
+def where_words(name: str, w: Mapping[str, float]) -> str:
+    """The sentence for `score_sources`: what each pick's summaries state, how the score difference splits, whether
+    a lead comes from false facts alone, and whether the method's pick states fewer correct facts than the start
+    policy (a lead won by saying less)."""
+    text = (f"what the picks' test summaries say: {name} states {w['recall_own']:.3f} of the {N_FACTS} facts correctly "
+            f"with {w['false_own']:.2f} false facts each, the baseline {w['recall_base']:.3f} with "
+            f"{w['false_base']:.2f}, the start policy {w['recall_start']:.3f} with {w['false_start']:.2f}. Of the "
+            f"difference in mean score ({w['score']:+.3f}), recall gives {w['recall']:+.3f} and false facts "
+            f"{w['false_facts']:+.3f}.")
+    if w["score"] > 0 and w["recall"] < 0:
+        text += f" {name} is ahead only through fewer false facts: it states fewer correct facts than the baseline."
+    if w["recall_own"] < w["recall_start"]:
+        text += f" {name}'s pick states fewer correct facts than the start policy."
+    return text
 
 
 def edge_words(who: str, edges: Sequence[str]) -> str:
@@ -1129,12 +1165,22 @@ def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, m
             f"validation point to its last is {worst}. Goal {goal_verdict(c)} ("
             f"{goal_checklist(c, c['pair']['n'])})." + edge_words(name, c["edges"])
             + edge_words("the baseline", c["base_edges"]))
+        if (where := score_sources(p, b, c["sft_recall_false"])) is not None:
+            lines.append(f"Task instance {ts}, {where_words(name, where)}")
+            c["score_sources"] = where
     pooled = pool_pairs({ts: c["pair"] for ts, c in per.items()})
     if len(per) > 1:
         goal = [str(ts) for ts, c in per.items() if goal_met(c)]
         lines.append(f"Pooled over the {len(per)} instances ({pooled['n']} seed pairs): {paired_words(pooled)}. "
                      + (f"The goal is met on instance(s) {', '.join(goal)} of {len(per)}." if goal
                         else f"The goal is met on none of the {len(per)} instances."))
+    split = {ts: c["score_sources"] for ts, c in per.items() if "score_sources" in c}
+    if len(split) > 1:
+        less = [str(ts) for ts, w in split.items() if w["recall"] < 0]
+        lines.append(f"Over the {len(split)} instances, recall gives {statistics.fmean(w['recall'] for w in split.values()):+.3f} "
+                     f"of the mean score difference and false facts "
+                     f"{statistics.fmean(w['false_facts'] for w in split.values()):+.3f}; {name}'s pick states fewer "
+                     f"correct facts than the baseline's on " + (f"instance(s) {', '.join(less)}." if less else "none."))
     return lines, {"instances": per, "pooled": pooled}
 
 

@@ -292,7 +292,8 @@ def matched_instances(study: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
             for ts, c in numbers["instances"].items():
                 if "point" in c:  # a validation-picked point of the KL frontier on each side
                     c = {"t2g": c["point"]["final_mean_ci"], "base": c["base_point"]["final_mean_ci"],
-                         "kl": (c["point"]["kl_end"][0], c["base_point"]["kl_end"][0]), "pair": c["pair"]}
+                         "kl": (c["point"]["kl_end"][0], c["base_point"]["kl_end"][0]), "pair": c["pair"],
+                         **({"split": c["score_sources"]} if "score_sources" in c else {})}
                 b = best.get(ts)
                 b_score = None if b is None else b["base_point"]["final_mean_ci"][0] if "base_point" in b else b["base"][0]
                 per[ts] = {**c, "sft": study["instances"][ts]["sft"]["test"]["fact_score"],
@@ -328,6 +329,21 @@ def frontier_dominance_counts(study: Mapping[str, Any]) -> dict[str, tuple[int, 
     if not numbers:
         return None
     return {str(ts): (c["ahead"], len(c["rows"])) for ts, c in numbers["instances"].items()}
+
+
+def _split_clause(per_study: Sequence[Mapping[str, Any]]) -> str:
+    """'; at the validation picks (6 task instances where it was recorded), recall accounts for -0.065 of the mean
+    paired difference and false facts for +0.320, and Text2Grad's pick states fewer correct facts than the
+    baseline's on 6 of 6' over every instance of the ``per_study`` comparisons whose validation picks carry the
+    score's split (`method_study_report.score_sources`: fact score = recall - false facts / 5), or '' where none does."""
+    splits = [c["split"] for per in per_study for c in per.values() if c.get("split")]
+    if not splits:
+        return ""
+    fewer = sum(w["recall"] < 0 for w in splits)
+    return (f"; at the validation picks ({len(splits)} task instance{'s' if len(splits) != 1 else ''} where it was "
+            f"recorded), recall accounts for {sum(w['recall'] for w in splits) / len(splits):+.3f} of the mean paired "
+            f"difference and false facts for {sum(w['false_facts'] for w in splits) / len(splits):+.3f}, and Text2Grad's "
+            f"pick states fewer correct facts than the baseline's on {fewer} of {len(splits)}")
 
 
 def _frontier_clause(counts: Sequence[Mapping[str, tuple[int, int]] | None]) -> str:
@@ -420,7 +436,7 @@ def across_studies_sentence(policy: str, per_study: Sequence[Mapping[str, Any]],
                 f"at no larger final KL on {sum(no_further)} of {n}, and both on {both} of {n}; over all {len(diffs)} "
                 f"seed pairs it is ahead on {ahead} and behind on {behind} (mean paired difference "
                 f"{sum(diffs) / len(diffs):+.3f}; exact two-sided sign test p = {sign_test_p(ahead, behind):.3g})"
-                + _frontier_clause(frontiers))
+                + _frontier_clause(frontiers) + _split_clause(per_study))
     return sentence + _best_and_start_clauses(dict(enumerate(instances)), counted=True) + "."
 
 
@@ -484,7 +500,8 @@ def headline_table() -> str:
             lo, hi = pooled["interval"]
             sentence += (f"; pooled over {pooled['n']} seed pairs the paired difference is {pooled['mean']:+.3f} "
                          f"[{lo:+.3f}, {hi:+.3f}], which " + ("excludes" if lo > 0 or hi < 0 else "includes") + " zero")
-        sentence += _frontier_clause([frontiers[policy][-1]]) + _best_and_start_clauses(per, counted=False)
+        sentence += (_frontier_clause([frontiers[policy][-1]]) + _split_clause([per])
+                     + _best_and_start_clauses(per, counted=False))
         sentences.setdefault(policy, []).append(sentence + ".")
     # a policy's studies together in one sentence (each study's own numbers are its rows), or its one study's
     lines = [across_studies_sentence(policy, per_policy[policy], frontiers[policy]) or own[0]

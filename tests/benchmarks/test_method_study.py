@@ -1073,6 +1073,8 @@ def test_a_two_knob_frontier_point_runs_only_its_method_with_both_knobs_moved(ca
     frontier = msr.summarize_frontier(results, default_coef=0.1)
     assert [(p["kl_setting"], p["chosen"]) for p in frontier["learned/text2grad"]] == [
         ("fixed 3, lr 3.33e-06", False), ("fixed 0.1", True)]
+    # what each point's summaries say at the end, for the score's split into recall and false facts
+    assert frontier["learned/text2grad"][0]["recall_false"] == pytest.approx([0.5, 1.0])
     assert msr.fixed_coefficient("fixed 3, lr 3.33e-06") == 3.0
     # a larger step at a stronger penalty is not "the larger step alone": the baseline's sentence reads the latter
     base_points = [{"kl_setting": "fixed 0.1", "chosen": True, "lr": 1e-5},
@@ -1314,6 +1316,41 @@ def test_the_validation_pick_sentence_says_when_a_pick_sits_at_a_grid_edge():
     lines, _ = msr.kl_on_validation_lines({0: study}, "learned", "text2grad", "scalar_sum")
     assert lines[1].endswith("Text2Grad's pick is at the largest learning rate tried: the grid does not bracket it.")
     assert "The baseline's pick" not in lines[1]  # 1e-5 lies between 3.33e-6 and 3e-5
+
+
+def test_a_validation_picks_lead_is_split_into_recall_and_false_facts_and_saying_less_is_named():
+    """Fact score = recall - false facts / 5, so a lead splits exactly; one won by dropping correct facts along with
+    the false ones (recall below the baseline's and the start policy's) is said to be so."""
+    quiet = {**_point("fixed 0.01", [0, 1], 0.0, [-0.07, -0.07], 20.0), "recall_false": [0.05, 0.6]}
+    base = {**_point("fixed 0.1", [0, 1], -0.3, [-0.34, -0.34], 0.1), "recall_false": [0.24, 2.9]}
+    w = msr.score_sources(quiet, base, (0.242, 2.94))
+    # (0.05 - 0.6/5) - (0.24 - 2.9/5) = -0.07 + 0.34; recall -0.19, false facts (2.9 - 0.6)/5
+    assert (w["score"], w["recall"], w["false_facts"]) == pytest.approx((0.27, -0.19, 0.46))
+    assert w["recall"] + w["false_facts"] == pytest.approx(w["score"])
+    text = msr.where_words("Text2Grad", w)
+    assert "Text2Grad states 0.050 of the 5 facts correctly with 0.60 false facts each" in text
+    assert "Of the difference in mean score (+0.270), recall gives -0.190 and false facts +0.460." in text
+    assert "Text2Grad is ahead only through fewer false facts" in text
+    assert text.endswith("Text2Grad's pick states fewer correct facts than the start policy.")
+    # a lead that states more correct facts than both: neither remark
+    full = msr.where_words("Text2Grad", msr.score_sources({**quiet, "recall_false": [0.6, 0.5]}, base, (0.242, 2.94)))
+    assert "only through" not in full and "than the start policy" not in full
+    # a study summarised before recall was recorded per point: no sentence
+    assert msr.score_sources(_point("fixed 0.1", [0], 0.0, [0.0], 1.0), base, (0.2, 1.0)) is None
+    study = {"kl_frontier": {"learned/text2grad": [quiet, {**quiet, "kl_setting": "fixed 0.1", "val_end_mean": -0.5}],
+                             "learned/scalar_sum": [base]},
+             "final": {"learned/scalar_sum": {"method": "scalar_sum", "arm": "learned", "final_mean_ci": (-0.34, 0.0)}},
+             "sft": {"test": {"fact_score": -0.346, "fact_recall": 0.242, "n_false": 2.94}}}
+    lines, _ = msr.kl_on_validation_lines({2: study}, "learned", "text2grad", "scalar_sum")
+    assert lines[2].startswith("Task instance 2, what the picks' test summaries say: Text2Grad states 0.050")
+    assert "the start policy 0.242 with 2.94" in lines[2]
+    # two instances: the split is averaged, and where the pick states fewer correct facts is listed
+    fuller = {**study, "kl_frontier": {**study["kl_frontier"], "learned/text2grad": [
+        {**quiet, "recall_false": [0.3, 0.6]}, {**quiet, "kl_setting": "fixed 0.1", "val_end_mean": -0.5}]}}
+    lines, _ = msr.kl_on_validation_lines({2: study, 5: fuller}, "learned", "text2grad", "scalar_sum")
+    # instance 5: recall +0.06, false facts +0.46
+    assert lines[-1] == ("Over the 2 instances, recall gives -0.065 of the mean score difference and false facts +0.460; "
+                         "Text2Grad's pick states fewer correct facts than the baseline's on instance(s) 2.")
 
 
 def test_held_to_a_baselines_kl_text2grad_is_chosen_among_its_settings_run_on_the_most_seeds():

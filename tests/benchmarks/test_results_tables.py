@@ -218,6 +218,21 @@ def test_the_studies_of_one_policy_are_summed_up_together_with_an_exact_sign_tes
     assert rt.sign_test_p(5, 0) == 0.0625 and rt.sign_test_p(3, 3) == 1.0 and math.isnan(rt.sign_test_p(0, 0))
 
 
+def test_the_headline_says_how_the_lead_at_the_validation_picks_splits_into_recall_and_false_facts():
+    """Where a study recorded each pick's recall and false facts, the policy's sentence averages the split of the
+    paired difference over those instances and counts where Text2Grad's pick states fewer correct facts."""
+    def inst(diff, split=None):
+        return {"pair": {"diffs": [diff], "mean": diff}, "kl": (1.0, 0.1), **({"split": split} if split else {})}
+
+    recorded = {"0": inst(0.2, {"recall": -0.1, "false_facts": 0.3}), "1": inst(0.3, {"recall": 0.02, "false_facts": 0.28})}
+    older = {"0": inst(0.1)}  # summarised before the split was recorded: not counted
+    assert rt.across_studies_sentence("P", [recorded, older]).endswith(
+        "p = 0.25); at the validation picks (2 task instances where it was recorded), recall accounts for -0.040 of "
+        "the mean paired difference and false facts for +0.290, and Text2Grad's pick states fewer correct facts than "
+        "the baseline's on 1 of 2.")
+    assert rt._split_clause([older]) == ""
+
+
 def test_two_studies_that_trained_the_same_start_give_one_instance_with_both_studies_seed_pairs():
     """Two machines can train the same SFT start for a task instance: that is one instance run twice, so it counts
     once, with every seed pair of both studies and their pooled means (here behind, though the newer study alone is
