@@ -134,8 +134,8 @@ from benchmarks.method_study_report import (  # noqa: E402
     ARMS, CRITIC_FREE, DEFENCE_CONTROLS, KL_COEFS, LABELS, LAMBDAS, METHODS, REWARD_MODE,
     SCALAR_METHODS, Setting, choose, control_lines, edge_lines, end_score, early_stopped, frontier_plot, grid_position,
     frontier_dominance_lines, kl_baselines, kl_matched_lines, matched_baseline, matched_comparisons,
-    kl_on_validation_lines, markdown, mean_ci95, method_label, paper_comparison, plot, pooled_lines, pooled_markdown,
-    summarize_ablations, summarize_final, summarize_frontier,
+    kl_on_validation_lines, markdown, matched_on_validation, mean_ci95, method_label, paper_comparison, plot,
+    pooled_lines, pooled_markdown, summarize_ablations, summarize_final, summarize_frontier,
 )
 
 
@@ -1323,6 +1323,7 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     # a phase whose runs are not in this folder keeps the summary stored in study.json (e.g. from an earlier machine)
     study["ablations"] = summarize_ablations(results) or study.get("ablations", {})
     study["kl_frontier"] = summarize_frontier(results, ctx.kl_coef) if frontier else study.get("kl_frontier", {})
+    study["matched_on_validation"] = matched_on_validation(study)  # the headline, where both sides ran a frontier
     if frontier:  # what the report says is missing at the frontier's KL settings
         study["frontier_requested"] = len(frontier)
         study["frontier_not_run"] = runs_not_finished([s for s in frontier if s not in results], ctx.kl_coef, chosen)

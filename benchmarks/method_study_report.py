@@ -822,6 +822,25 @@ def matched_comparisons(study: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def matched_on_validation(study: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Plain Text2Grad of a one-instance study against the information-matched baseline, each at the KL setting its
+    own validation score picks (`kl_on_validation`), keyed "arm/text2grad", with the score's split
+    (`score_sources`) and the best scalar baseline at its own pick (``best``: its key and mean final score). The
+    headline reads it in place of `matched_comparisons` where the study ran KL frontier points for both sides, as it
+    does for a study over several instances. Empty without frontier points."""
+    out = {}
+    for arm in ARMS:
+        c = kl_on_validation(study, arm, "text2grad", "scalar_sum")
+        if c is None:
+            continue
+        if (split := score_sources(c["point"], c["base_point"], c["sft_recall_false"])) is not None:
+            c["score_sources"] = split
+        best = kl_on_validation(study, arm, "text2grad")
+        c["best"] = None if best is None else (best["baseline"], best["base_point"]["final_mean_ci"][0])
+        out[f"{arm}/text2grad"] = c
+    return out
+
+
 def kl_setting_label(setting: Mapping[str, Any], default_coef: float) -> str:
     """"adaptive" or "fixed <coefficient>" (the preset's ``default_coef`` when the setting names none)."""
     if setting["kl"] == "adaptive":
@@ -1105,6 +1124,7 @@ def kl_on_validation(study: Mapping[str, Any], arm: str, method: str = "text2gra
     return {"baseline": base_key, "point": pick, "base_point": base, "pair": pair, "tried": len(points),
             "sft_recall_false": (sft.get("fact_recall", math.nan), sft.get("n_false", math.nan)),
             "edges": pick_edges(pick, points), "base_edges": pick_edges(base, base_points),
+            "runner_up": runner_up(pick, points), "base_runner_up": runner_up(base, base_points),
             **goal_conditions(pair, fall, (pick["kl_end"][0], base["kl_end"][0]))}
 
 
@@ -1138,9 +1158,25 @@ def where_words(name: str, w: Mapping[str, float]) -> str:
     return text
 
 
-def edge_words(who: str, edges: Sequence[str]) -> str:
-    """" X's pick is at the largest learning rate tried: the grid does not bracket it." (empty without edges)."""
-    return f" {who[0].upper()}{who[1:]}'s pick is at {' and '.join(edges)}: the grid does not bracket it." if edges else ""
+def runner_up(pick: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The setting `validation_pick` would choose were ``pick`` not tried: the best end-of-run validation score among
+    the other ``points`` run on as many seeds. None when there is no such point."""
+    others = [p for p in points if p is not pick and len(p["seeds"]) == len(pick["seeds"])]
+    return max(others, key=lambda p: p["val_end_mean"], default=None)
+
+
+def edge_words(who: str, edges: Sequence[str], pick: Mapping[str, Any] | None = None,
+               second: Mapping[str, Any] | None = None) -> str:
+    """" X's pick is at the largest learning rate tried: the grid does not bracket it." (empty without edges), and
+    with the ``second`` best setting (`runner_up`) how far below ``pick`` it is on validation: a small margin says a
+    step past the edge is unlikely to change the choice by much, a large one that the grid should be extended."""
+    if not edges:
+        return ""
+    text = f" {who[0].upper()}{who[1:]}'s pick is at {' and '.join(edges)}: the grid does not bracket it"
+    if pick is None or second is None:
+        return text + "."
+    return (text + f"; the next-best setting tried ({second['kl_setting']}) is "
+            f"{pick['val_end_mean'] - second['val_end_mean']:.3f} below it on validation.")
 
 
 def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method: str = "text2grad",
@@ -1163,8 +1199,8 @@ def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, m
             f"{method_label(c['baseline'].split('/')[1])} at KL {b['kl_setting']} at {_pm(b['final_mean_ci'])} with "
             f"{b['kl_end'][0]:.2f}; paired difference {paired_words(c['pair'])}; {name}'s largest fall from its best "
             f"validation point to its last is {worst}. Goal {goal_verdict(c)} ("
-            f"{goal_checklist(c, c['pair']['n'])})." + edge_words(name, c["edges"])
-            + edge_words("the baseline", c["base_edges"]))
+            f"{goal_checklist(c, c['pair']['n'])})." + edge_words(name, c["edges"], p, c["runner_up"])
+            + edge_words("the baseline", c["base_edges"], b, c["base_runner_up"]))
         if (where := score_sources(p, b, c["sft_recall_false"])) is not None:
             lines.append(f"Task instance {ts}, {where_words(name, where)}")
             c["score_sources"] = where
@@ -1450,6 +1486,7 @@ def regenerate(folder: Path) -> str:
         study["paper_comparison"] = corrected_paper_rows(study)
     if study.get("final"):
         study["matched"] = matched_comparisons(study)
+        study["matched_on_validation"] = matched_on_validation(study)
     path.write_text(json.dumps(study, indent=1, default=str))
     md = markdown(study)
     (Path(folder) / "study.md").write_text(md + "\n")

@@ -301,16 +301,24 @@ def matched_instances(study: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
                            "best": None if b is None else (_baseline_name(b["baseline"]), b_score)}
             return per, numbers["pooled"], how
         return None
+    task = str(study.get("identity", {}).get("task_seed", 0))
+    start = {"sft": study["sft"]["test"]["fact_score"], "start": start_key(task, study["sft"])}
+    v = study.get("matched_on_validation", {}).get(f"{HEADLINE_ARM}/text2grad")
+    if v is not None:  # both sides ran KL frontier points: each at the setting its validation score picks
+        best = v.get("best")
+        return ({task: {"t2g": v["point"]["final_mean_ci"], "base": v["base_point"]["final_mean_ci"],
+                        "kl": (v["point"]["kl_end"][0], v["base_point"]["kl_end"][0]), "pair": v["pair"],
+                        **({"split": v["score_sources"]} if "score_sources" in v else {}), **start,
+                        "best": None if best is None else (_baseline_name(best[0]), best[1])}},
+                None, "each at the KL setting its validation score picks")
     c = study.get("matched", {}).get(f"{HEADLINE_ARM}/text2grad")
     if c is None:
         return None
     best = study_arm(study, HEADLINE_ARM)
-    task = str(study.get("identity", {}).get("task_seed", 0))
     settings = {_setting_label(study["final"][key]["setting"])
                 for key in (f"{HEADLINE_ARM}/text2grad", f"{HEADLINE_ARM}/scalar_sum")}
     how = f"both at {settings.pop()}" if len(settings) == 1 else "each at its own setting"
-    return ({task: {**c, "sft": study["sft"]["test"]["fact_score"], "start": start_key(task, study["sft"]),
-                    "best": (best["base_name"], best["base"][0]) if best else None}}, None, how)
+    return ({task: {**c, **start, "best": (best["base_name"], best["base"][0]) if best else None}}, None, how)
 
 
 def start_key(task: str, sft: Mapping[str, Any]) -> tuple | None:

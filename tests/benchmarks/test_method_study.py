@@ -1300,6 +1300,11 @@ def test_a_validation_pick_at_the_edge_of_the_grid_is_named_with_the_knob_and_th
     assert msr.edge_words("Text2Grad", ["the largest learning rate tried"]) == (
         " Text2Grad's pick is at the largest learning rate tried: the grid does not bracket it.")
     assert msr.edge_words("the baseline", []) == ""
+    # the runner-up is the best other setting run on as many seeds (a one-seed point does not compete)
+    one_seed = {**point("fixed 0.3", 1e-5), "seeds": [0, 1], "val_end_mean": 0.9}
+    second = {**point("fixed 1", 1e-5), "val_end_mean": 0.6}  # above low's 0.5
+    assert msr.runner_up(mid, [mid, one_seed, second, low]) is second
+    assert msr.runner_up(mid, [mid, one_seed]) is None
 
 
 def test_the_validation_pick_sentence_says_when_a_pick_sits_at_a_grid_edge():
@@ -1314,7 +1319,9 @@ def test_the_validation_pick_sentence_says_when_a_pick_sits_at_a_grid_edge():
                                point("fixed 0.1, lr 3.33e-06", 3.33e-6, 0.1, [0.1] * 3, 0.0)]},
         "final": {"learned/scalar_sum": {"method": "scalar_sum", "arm": "learned", "final_mean_ci": (0.3, 0.0)}}}
     lines, _ = msr.kl_on_validation_lines({0: study}, "learned", "text2grad", "scalar_sum")
-    assert lines[1].endswith("Text2Grad's pick is at the largest learning rate tried: the grid does not bracket it.")
+    # the runner-up on validation (fixed 0.1 at 0.4) says how much the edge is worth
+    assert lines[1].endswith("Text2Grad's pick is at the largest learning rate tried: the grid does not bracket it; "
+                             "the next-best setting tried (fixed 0.1) is 0.100 below it on validation.")
     assert "The baseline's pick" not in lines[1]  # 1e-5 lies between 3.33e-6 and 3e-5
 
 
@@ -1344,6 +1351,11 @@ def test_a_validation_picks_lead_is_split_into_recall_and_false_facts_and_saying
     lines, _ = msr.kl_on_validation_lines({2: study}, "learned", "text2grad", "scalar_sum")
     assert lines[2].startswith("Task instance 2, what the picks' test summaries say: Text2Grad states 0.050")
     assert "the start policy 0.242 with 2.94" in lines[2]
+    # the headline's record of it for a one-instance study: the pair, the split, and the best scalar baseline's pick
+    headline = msr.matched_on_validation(study)["learned/text2grad"]
+    assert headline["point"] is quiet and headline["score_sources"]["false_facts"] == pytest.approx(0.46)
+    assert headline["best"] == ("learned/scalar_sum", pytest.approx(-0.34))
+    assert msr.matched_on_validation({**study, "kl_frontier": {}}) == {}
     # two instances: the split is averaged, and where the pick states fewer correct facts is listed
     fuller = {**study, "kl_frontier": {**study["kl_frontier"], "learned/text2grad": [
         {**quiet, "recall_false": [0.3, 0.6]}, {**quiet, "kl_setting": "fixed 0.1", "val_end_mean": -0.5}]}}

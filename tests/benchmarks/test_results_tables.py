@@ -149,6 +149,7 @@ def test_the_headline_compares_text2grad_with_the_information_matched_baseline_o
     pooled = json.loads((ROOT / "benchmarks" / "results" / "method_study_xeon" / "study.json").read_text())
     smol = json.loads((ROOT / "benchmarks" / "results" / "method_study_smollm2_v2" / "study.json").read_text())
     smol["matched"] = {"learned/text2grad": _matched([0.3, 0.45, 0.6], [0.4, 0.4, 0.4], kl=(5.0, 6.0))}
+    smol.pop("matched_on_validation", None)  # at the sweep's settings here; the validation picks have a test of their own
     smol["date"] = "2026-11-29"  # the committed study's date moves as its runs finish
     older = {**smol, "date": "2020-01-01", "matched": {"learned/text2grad": _matched([0.9] * 3, [0.1] * 3)},
              "settings_from": {"study": "benchmarks/results/another_sweep/study.json"}}
@@ -196,6 +197,27 @@ def test_the_headline_compares_text2grad_with_the_information_matched_baseline_o
     # a study with no information-matched comparison gives no headline row
     (results / "b_smol" / "study.json").write_text(json.dumps({**smol, "matched": {}}))
     assert "b_smol" not in rt.headline_table() and "c_older_smol" in rt.headline_table()
+
+
+def test_a_one_instance_study_with_both_sides_frontier_points_is_headlined_at_its_validation_picks(tmp_path, monkeypatch):
+    """Where a one-instance study ran KL frontier points for Text2Grad and the information-matched baseline, the
+    headline compares each at the setting its own validation score picks, as for a study over several instances,
+    not at the sweep's setting."""
+    smol = json.loads((ROOT / "benchmarks" / "results" / "method_study_smollm2_v2" / "study.json").read_text())
+    point = {"final_mean_ci": (0.35, 0.3), "kl_end": (10.5, 1.0)}
+    smol["matched_on_validation"] = {"learned/text2grad": {
+        "point": point, "base_point": {"final_mean_ci": (0.30, 0.1), "kl_end": (1.6, 0.5)},
+        "pair": {"diffs": [0.05, -0.01, 0.11], "mean": 0.05, "interval": (-0.1, 0.2), "ahead": 2, "n": 3},
+        "score_sources": {"recall": -0.26, "false_facts": 0.31}, "best": ("learned/scalar_bt", 0.693)}}
+    results = tmp_path / "results"
+    (results / "smol").mkdir(parents=True)
+    (results / "smol" / "study.json").write_text(json.dumps(smol))
+    monkeypatch.setattr(rt, "RESULTS", results)
+    table = rt.headline_table()
+    assert "| 0 (0.362) | 0.350 | 0.300 | +0.050 [-0.100, +0.200], ahead on 2 of 3 | 10.50 vs 1.60 | " \
+           "scalar PPO (Bradley-Terry RM) 0.693 |" in table
+    assert ("(smol, " in table and "; each at the KL setting its validation score picks): Text2Grad ends ahead" in table
+            and "recall accounts for -0.260 of the mean paired difference and false facts for +0.310" in table)
 
 
 def test_the_studies_of_one_policy_are_summed_up_together_with_an_exact_sign_test():
