@@ -833,8 +833,6 @@ def matched_on_validation(study: Mapping[str, Any]) -> dict[str, dict[str, Any]]
         c = kl_on_validation(study, arm, "text2grad", "scalar_sum")
         if c is None:
             continue
-        if (split := score_sources(c["point"], c["base_point"], c["sft_recall_false"])) is not None:
-            c["score_sources"] = split
         best = kl_on_validation(study, arm, "text2grad")
         c["best"] = None if best is None else (best["baseline"], best["base_point"]["final_mean_ci"][0])
         out[f"{arm}/text2grad"] = c
@@ -1122,7 +1120,9 @@ def kl_on_validation(study: Mapping[str, Any], arm: str, method: str = "text2gra
     fall = pick.get("val_fall", {})
     sft = study.get("sft", {}).get("test", {})
     return {"baseline": base_key, "point": pick, "base_point": base, "pair": pair, "tried": len(points),
-            "sft_recall_false": (sft.get("fact_recall", math.nan), sft.get("n_false", math.nan)),
+            # where the score difference comes from (None for a study summarised before recall was recorded)
+            "score_sources": score_sources(pick, base, (sft.get("fact_recall", math.nan),
+                                                        sft.get("n_false", math.nan))),
             "edges": pick_edges(pick, points), "base_edges": pick_edges(base, base_points),
             "runner_up": runner_up(pick, points), "base_runner_up": runner_up(base, base_points),
             **goal_conditions(pair, fall, (pick["kl_end"][0], base["kl_end"][0]))}
@@ -1201,16 +1201,15 @@ def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, m
             f"validation point to its last is {worst}. Goal {goal_verdict(c)} ("
             f"{goal_checklist(c, c['pair']['n'])})." + edge_words(name, c["edges"], p, c["runner_up"])
             + edge_words("the baseline", c["base_edges"], b, c["base_runner_up"]))
-        if (where := score_sources(p, b, c["sft_recall_false"])) is not None:
-            lines.append(f"Task instance {ts}, {where_words(name, where)}")
-            c["score_sources"] = where
+        if c["score_sources"] is not None:
+            lines.append(f"Task instance {ts}, {where_words(name, c['score_sources'])}")
     pooled = pool_pairs({ts: c["pair"] for ts, c in per.items()})
     if len(per) > 1:
         goal = [str(ts) for ts, c in per.items() if goal_met(c)]
         lines.append(f"Pooled over the {len(per)} instances ({pooled['n']} seed pairs): {paired_words(pooled)}. "
                      + (f"The goal is met on instance(s) {', '.join(goal)} of {len(per)}." if goal
                         else f"The goal is met on none of the {len(per)} instances."))
-    split = {ts: c["score_sources"] for ts, c in per.items() if "score_sources" in c}
+    split = {ts: c["score_sources"] for ts, c in per.items() if c["score_sources"] is not None}
     if len(split) > 1:
         less = [str(ts) for ts, w in split.items() if w["recall"] < 0]
         lines.append(f"Over the {len(split)} instances, recall gives {statistics.fmean(w['recall'] for w in split.values()):+.3f} "

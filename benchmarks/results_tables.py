@@ -293,7 +293,7 @@ def matched_instances(study: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
                 if "point" in c:  # a validation-picked point of the KL frontier on each side
                     c = {"t2g": c["point"]["final_mean_ci"], "base": c["base_point"]["final_mean_ci"],
                          "kl": (c["point"]["kl_end"][0], c["base_point"]["kl_end"][0]), "pair": c["pair"],
-                         **({"split": c["score_sources"]} if "score_sources" in c else {})}
+                         "split": c.get("score_sources")}
                 b = best.get(ts)
                 b_score = None if b is None else b["base_point"]["final_mean_ci"][0] if "base_point" in b else b["base"][0]
                 per[ts] = {**c, "sft": study["instances"][ts]["sft"]["test"]["fact_score"],
@@ -308,7 +308,7 @@ def matched_instances(study: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
         best = v.get("best")
         return ({task: {"t2g": v["point"]["final_mean_ci"], "base": v["base_point"]["final_mean_ci"],
                         "kl": (v["point"]["kl_end"][0], v["base_point"]["kl_end"][0]), "pair": v["pair"],
-                        **({"split": v["score_sources"]} if "score_sources" in v else {}), **start,
+                        "split": v.get("score_sources"), **start,
                         "best": None if best is None else (_baseline_name(best[0]), best[1])}},
                 None, "each at the KL setting its validation score picks")
     c = study.get("matched", {}).get(f"{HEADLINE_ARM}/text2grad")
