@@ -963,11 +963,12 @@ def fixed_coefficient(label: str) -> float | None:
     return float(rest.partition(",")[0]) if kind == "fixed" else None
 
 
-def looser_penalty(points: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
-    """(the chosen KL point, the point with the smallest fixed coefficient below the chosen one's, at the same
-    learning rate) among one method's frontier ``points`` (`summarize_frontier`); None when the chosen setting is
-    adaptive or nothing looser ran."""
-    chosen = next((p for p in points if p.get("chosen")), None)
+def looser_penalty(points: Sequence[Mapping[str, Any]],
+                   chosen: Mapping[str, Any] | None = None) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    """(``chosen``, the point with the smallest fixed coefficient below its, at the same learning rate) among one
+    method's frontier ``points`` (`summarize_frontier`); ``chosen`` defaults to the point the sweep chose. None when
+    that setting is adaptive or nothing looser ran."""
+    chosen = chosen or next((p for p in points if p.get("chosen")), None)
     coef = fixed_coefficient(chosen["kl_setting"]) if chosen else None
     looser = [p for p in points if coef is not None and p.get("lr") == chosen.get("lr")
               and (k := fixed_coefficient(p["kl_setting"])) is not None and k < coef]
@@ -975,21 +976,25 @@ def looser_penalty(points: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, An
 
 
 def looser_penalty_sentence(chosen: Mapping[str, Any], loose: Mapping[str, Any]) -> str:
-    """What a looser KL penalty did to a baseline: how much further it moved from the start policy, and its score."""
+    """What a looser KL penalty did to a baseline: how much further it moved from the start policy than at the
+    setting Text2Grad is held at (``chosen``), and its score."""
     moved = loose["kl_end"][0] - chosen["kl_end"][0]
     return (f"Given a looser penalty ({loose['kl_setting']}, {len(loose['seeds'])} seeds), the baseline ends at "
-            f"{loose['kl_end'][0]:.2f} nats with {_pm(loose['final_mean_ci'])} (at its chosen {chosen['kl_setting']}: "
+            f"{loose['kl_end'][0]:.2f} nats with {_pm(loose['final_mean_ci'])} (at {chosen['kl_setting']}, the setting it is "
+            f"held at: "
             f"{chosen['kl_end'][0]:.2f} nats, {_pm(chosen['final_mean_ci'])}): "
             + ("the penalty is not what holds it near the start policy." if moved < PENALTY_BINDS_NATS else
                f"it moves {moved:.2f} nats further from the start policy, and its score changes by "
                f"{loose['final_mean_ci'][0] - chosen['final_mean_ci'][0]:+.3f}."))
 
 
-def larger_step(points: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
-    """(the chosen point, the point at the largest learning rate above the chosen one's at the chosen KL setting,
-    `--lr_frontier`) among one method's frontier ``points`` (a point with both knobs moved, `--frontier_points`, is
-    not the larger step alone); None when no larger learning rate ran (or a study stored its points without)."""
-    chosen = next((p for p in points if p.get("chosen")), None)
+def larger_step(points: Sequence[Mapping[str, Any]],
+                chosen: Mapping[str, Any] | None = None) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    """(``chosen``, the point at the largest learning rate above its at its KL setting, `--lr_frontier`) among one
+    method's frontier ``points`` (a point with both knobs moved, `--frontier_points`, is not the larger step alone);
+    ``chosen`` defaults to the point the sweep chose. None when no larger learning rate ran (or a study stored its
+    points without)."""
+    chosen = chosen or next((p for p in points if p.get("chosen")), None)
     if chosen is None or "lr" not in chosen:
         return None
     coef = fixed_coefficient(chosen["kl_setting"])
@@ -1010,25 +1015,29 @@ def larger_step_sentence(chosen: Mapping[str, Any], fast: Mapping[str, Any]) -> 
 def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
                against: str | None = None) -> dict[str, Any] | None:
     """``method`` (Text2Grad or a variant) held to a baseline's KL: among its KL settings whose mean final KL is no
-    larger than the baseline's (at the baseline's chosen setting), the one with the best end-of-run validation
-    score among those run on the most seeds (`validation_pick`), compared seed by seed with the baseline on test.
-    The baseline is ``against`` (a method of ``arm``, e.g. the information-matched scalar_sum) or, by default, the
-    best scalar baseline. None without frontier points or that baseline; ``point`` None when no setting stays within
-    the baseline's KL (``lowest`` then says how close the nearest came)."""
-    points = study.get("kl_frontier", {}).get(f"{arm}/{method}", [])
+    larger than the baseline's, the one with the best end-of-run validation score among those run on the most seeds
+    (`validation_pick`), compared seed by seed with the baseline on test. The baseline sits at the KL setting its
+    own validation score picks among its frontier points, as a user tuning it would (at the sweep's chosen setting
+    when it ran no other). It is ``against`` (a method of ``arm``, e.g. the information-matched scalar_sum) or, by
+    default, the best scalar baseline. None without frontier points or that baseline; ``point`` None when no setting
+    stays within the baseline's KL (``lowest`` then says how close the nearest came)."""
+    frontier = study.get("kl_frontier", {})
+    points = frontier.get(f"{arm}/{method}", [])
     summ = study.get("final", {})
     base_key = best_scalar(summ, arm) if against is None else f"{arm}/{against}"
     if len(points) < 2 or base_key not in summ:  # one point is the chosen setting alone: nothing to choose from
         return None
-    base = summ[base_key]
+    base_points = frontier.get(base_key, [])
+    base = validation_pick(base_points) or summ[base_key]
     budget = base["kl_end"][0]
     pick = validation_pick([p for p in points if p["kl_end"][0] <= budget])
     pair = paired(pick["final"], base["final"]) if pick else None
     fall = pick.get("val_fall", {}) if pick else {}
     return {"baseline": base_key, "budget": budget, "base": base["final_mean_ci"], "tried": len(points),
             "point": pick, "lowest": min(points, key=lambda p: p["kl_end"][0]), "pair": pair,
-            "base_looser": looser_penalty(study.get("kl_frontier", {}).get(base_key, [])),
-            "base_faster": larger_step(study.get("kl_frontier", {}).get(base_key, [])),
+            "base_setting": base.get("kl_setting"),
+            "base_looser": looser_penalty(base_points, base if base_points else None),
+            "base_faster": larger_step(base_points, base if base_points else None),
             "sft": study.get("sft", {}).get("test", {}).get("fact_score", math.nan),
             # its KL condition holds by construction
             **(goal_conditions(pair, fall) if pair else {"ahead_goal": False, "no_late_decline": False, "kl_goal": True})}
@@ -1043,9 +1052,10 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
         return [], {}
     name, who = _comparison_names(method, against)
     lines = [f"{name} held to the KL of {who}" + ("" if against is None else f" ({method_label(against)})")
-             + " (its KL setting chosen on validation among those whose mean final KL is no larger than the baseline's):"]
+             + " (the baseline at the KL setting its own validation score picks; " + name + "'s chosen on validation "
+             "among those whose mean final KL is no larger than the baseline's there):"]
     for ts, c in per.items():
-        base = method_label(c["baseline"].split("/")[1])
+        base = method_label(c["baseline"].split("/")[1]) + (f", KL {c['base_setting']}" if c.get("base_setting") else "")
         p = c["point"]
         looser = (f" {looser_penalty_sentence(*c['base_looser'])}" if c.get("base_looser") else "") + (
             f" {larger_step_sentence(*c['base_faster'])}" if c.get("base_faster") else "")

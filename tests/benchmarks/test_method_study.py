@@ -1187,12 +1187,12 @@ def test_text2grad_is_held_to_the_baselines_kl_on_a_setting_chosen_on_validation
     md0 = (tmp_path / "task_seed0" / "study.md").read_text()
     assert "| learned | Text2Grad (span rewards) | fixed 0.05 (chosen) | 0.650 ± " in md0
     assert ("Task instance 0: KL fixed 0.3 ends at 0.475 ± 0.318 with KL 1.50 nats, the baseline (scalar PPO, Text2Grad's "
-            "token rewards summed) at 0.300 ± 0.000 with 1.60, the start policy at 0.120; paired difference +0.175 (95 % interval [-0.143, +0.493]; ahead "
+            "token rewards summed, KL fixed 0.05) at 0.300 ± 0.000 with 1.60, the start policy at 0.120; paired difference +0.175 (95 % interval [-0.143, +0.493]; ahead "
             "on 2 of 2; exact two-sided sign test p = 0.5). Largest fall from its best validation point to its last: "
             "0.000. Goal met (ahead on >= 2 of 2 seeds: yes, no late decline (<= 0.02): yes, KL no larger: yes).") in md0
     pooled_md = (tmp_path / "study.md").read_text()
     assert ("Task instance 1: none of the 3 KL settings tried stays within the baseline's (scalar PPO, Text2Grad's token "
-            "rewards summed) 1.60 nats; the lowest, fixed 1, ends at 2.00 nats with 0.150 ± 0.635.") in pooled_md
+            "rewards summed, KL fixed 0.05) 1.60 nats; the lowest, fixed 1, ends at 2.00 nats with 0.150 ± 0.635.") in pooled_md
     assert "On instance(s) 1 no Text2Grad setting tried stays within the baseline's KL" in pooled_md
     pooled = json.loads((tmp_path / "study.json").read_text())
     assert pooled["pooled"]["learned"]["kl_matched"]["text2grad"]["pooled"]["n"] == 2
@@ -1206,7 +1206,7 @@ def test_text2grad_is_held_to_the_baselines_kl_on_a_setting_chosen_on_validation
     assert "learned critic, Text2Grad held to the KL of the information-matched baseline: a setting within it" in result
     assert "learned: Text2Grad held to scalar_sum's KL +0.175, ahead on 2/2 seed pairs on 1 instance" in headline
     assert ("Text2Grad held to the KL of the information-matched baseline (scalar PPO, Text2Grad's token rewards "
-            "summed) (its KL setting chosen on validation") in pooled_md
+            "summed) (the baseline at the KL setting its own validation score picks; Text2Grad's chosen on validation") in pooled_md
     # Unconstrained, each method at the KL setting ITS validation score picks: Text2Grad's chosen setting (validation
     # 0.6; fixed 1 is better on test, 0.8, but not on validation), against scalar_sum's only setting.
     assert ("Task instance 0: Text2Grad at KL fixed 0.05 (of 3 settings; validation 0.600) ends at 0.650 ± 0.635 with "
@@ -1249,7 +1249,7 @@ def test_the_pooled_report_and_results_row_hold_a_defended_text2grad_to_the_same
     assert ("Text2Grad + refresh held to the KL of the information-matched baseline with the same defence (scalar PPO, "
             "Text2Grad's token rewards summed + refresh)") in pooled_md
     assert ("Task instance 0: KL fixed 1 ends at 0.305 ± 0.699 with KL 0.40 nats, the baseline (scalar PPO, Text2Grad's "
-            "token rewards summed + refresh) at 0.300 ± 0.254 with 0.50") in pooled_md
+            "token rewards summed + refresh, KL fixed 0.05) at 0.300 ± 0.254 with 0.50") in pooled_md
     numbers = json.loads((tmp_path / "study.json").read_text())["pooled"]["learned"]
     pair = numbers["kl_matched_scalar_sum+refresh"]["text2grad+refresh"]["instances"]["0"]["pair"]
     assert pair["diffs"] == pytest.approx([0.04, -0.03])
@@ -1392,7 +1392,7 @@ def test_held_to_a_baseline_that_a_looser_penalty_does_not_move_the_report_says_
         return {**point, "chosen": True}
 
     text2grad = [chosen(_point("fixed 0.1", [0, 1], 0.40, [0.42, 0.41], 0.92)), _point("fixed 1", [0, 1], 0.33, [0.36, 0.35], 0.14)]
-    base_chosen = chosen(_point("fixed 0.1", [0, 1], 0.29, [0.35, 0.35], 0.04))
+    base_chosen = chosen(_point("fixed 0.1", [0, 1], 0.30, [0.35, 0.35], 0.04))  # also its validation pick
     base_looser = _point("fixed 0.05", [0, 1], 0.29, [0.34, 0.36], 0.02)
     study = {"kl_frontier": {"learned/text2grad": text2grad, "learned/scalar_sum": [base_looser, base_chosen]},
              "final": {"learned/scalar_sum": {"method": "scalar_sum", "arm": "learned", "final_mean_ci": (0.35, 0.0),
@@ -1403,14 +1403,39 @@ def test_held_to_a_baseline_that_a_looser_penalty_does_not_move_the_report_says_
     assert msr.looser_penalty([chosen(_point("adaptive", [0], 0.3, [0.3], 0.1)), base_looser]) is None
     lines, _ = msr.kl_matched_lines({0: study}, "learned", "text2grad", "scalar_sum")
     assert lines[1] == ("Task instance 0: none of the 2 KL settings tried stays within the baseline's (scalar PPO, "
-                        "Text2Grad's token rewards summed) 0.04 nats; the lowest, fixed 1, ends at 0.14 nats with "
-                        "0.355 ± 0.000. Given a looser penalty (fixed 0.05, 2 seeds), the baseline ends at 0.02 nats "
-                        "with 0.350 ± 0.000 (at its chosen fixed 0.1: 0.04 nats, 0.350 ± 0.000): the penalty is not what "
-                        "holds it near the start policy.")
+                        "Text2Grad's token rewards summed, KL fixed 0.1) 0.04 nats; the lowest, fixed 1, ends at 0.14 nats "
+                        "with 0.355 ± 0.000. Given a looser penalty (fixed 0.05, 2 seeds), the baseline ends at 0.02 "
+                        "nats with 0.350 ± 0.000 (at fixed 0.1, the setting it is held at: 0.04 nats, 0.350 ± 0.000): "
+                        "the penalty is not what holds it near the start policy.")
     # a baseline that the looser penalty does move: how far, and what it gained
     moved = {**base_looser, "kl_end": (0.60, 0.0), "final_mean_ci": (0.38, 0.0)}
     assert msr.looser_penalty_sentence(base_chosen, moved).endswith(
         "it moves 0.56 nats further from the start policy, and its score changes by +0.030.")
+
+
+def test_held_to_a_baselines_kl_the_baseline_sits_at_its_own_validation_pick_not_the_sweeps_setting():
+    """The sweep chose the baseline's fixed 0.1 (0.04 nats), but its own validation score picks fixed 0.03 (0.60
+    nats), as a user tuning it would: Text2Grad is held to 0.60 nats, and the looser-penalty sentence starts there."""
+    text2grad = [_point("fixed 0.1", [0, 1], 0.40, [0.42, 0.41], 0.92), _point("fixed 1", [0, 1], 0.33, [0.40, 0.38], 0.50)]
+    sweep_chosen = {**_point("fixed 0.1", [0, 1], 0.29, [0.35, 0.35], 0.04), "chosen": True}
+    picked = _point("fixed 0.03", [0, 1], 0.31, [0.36, 0.36], 0.60)
+    loosest = _point("fixed 0.01", [0, 1], 0.30, [0.37, 0.37], 1.10)
+    study = {"kl_frontier": {"learned/text2grad": text2grad, "learned/scalar_sum": [sweep_chosen, picked, loosest]},
+             "final": {"learned/scalar_sum": {"method": "scalar_sum", "arm": "learned", "final_mean_ci": (0.35, 0.0),
+                                              "kl_end": (0.04, 0.0), "final": {0: 0.35, 1: 0.35}}},
+             "sft": {"test": {"fact_score": 0.34}}}
+    c = msr.kl_matched(study, "learned", "text2grad", "scalar_sum")
+    # within 0.60 nats only fixed 1 (0.50 nats): +0.04 and +0.02 against the pick's 0.36
+    assert (c["budget"], c["base_setting"], c["point"]["kl_setting"]) == (0.60, "fixed 0.03", "fixed 1")
+    assert c["pair"]["diffs"] == pytest.approx([0.04, 0.02])
+    assert c["base_looser"] == (picked, loosest)
+    # at the sweep's setting (0.04 nats) no Text2Grad setting would have stayed within
+    assert msr.kl_matched({**study, "kl_frontier": {**study["kl_frontier"], "learned/scalar_sum": [sweep_chosen]}},
+                          "learned", "text2grad", "scalar_sum")["point"] is None
+    line = msr.kl_matched_lines({0: study}, "learned", "text2grad", "scalar_sum")[0][1]
+    assert line.startswith("Task instance 0: KL fixed 1 ends at 0.390 ± ")
+    assert "the baseline (scalar PPO, Text2Grad's token rewards summed, KL fixed 0.03) at 0.360 ± 0.000 with 0.60" in line
+    assert "(at fixed 0.03, the setting it is held at: 0.60 nats, 0.360 ± 0.000): it moves 0.50 nats further" in line
 
 
 def test_text2grad_is_held_to_every_point_of_the_baselines_frontier_and_loses_where_the_baseline_uses_the_room():
