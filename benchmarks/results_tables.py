@@ -340,16 +340,17 @@ def frontier_dominance_counts(study: Mapping[str, Any]) -> dict[str, tuple[int, 
 
 
 def _split_clause(per_study: Sequence[Mapping[str, Any]]) -> str:
-    """'; at the validation picks (6 task instances where it was recorded), recall accounts for -0.065 of the mean
-    paired difference and false facts for +0.320, and Text2Grad's pick states fewer correct facts than the
-    baseline's on 6 of 6' over every instance of the ``per_study`` comparisons whose validation picks carry the
-    score's split (`method_study_report.score_sources`: fact score = recall - false facts / 5), or '' where none does."""
+    """'; at the validation picks (6 comparisons, one per study and task instance, where it was recorded), recall
+    accounts for -0.065 of the mean paired difference and false facts for +0.320, and Text2Grad's pick states fewer
+    correct facts than the baseline's on 6 of 6' over every instance of the ``per_study`` comparisons whose
+    validation picks carry the score's split (`method_study_report.score_sources`: fact score = recall - false facts
+    / 5), or '' where none does. Counted per study: two studies that trained the same start made their own picks."""
     splits = [c["split"] for per in per_study for c in per.values() if c.get("split")]
     if not splits:
         return ""
     fewer = sum(w["recall"] < 0 for w in splits)
-    return (f"; at the validation picks ({len(splits)} task instance{'s' if len(splits) != 1 else ''} where it was "
-            f"recorded), recall accounts for {sum(w['recall'] for w in splits) / len(splits):+.3f} of the mean paired "
+    return (f"; at the validation picks ({len(splits)} comparison{'s' if len(splits) != 1 else ''}, one per study "
+            f"and task instance, where it was recorded), recall accounts for {sum(w['recall'] for w in splits) / len(splits):+.3f} of the mean paired "
             f"difference and false facts for {sum(w['false_facts'] for w in splits) / len(splits):+.3f}, and Text2Grad's "
             f"pick states fewer correct facts than the baseline's on {fewer} of {len(splits)}")
 

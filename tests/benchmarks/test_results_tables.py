@@ -249,8 +249,8 @@ def test_the_headline_says_how_the_lead_at_the_validation_picks_splits_into_reca
     recorded = {"0": inst(0.2, {"recall": -0.1, "false_facts": 0.3}), "1": inst(0.3, {"recall": 0.02, "false_facts": 0.28})}
     older = {"0": inst(0.1)}  # summarised before the split was recorded: not counted
     assert rt.across_studies_sentence("P", [recorded, older]).endswith(
-        "p = 0.25); at the validation picks (2 task instances where it was recorded), recall accounts for -0.040 of "
-        "the mean paired difference and false facts for +0.290, and Text2Grad's pick states fewer correct facts than "
+        "p = 0.25); at the validation picks (2 comparisons, one per study and task instance, where it was recorded), "
+        "recall accounts for -0.040 of the mean paired difference and false facts for +0.290, and Text2Grad's pick states fewer correct facts than "
         "the baseline's on 1 of 2.")
     assert rt._split_clause([older]) == ""
 
