@@ -96,6 +96,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import sys
 import time
 from collections import Counter
@@ -280,6 +281,12 @@ def cpu_model() -> str:
     return f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores"
 
 
+def cpu_load() -> float | None:
+    """The machine's 1-minute load average (None where the OS has none): recorded at each evaluation point, so that a
+    run's seconds can be read against how many processes shared its cores."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
 def cpu_kernels() -> str:
     """The vector instructions torch's CPU kernels use here, e.g. "AVX512 + AMX". Two virtual CPUs of one model
     name ("Intel(R) Xeon(R) Processor") can differ in them, and so in the SFT policy the same seed trains."""
@@ -416,9 +423,11 @@ def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
     score_test = spec.phase != "sweep"
     curve = [{"iteration": 0, "val": ctx.sft_scores["val"], **({"test": ctx.sft_scores["test"]} if score_test else {})}]
     metrics: list[dict[str, Any]] = []
+    loads: list[float | None] = []
     seconds_before = 0.0
     if partial:
         curve, metrics, seconds_before = partial["curve"], partial["metrics"], partial["seconds"]
+        loads = partial.get("load_1min", [])
         print(f"[study] {spec.run_id}: resumed at iteration {trainer.state.step} of {ctx.iterations}")
     for it in range(trainer.state.step + 1, ctx.iterations + 1):
         m = trainer.step()
@@ -434,13 +443,15 @@ def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
                 point["test"] = _greedy(trainer.policy, trainer.tokenizer, ctx.test_records, ctx.response_length,
                                         ctx.use_chat_template)[0]
             curve.append(point)
+            loads.append(cpu_load())
             if ctx.checkpoint_runs and it < ctx.iterations:
                 checkpoint = trainer.save_checkpoint()
                 _write_json(run_dir / PARTIAL_FILE, {"checkpoint": str(checkpoint), "curve": curve, "metrics": metrics,
-                                                     "seconds": seconds_before + time.perf_counter() - t0})
+                                                     "seconds": seconds_before + time.perf_counter() - t0,
+                                                     "load_1min": loads})
     result: dict[str, Any] = {"spec": {**asdict(spec), "run_id": spec.run_id}, "curve": curve, "metrics": metrics,
                               "final": curve[-1], "seconds": seconds_before + time.perf_counter() - t0, "cpu": cpu_model(),
-                              "cpu_kernels": cpu_kernels(), "cpu_id": cpu_id(),
+                              "cpu_kernels": cpu_kernels(), "cpu_id": cpu_id(), "load_1min": loads,
                               "start_fingerprint": ctx.start_fingerprint, "sft_threads": ctx.sft_threads,
                               "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
                               "date": time.strftime("%Y-%m-%d")}
@@ -970,7 +981,20 @@ def machines_of_runs(folder: Path) -> tuple[str, str] | None:
         return None
     ranked = counts.most_common()
     machine = "; ".join(", ".join(x for x in key if x) + f" ({n} run{'s' if n > 1 else ''})" for key, n in ranked)
-    return machine, " + ".join(dict.fromkeys(cpu.rsplit(", ", 1)[0] for (cpu, _), _ in ranked))
+    return machine + load_words(folder), " + ".join(dict.fromkeys(cpu.rsplit(", ", 1)[0] for (cpu, _), _ in ranked))
+
+
+def load_words(folder: Path) -> str:
+    """"; 1-minute load at the evaluation points of the 3 runs that recorded it: median 2.10, up to 4.35" over the
+    finished runs under ``folder`` (`cpu_load`), or "" when none recorded it: run seconds on a shared machine are
+    not single-run timings, and this says how shared it was."""
+    per_run = [[x for x in r.get("load_1min", []) if x is not None] for _, r in finished_results(folder)]
+    per_run = [xs for xs in per_run if xs]
+    if not per_run:
+        return ""
+    every = [x for xs in per_run for x in xs]
+    return (f"; 1-minute load at the evaluation points of the {len(per_run)} run{'s' if len(per_run) > 1 else ''} "
+            f"that recorded it: median {statistics.median(every):.2f}, up to {max(every):.2f}")
 
 
 def study_date(folder: Path, stored: str | None) -> str:

@@ -444,6 +444,13 @@ def test_a_report_names_the_machines_its_runs_ran_on_not_its_own(tmp_path):
     assert ms.machines_of_runs(tmp_path) == (
         "Intel Xeon, 2 cores, AVX512 + AMX (3 runs); AMD EPYC, 2 cores (2 runs); Intel Xeon, 2 cores (1 run)",
         "Intel Xeon + AMD EPYC")
+    # runs that recorded the machine's load at their evaluation points: how shared the machine was
+    for run, loads in (("e", [1.0, 3.5]), ("f", [2.0, None]), ("g", [])):
+        path = tmp_path / "final" / run / "result.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "load_1min": loads}))
+    assert ms.machines_of_runs(tmp_path)[0].endswith(
+        "Intel Xeon, 2 cores (1 run); 1-minute load at the evaluation points of the 2 runs that recorded it: median "
+        "2.00, up to 3.50")
 
 
 def test_a_report_over_several_instances_names_the_machines_of_every_instance_s_runs(tmp_path):
@@ -1604,6 +1611,9 @@ def test_a_killed_checkpointed_run_resumes_at_its_last_evaluation_point_and_ends
     assert "resumed at iteration 2 of 4" in capsys.readouterr().out
     assert resumed["curve"] == unbroken["curve"] and resumed["metrics"] == unbroken["metrics"]
     assert len(resumed["metrics"]) == 4
+    # the machine's load at each evaluation point, the killed part's kept: 2 of them, at iterations 2 and 4
+    assert len(resumed["load_1min"]) == 2 and resumed["load_1min"][0] == partial["load_1min"][0]
+    assert all(x is None or x >= 0 for x in resumed["load_1min"])
     # finished: the result is what the study reads; the checkpoints and the partial file are gone
     assert not (run_dir / ms.PARTIAL_FILE).exists() and not list((run_dir / "ppo").glob("checkpoint-*"))
 
