@@ -980,9 +980,8 @@ def looser_penalty_sentence(chosen: Mapping[str, Any], loose: Mapping[str, Any])
     setting Text2Grad is held at (``chosen``), and its score."""
     moved = loose["kl_end"][0] - chosen["kl_end"][0]
     return (f"Given a looser penalty ({loose['kl_setting']}, {len(loose['seeds'])} seeds), the baseline ends at "
-            f"{loose['kl_end'][0]:.2f} nats with {_pm(loose['final_mean_ci'])} (at {chosen['kl_setting']}, the setting it is "
-            f"held at: "
-            f"{chosen['kl_end'][0]:.2f} nats, {_pm(chosen['final_mean_ci'])}): "
+            f"{loose['kl_end'][0]:.2f} nats with {_pm(loose['final_mean_ci'])} (at {chosen['kl_setting']}, the setting "
+            f"it is held at: {chosen['kl_end'][0]:.2f} nats, {_pm(chosen['final_mean_ci'])}): "
             + ("the penalty is not what holds it near the start policy." if moved < PENALTY_BINDS_NATS else
                f"it moves {moved:.2f} nats further from the start policy, and its score changes by "
                f"{loose['final_mean_ci'][0] - chosen['final_mean_ci'][0]:+.3f}."))
@@ -1028,7 +1027,8 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
     if len(points) < 2 or base_key not in summ:  # one point is the chosen setting alone: nothing to choose from
         return None
     base_points = frontier.get(base_key, [])
-    base = validation_pick(base_points) or summ[base_key]
+    base_pick = validation_pick(base_points)
+    base = base_pick or summ[base_key]
     budget = base["kl_end"][0]
     pick = validation_pick([p for p in points if p["kl_end"][0] <= budget])
     pair = paired(pick["final"], base["final"]) if pick else None
@@ -1036,8 +1036,8 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
     return {"baseline": base_key, "budget": budget, "base": base["final_mean_ci"], "tried": len(points),
             "point": pick, "lowest": min(points, key=lambda p: p["kl_end"][0]), "pair": pair,
             "base_setting": base.get("kl_setting"),
-            "base_looser": looser_penalty(base_points, base if base_points else None),
-            "base_faster": larger_step(base_points, base if base_points else None),
+            "base_looser": looser_penalty(base_points, base_pick),
+            "base_faster": larger_step(base_points, base_pick),
             "sft": study.get("sft", {}).get("test", {}).get("fact_score", math.nan),
             # its KL condition holds by construction
             **(goal_conditions(pair, fall) if pair else {"ahead_goal": False, "no_late_decline": False, "kl_goal": True})}

@@ -349,10 +349,11 @@ def _split_clause(per_study: Sequence[Mapping[str, Any]]) -> str:
     if not splits:
         return ""
     fewer = sum(w["recall"] < 0 for w in splits)
+    recall, false_facts = (sum(w[k] for w in splits) / len(splits) for k in ("recall", "false_facts"))
     return (f"; at the validation picks ({len(splits)} comparison{'s' if len(splits) != 1 else ''}, one per study "
-            f"and task instance, where it was recorded), recall accounts for {sum(w['recall'] for w in splits) / len(splits):+.3f} of the mean paired "
-            f"difference and false facts for {sum(w['false_facts'] for w in splits) / len(splits):+.3f}, and Text2Grad's "
-            f"pick states fewer correct facts than the baseline's on {fewer} of {len(splits)}")
+            f"and task instance, where it was recorded), recall accounts for {recall:+.3f} of the mean paired "
+            f"difference and false facts for {false_facts:+.3f}, and Text2Grad's pick states fewer correct facts than "
+            f"the baseline's on {fewer} of {len(splits)}")
 
 
 def _frontier_clause(counts: Sequence[Mapping[str, tuple[int, int]] | None]) -> str:
