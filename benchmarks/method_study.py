@@ -68,7 +68,8 @@ default for ``--preset smollm2``, a run killed midway resumes from its last eval
   information-matched pair), so the report does not list the others' points as missing. ``--frontier_points
   text2grad:3.33e-06:3`` adds a point with both knobs moved (labelled "fixed 3, lr 3.33e-06"), for the named
   method only: where neither knob alone brings a method down to a baseline's KL. ``text2grad:3e-04:0.1@2`` runs
-  (and reports) the point on task instance 2 only: a step past one instance's grid edge.
+  (and reports) the point on task instance 2 only: a step past one instance's grid edge; ``learned/scalar_sum:1e-4:3``
+  runs it in the learned arm only: a step past one arm's edge.
 - ``ablation``: the quickstart's learned-arm Text2Grad setting with one change each (reward scale, whitening, value
   strength, entropy, clip range, oracle critic), to find what drives its late collapse.
 - ``report``: ``study.json`` (everything, each run's validation curve and CPU included, and each Text2Grad method
@@ -565,7 +566,7 @@ def frontier_specs(keys: Sequence[tuple[str, str]], chosen: Mapping[tuple[str, s
     lambda with each fixed KL coefficient of ``coefs``, and at its chosen KL setting and lambda with each learning
     rate of ``lrs`` (the step size, not the penalty, can be what holds a method near its start); then each
     two-knob point (method, learning rate, fixed coefficient) of ``points`` for the (arm, method) pairs of
-    ``point_keys`` (default ``keys``) with that method, its chosen lambda kept (at the chosen coefficient it is the
+    ``point_keys`` (default ``keys``) with that method (or, named "arm/method", that pair only), its chosen lambda kept (at the chosen coefficient it is the
     same run as that learning rate's ``lrs`` point). A point equal to the chosen setting is the final run itself and
     is not run twice."""
     fixed_coef = _fixed_coef_or(default_coef)
@@ -586,7 +587,7 @@ def frontier_specs(keys: Sequence[tuple[str, str]], chosen: Mapping[tuple[str, s
             add(a, m, replace(setting, lr=lr))
     for a, m in (keys if point_keys is None else point_keys):
         own = chosen[(a, m)]
-        for lr, c in ((lr, c) for method, lr, c in points if method == m):
+        for lr, c in ((lr, c) for method, lr, c in points if method in (m, f"{a}/{m}")):
             # at the chosen coefficient the point is the --lr_frontier run (the same run, not a second one)
             same_coef = own.kl == "fixed" and math.isclose(fixed_coef(own), c)
             add(a, m, replace(own, lr=lr) if same_coef else replace(own, lr=lr, kl="fixed", kl_coef=c))
@@ -608,10 +609,12 @@ def parse_frontier_points(texts: Sequence[str], keys: Sequence[tuple[str, str]],
     """``--frontier_points`` as (method, learning rate, fixed KL coefficient, task instances): each text is
     METHOD:LR:COEF, e.g. "text2grad:3.33e-06:3" (a defended method as "text2grad+refresh:..."), run on every task
     instance, or METHOD:LR:COEF@SEEDS, e.g. "text2grad:3e-04:0.1@2" or "...@0,1", run on those task instances only
-    (a point past one instance's grid edge need not run, nor be reported missing, on the others). Raises ValueError
-    naming what is wrong: the form, a number, a method that is none of ``keys``' methods, or an instance that is
-    not among ``task_seeds`` (the study's instances; None: any)."""
+    (a point past one instance's grid edge need not run, nor be reported missing, on the others). ARM/METHOD, e.g.
+    "learned/scalar_sum:1e-4:3", runs it in that arm only (a step past one arm's grid edge). Raises ValueError
+    naming what is wrong: the form, a number, a method that is none of ``keys``' methods (an arm/method none of
+    ``keys``), or an instance that is not among ``task_seeds`` (the study's instances; None: any)."""
     known = study_methods(keys)
+    pairs = [f"{a}/{m}" for a, m in keys]
     points = []
     for text in texts:
         point, at, where = text.partition("@")
@@ -621,7 +624,10 @@ def parse_frontier_points(texts: Sequence[str], keys: Sequence[tuple[str, str]],
         except ValueError:
             raise ValueError(f"--frontier_points {text}: expected METHOD:LR:COEF with two numbers, e.g. "
                              "text2grad:3.33e-06:3 (the learning rate, then the fixed KL coefficient)") from None
-        if method not in known:
+        if "/" in method and method not in pairs:
+            raise ValueError(f"--frontier_points {text}: {method!r} is not among this study's arm/method pairs "
+                             f"({', '.join(pairs)}); name the arm in --arms and the method in --methods")
+        if "/" not in method and method not in known:
             raise ValueError(f"--frontier_points {text}: {method!r} is not among {_methods_hint(known, 'it')}")
         if not (lr > 0 and coef >= 0):
             raise ValueError(f"--frontier_points {text}: the learning rate must be > 0 and the KL coefficient >= 0")
@@ -1146,11 +1152,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr_frontier", type=float, nargs="*", default=[],
                         help="phase frontier: every method again with the final seeds at each of these learning rates "
                              "(its chosen KL setting and lambda): points of the same frontier, reached by the step size")
-    parser.add_argument("--frontier_points", nargs="+", default=[], metavar="METHOD:LR:COEF[@SEEDS]",
+    parser.add_argument("--frontier_points", nargs="+", default=[], metavar="[ARM/]METHOD:LR:COEF[@SEEDS]",
                         help="phase frontier: a method again with the final seeds at this learning rate AND this fixed KL "
                              "coefficient (its chosen lambda), e.g. text2grad:3.33e-06:3: a point that needs both knobs "
                              "moved (a smaller step and a stronger penalty); only the named method runs it; with @SEEDS "
-                             "(e.g. @2 or @0,1) only on those task instances")
+                             "(e.g. @2 or @0,1) only on those task instances; as ARM/METHOD (e.g. "
+                             "learned/scalar_sum:1e-4:3) only in that arm")
     parser.add_argument("--frontier_methods", nargs="+", default=None,
                         help="phase frontier: only these of the methods get frontier runs (e.g. text2grad scalar_sum; "
                              "a defended one as text2grad+refresh); default: every method")

@@ -1128,6 +1128,22 @@ def test_a_frontier_point_named_for_some_task_instances_runs_and_is_reported_onl
         ms.parse_frontier_points(["text2grad:3e-4:0.1@2"], keys, [0])
 
 
+def test_a_frontier_point_named_with_its_arm_runs_and_is_reported_in_that_arm_only():
+    keys = [("learned", "text2grad"), ("learned", "scalar_sum"), ("oracle", "text2grad"), ("oracle", "scalar_sum")]
+    chosen = {k: ms.Setting(1e-4, "fixed", 0.95, kl_coef=0.3) for k in keys}
+    points = ms.parse_frontier_points(["learned/scalar_sum:1e-4:3", "text2grad:1e-4:3"], keys, [0])
+    specs = ms.frontier_specs([], chosen, [], [0, 1], 0.1, points=ms.points_on_instance(points, 0), point_keys=keys)
+    assert sorted({(s.arm, s.method, s.setting.kl_coef) for s in specs}) == [
+        ("learned", "scalar_sum", 3.0), ("learned", "text2grad", 3.0), ("oracle", "text2grad", 3.0)]
+    # the oracle arm's scalar_sum is neither run nor listed as missing
+    not_run = ms.runs_not_finished(specs, 0.1, chosen)
+    assert set(not_run) == {"learned/scalar_sum", "learned/text2grad", "oracle/text2grad"}
+    with pytest.raises(ValueError, match=re.escape("'oracle/scalar_bt' is not among this study's arm/method pairs "
+                                                   "(learned/text2grad, learned/scalar_sum, oracle/text2grad, "
+                                                   "oracle/scalar_sum); name the arm in --arms")):
+        ms.parse_frontier_points(["oracle/scalar_bt:1e-4:3"], keys, [0])
+
+
 def test_the_learning_rate_frontier_runs_other_step_sizes_at_the_chosen_kl_and_labels_its_points():
     t2g, base = ms.Setting(1e-5, "fixed", 0.0), ms.Setting(3.3333e-6, "fixed", 0.95)
     keys = [("learned", "text2grad"), ("learned", "scalar_sum")]
