@@ -566,9 +566,9 @@ def frontier_specs(keys: Sequence[tuple[str, str]], chosen: Mapping[tuple[str, s
     lambda with each fixed KL coefficient of ``coefs``, and at its chosen KL setting and lambda with each learning
     rate of ``lrs`` (the step size, not the penalty, can be what holds a method near its start); then each
     two-knob point (method, learning rate, fixed coefficient) of ``points`` for the (arm, method) pairs of
-    ``point_keys`` (default ``keys``) with that method (or, named "arm/method", that pair only), its chosen lambda kept (at the chosen coefficient it is the
-    same run as that learning rate's ``lrs`` point). A point equal to the chosen setting is the final run itself and
-    is not run twice."""
+    ``point_keys`` (default ``keys``) with that method (a point named "arm/method": that pair only), its chosen
+    lambda kept (at the chosen coefficient it is the same run as that learning rate's ``lrs`` point). A point
+    equal to the chosen setting is the final run itself and is not run twice."""
     fixed_coef = _fixed_coef_or(default_coef)
     specs: list[RunSpec] = []
 
