@@ -1090,7 +1090,8 @@ def pick_edges(pick: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> 
     """Where a validation pick sits at the edge of what was tried among ``points`` (`summarize_frontier`): "the
     largest learning rate tried" / "the smallest ...", "the weakest fixed KL penalty tried" / "the strongest ...".
     Empty when every knob the points vary is interior: a pick at an edge says the grid has not bracketed the best
-    setting, so a step further out could still do better on validation."""
+    setting, so a step further out could still do better on validation. A pick at a KL coefficient of 0 (no penalty)
+    is at the end of that axis, not of the grid: there is no weaker penalty to try."""
     edges = []
     for values, mine, low, high in (
             (sorted({p["lr"] for p in points if p.get("lr") is not None}), pick.get("lr"),
@@ -1099,7 +1100,8 @@ def pick_edges(pick: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> 
              fixed_coefficient(pick["kl_setting"]), "the weakest fixed KL penalty tried",
              "the strongest fixed KL penalty tried")):
         if len(values) > 1 and mine is not None:
-            edges += [low] if mine == values[0] else [high] if mine == values[-1] else []
+            at_low = mine == values[0] and not (low.startswith("the weakest") and mine == 0)
+            edges += [low] if at_low else [high] if mine == values[-1] else []
     return edges
 
 

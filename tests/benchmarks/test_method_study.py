@@ -1317,6 +1317,11 @@ def test_a_validation_pick_at_the_edge_of_the_grid_is_named_with_the_knob_and_th
     assert msr.pick_edges(low, grid) == ["the smallest learning rate tried", "the weakest fixed KL penalty tried"]
     assert msr.pick_edges(tight, grid) == ["the strongest fixed KL penalty tried"]
     assert msr.pick_edges(mid, [mid]) == []  # one point: no grid to be at the edge of
+    # no penalty at all is the end of the KL axis: nothing weaker can be tried, so it is no edge of the grid
+    unpenalized = point("fixed 0", 1e-5)
+    assert msr.pick_edges(unpenalized, [unpenalized, mid, tight]) == []
+    assert msr.pick_edges(point("fixed 0, lr 3e-05", 3e-5), [unpenalized, mid, high]) == [
+        "the largest learning rate tried"]
     # the adaptive controller has no coefficient to sit at an edge of; its learning rate still does
     assert msr.pick_edges(point("adaptive", 1e-5), [point("adaptive", 1e-5), tight, loose]) == [
         "the smallest learning rate tried"]
