@@ -1093,15 +1093,14 @@ def pick_edges(pick: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> 
     setting, so a step further out could still do better on validation. A pick at a KL coefficient of 0 (no penalty)
     is at the end of that axis, not of the grid: there is no weaker penalty to try."""
     edges = []
-    for values, mine, low, high in (
-            (sorted({p["lr"] for p in points if p.get("lr") is not None}), pick.get("lr"),
+    for values, mine, axis_end, low, high in (
+            (sorted({p["lr"] for p in points if p.get("lr") is not None}), pick.get("lr"), None,
              "the smallest learning rate tried", "the largest learning rate tried"),
             (sorted({c for p in points if (c := fixed_coefficient(p["kl_setting"])) is not None}),
-             fixed_coefficient(pick["kl_setting"]), "the weakest fixed KL penalty tried",
+             fixed_coefficient(pick["kl_setting"]), 0.0, "the weakest fixed KL penalty tried",
              "the strongest fixed KL penalty tried")):
         if len(values) > 1 and mine is not None:
-            at_low = mine == values[0] and not (low.startswith("the weakest") and mine == 0)
-            edges += [low] if at_low else [high] if mine == values[-1] else []
+            edges += [low] if mine == values[0] != axis_end else [high] if mine == values[-1] else []
     return edges
 
 
