@@ -955,6 +955,17 @@ def kl_baselines(method: str) -> tuple[str | None, ...]:
 # was not held there by the penalty.
 PENALTY_BINDS_NATS = 0.05
 
+# A mean final test score at least this far above the start policy's improves on it: 0.01 is one false fact fewer in
+# every 20th test summary. Held to a small KL, Text2Grad can be "ahead" of a baseline only because the baseline
+# fell below the start while Text2Grad stayed there; the reports say so.
+START_GAIN = 0.01
+
+
+def improves_on_start(final_mean: float, sft: float) -> bool | None:
+    """Whether a mean final score is at least `START_GAIN` above the start policy's ``sft`` (None when the start
+    policy's test score was not recorded)."""
+    return None if math.isnan(sft) else final_mean - sft >= START_GAIN
+
 
 def fixed_coefficient(label: str) -> float | None:
     """0.05 for the setting label "fixed 0.05" or "fixed 0.05, lr 1e-05" (`summarize_frontier`); None for
@@ -1038,7 +1049,8 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
             "base_setting": base.get("kl_setting"),
             "base_looser": looser_penalty(base_points, base_pick),
             "base_faster": larger_step(base_points, base_pick),
-            "sft": study.get("sft", {}).get("test", {}).get("fact_score", math.nan),
+            "sft": (sft := study.get("sft", {}).get("test", {}).get("fact_score", math.nan)),
+            "improves_on_start": improves_on_start(pick["final_mean_ci"][0], sft) if pick else None,
             # its KL condition holds by construction
             **(goal_conditions(pair, fall) if pair else {"ahead_goal": False, "no_late_decline": False, "kl_goal": True})}
 
@@ -1070,20 +1082,34 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
                      f"{p['kl_end'][0]:.2f} nats, the baseline ({base}) at {_pm(c['base'])} with {c['budget']:.2f}, "
                      f"the start policy at {c['sft']:.3f}; paired difference {paired_words(c['pair'])}. Largest fall from its best validation point to "
                      f"its last: {worst}. Goal {goal_verdict(c)} ("
-                     f"{goal_checklist(c, c['pair']['n'])})." + looser)
+                     f"{goal_checklist(c, c['pair']['n'])})." + _no_gain_sentence(c, name) + looser)
     matched = {ts: c for ts, c in per.items() if c["pair"] is not None}
     pooled = pool_pairs({ts: c["pair"] for ts, c in matched.items()})
     if len(matched) > 1:
         goal = [str(ts) for ts, c in matched.items() if goal_met(c)]
+        flat = [str(ts) for ts, c in matched.items() if goal_met(c) and c["improves_on_start"] is False]
         lines.append(f"Pooled over the {len(matched)} instances with a setting within the baseline's KL "
                      f"({pooled['n']} seed pairs): {paired_words(pooled)}. "
                      + (f"The goal is met on instance(s) {', '.join(goal)} of {len(per)}." if goal
-                        else f"The goal is met on none of the {len(per)} instances."))
+                        else f"The goal is met on none of the {len(per)} instances.")
+                     + (f" On instance(s) {', '.join(flat)} it is met without {name} improving on the start policy "
+                        f"by {START_GAIN} or more." if flat else ""))
     if len(matched) < len(per):
         missing = [str(ts) for ts in per if ts not in matched]
         lines.append(f"On instance(s) {', '.join(missing)} no {name} setting tried stays within the baseline's KL, "
                      f"so there the comparison at matched KL is still open.")
     return lines, {"instances": per, "pooled": pooled if matched else None}
+
+
+def _no_gain_sentence(c: Mapping[str, Any], name: str) -> str:
+    """Where the goal at matched KL (`kl_matched`) is met but ``name`` ends less than `START_GAIN` above the start
+    policy: how far each side ended from the start policy's score, so that a "win" by standing still while the
+    baseline fell behind reads as one. Empty otherwise."""
+    if not goal_met(c) or c["improves_on_start"] is not False:
+        return ""
+    return (f" {name} ends {c['point']['final_mean_ci'][0] - c['sft']:+.3f} from the start policy's score, the "
+            f"baseline {c['base'][0] - c['sft']:+.3f}: the goal is met without {name} improving on the start policy "
+            f"by {START_GAIN} or more.")
 
 
 def pick_edges(pick: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -1237,8 +1263,10 @@ def frontier_dominance(study: Mapping[str, Any], arm: str, method: str, against:
     the ones run on the most seeds), compared seed by seed on test.
     A method that wins only by drifting further loses here wherever the baseline, given the same room, uses it.
     Returns the baseline key, per baseline point (sorted by KL) the ``base_point``, the ``point`` (None when no
-    setting stays within) and its ``pair``, and ``ahead``: at how many baseline points ``method`` is ahead on average
-    at no larger KL. None when either side has fewer than two points (`kl_matched` covers one)."""
+    setting stays within) and its ``pair``, ``ahead``: at how many baseline points ``method`` is ahead on average
+    at no larger KL, and ``ahead_improving``: at how many of those its own score is also `START_GAIN` or more above
+    the start policy's ``sft`` (None when that was not recorded). None when either side has fewer than two points
+    (`kl_matched` covers one)."""
     frontier = study.get("kl_frontier", {})
     mine, theirs = frontier.get(f"{arm}/{method}", []), frontier.get(f"{arm}/{against}", [])
     if len(mine) < 2 or len(theirs) < 2:
@@ -1247,8 +1275,11 @@ def frontier_dominance(study: Mapping[str, Any], arm: str, method: str, against:
     for base in theirs:
         pick = validation_pick([p for p in mine if p["kl_end"][0] <= base["kl_end"][0]])
         rows.append({"base_point": base, "point": pick, "pair": paired(pick["final"], base["final"]) if pick else None})
-    ahead = sum(r["pair"] is not None and r["pair"]["mean"] > TIE for r in rows)
-    return {"baseline": f"{arm}/{against}", "rows": rows, "ahead": ahead}
+    ahead = [r for r in rows if r["pair"] is not None and r["pair"]["mean"] > TIE]
+    sft = study.get("sft", {}).get("test", {}).get("fact_score", math.nan)
+    return {"baseline": f"{arm}/{against}", "rows": rows, "ahead": len(ahead), "sft": sft,
+            "ahead_improving": None if math.isnan(sft) else
+            sum(bool(improves_on_start(r["point"]["final_mean_ci"][0], sft)) for r in ahead)}
 
 
 def frontier_dominance_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method: str = "text2grad",
@@ -1274,14 +1305,21 @@ def frontier_dominance_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
             parts.append(f"{at}KL {p['kl_setting']} ({p['kl_end'][0]:.2f} nats) {p['final_mean_ci'][0]:.3f}, "
                          f"{r['pair']['mean']:+.3f}{interval}, ahead on {r['pair']['ahead']} of {r['pair']['n']}")
         n = len(c["rows"])
+        improving = (f"; at {c['ahead_improving']} of those {c['ahead']} it also improves on the start policy "
+                     f"({c['sft']:.3f}) by {START_GAIN} or more" if c["ahead"] and c["ahead_improving"] is not None
+                     else "")
         lines.append(f"Task instance {ts}: " + "; ".join(parts) + f". {name} is ahead at no larger KL at {c['ahead']} "
-                     f"of the baseline's {n} point{'s' if n != 1 else ''}.")
+                     f"of the baseline's {n} point{'s' if n != 1 else ''}{improving}.")
     points = sum(len(c["rows"]) for c in per.values())
     ahead = sum(c["ahead"] for c in per.values())
+    recorded = all(c["ahead_improving"] is not None for c in per.values())
+    ahead_improving = sum(c["ahead_improving"] for c in per.values()) if recorded else None
     if len(per) > 1:  # a count only: one instance's points share its runs, so their seed pairs are not independent
         lines.append(f"Over the {len(per)} instances {name} is ahead at no larger KL at {ahead} of the baseline's "
-                     f"{points} frontier points.")
-    return lines, {"instances": per, "ahead": ahead, "points": points}
+                     f"{points} frontier points" + (f", improving on its start policy by {START_GAIN} or more at "
+                                                    f"{ahead_improving} of those {ahead}" if ahead and recorded else "")
+                     + ".")
+    return lines, {"instances": per, "ahead": ahead, "points": points, "ahead_improving": ahead_improving}
 
 
 # Each defence against the run that differs from it only by the defence, seed by seed at their chosen settings:

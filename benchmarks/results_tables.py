@@ -68,6 +68,9 @@ def read(name: str) -> dict[str, Any] | None:
 # A paired difference this small is float noise between equal scores: a tie, not "ahead" (the study report's
 # own rule, method_study_report.TIE, kept here so that the tables do not import the study's plotting stack).
 TIE = 1e-9
+# A mean final score at least this far above the start policy's improves on it (method_study_report.START_GAIN,
+# kept here for the same reason).
+START_GAIN = 0.01
 
 BASELINE_NAMES = {"scalar_collapsed": "scalar PPO", "dense": "dense-label PPO", "scalar_bt": "scalar PPO (Bradley-Terry RM)",
                   "scalar_sum": "scalar PPO (summed span rewards)", "scalar_task": "scalar PPO (task score)"}
@@ -160,9 +163,12 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
                     pooled = numbers["pooled"]
                     goal = [ts for ts, c in numbers["instances"].items()
                             if c.get("pair") and c.get("ahead_goal") and c.get("no_late_decline")]
+                    flat = [ts for ts in goal if numbers["instances"][ts].get("improves_on_start") is False]
                     text += (f"a setting within it on instance(s) {', '.join(map(str, within))} of "
                              f"{len(numbers['instances'])}, paired difference there {_interval(pooled)}; the study's "
-                             f"goal met on {len(goal)} of {len(numbers['instances'])} instances")
+                             f"goal met on {len(goal)} of {len(numbers['instances'])} instances"
+                             + (f" ({len(flat)} of them without improving on the start policy by {START_GAIN} or more)"
+                                if flat else ""))
                     heads.append(f"{arm}: {name} held to {short}'s KL {pooled['mean']:+.3f}, ahead on "
                                  f"{pooled['ahead']}/{pooled['n']} seed pairs on {len(within)} instance"
                                  f"{'' if len(within) == 1 else 's'}")
@@ -171,11 +177,15 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
                 parts.append(text)
             for method, numbers in entry.get(f"frontier_dominance{suffix}", {}).items():
                 name = _variant_name(method)
+                improving = numbers.get("ahead_improving")
                 parts.append(f"{arm} critic, {name} held to the KL of each point of {who}'s own KL frontier: ahead "
                              f"at {numbers['ahead']} of {numbers['points']} points over {len(numbers['instances'])} "
-                             "instances")
+                             "instances" + (f", at {improving} of those also above its start policy by {START_GAIN} "
+                                            "or more" if numbers["ahead"] and improving is not None else ""))
                 heads.append(f"{arm}: {name} held to each of {short}'s frontier points, ahead at "
-                             f"{numbers['ahead']}/{numbers['points']}")
+                             f"{numbers['ahead']}/{numbers['points']}"
+                             + (f" ({improving} of them above its start policy by {START_GAIN} or more)"
+                                if numbers["ahead"] and improving is not None else ""))
     result = "final test fact score (mean over seeds):<br>" + "<br>".join(parts)
     return (what, result, conditions(study), command(study)), "; ".join(heads)
 
@@ -329,14 +339,15 @@ def start_key(task: str, sft: Mapping[str, Any]) -> tuple | None:
     return (str(task), tuple(sorted((k, round(v, 9)) for k, v in val.items()))) if val else None
 
 
-def frontier_dominance_counts(study: Mapping[str, Any]) -> dict[str, tuple[int, int]] | None:
-    """Per task instance, (points ahead, points) of Text2Grad held to the KL of each point of the information-matched
-    baseline's KL frontier (`method_study_report.frontier_dominance_lines`); None when the baseline ran no frontier of
-    its own."""
+def frontier_dominance_counts(study: Mapping[str, Any]) -> dict[str, tuple[int, int, int | None]] | None:
+    """Per task instance, (points ahead, points, of those ahead the ones where Text2Grad also improves on its start
+    policy, None where not recorded) of Text2Grad held to the KL of each point of the information-matched baseline's
+    KL frontier (`method_study_report.frontier_dominance_lines`); None when the baseline ran no frontier of its own."""
     numbers = study.get("pooled", {}).get(HEADLINE_ARM, {}).get("frontier_dominance_scalar_sum", {}).get("text2grad")
     if not numbers:
         return None
-    return {str(ts): (c["ahead"], len(c["rows"])) for ts, c in numbers["instances"].items()}
+    return {str(ts): (c["ahead"], len(c["rows"]), c.get("ahead_improving"))
+            for ts, c in numbers["instances"].items()}
 
 
 def _split_clause(per_study: Sequence[Mapping[str, Any]]) -> str:
@@ -356,16 +367,21 @@ def _split_clause(per_study: Sequence[Mapping[str, Any]]) -> str:
             f"the baseline's on {fewer} of {len(splits)}")
 
 
-def _frontier_clause(counts: Sequence[Mapping[str, tuple[int, int]] | None]) -> str:
+def _frontier_clause(counts: Sequence[Mapping[str, tuple[int, int, int | None]] | None]) -> str:
     """'; held to the KL of each point of the baseline's own KL frontier (1 study with one), ahead at 10 of 15
-    points' over the per-instance ``counts`` of each study (`frontier_dominance_counts`; the count of studies only
-    when there are several), or '' when no study ran such a frontier."""
+    points, at 4 of those 10 also improving on its start policy by 0.01 or more' over the per-instance ``counts`` of
+    each study (`frontier_dominance_counts`; the count of studies only when there are several; the last part only
+    when every study recorded it), or '' when no study ran such a frontier."""
     ran = [c for c in counts if c]
     if not ran:
         return ""
     studies = f" ({len(ran)} stud{'ies' if len(ran) > 1 else 'y'} with one)" if len(counts) > 1 else ""
-    return (f"; held to the KL of each point of the baseline's own KL frontier{studies}, ahead at "
-            f"{sum(a for c in ran for a, _ in c.values())} of {sum(n for c in ran for _, n in c.values())} points")
+    ahead = sum(a for c in ran for a, _, _ in c.values())
+    improving = [i for c in ran for _, _, i in c.values()]
+    return (f"; held to the KL of each point of the baseline's own KL frontier{studies}, ahead at {ahead} of "
+            f"{sum(n for c in ran for _, n, _ in c.values())} points"
+            + (f", at {sum(improving)} of those {ahead} also improving on its start policy by {START_GAIN} or more"
+               if ahead and None not in improving else ""))
 
 
 def _baseline_name(key: str) -> str:

@@ -1491,6 +1491,45 @@ def test_text2grad_is_held_to_every_point_of_the_baselines_frontier_and_loses_wh
                                   "learned", "text2grad", "scalar_sum") is None
 
 
+def test_a_goal_met_at_matched_kl_by_standing_at_the_start_policy_is_named_so():
+    """Held to a baseline that fell below the start policy (0.30 -> 0.28), a Text2Grad setting that never moved
+    (0.30, 0.00 nats) is ahead on every seed and meets the goal; the report says it did not improve on the start
+    policy, in the instance's line, the pooled line and the frontier count."""
+    five = [0, 1, 2, 3, 4]
+
+    def study(still):
+        text2grad = [_point("fixed 3", five, 0.31, [still] * 5, 0.0), _point("fixed 0.1", five, 0.35, [0.40] * 5, 2.0)]
+        base = [_point("fixed 0.1", five, 0.29, [0.28] * 5, 0.02), _point("fixed 0.03", five, 0.20, [0.22] * 5, 0.5)]
+        return {"kl_frontier": {"learned/text2grad": text2grad, "learned/scalar_sum": base},
+                "final": {"learned/scalar_sum": {"method": "scalar_sum", "arm": "learned", "final_mean_ci": (0.28, 0.0),
+                                                 "kl_end": (0.02, 0.0), "final": dict.fromkeys(five, 0.28)}},
+                "sft": {"test": {"fact_score": 0.30}}}
+
+    standing, moving = study(0.30), study(0.32)
+    c = msr.kl_matched(standing, "learned", "text2grad", "scalar_sum")
+    assert msr.goal_met(c) and c["improves_on_start"] is False
+    assert msr.kl_matched(moving, "learned", "text2grad", "scalar_sum")["improves_on_start"] is True
+    lines, _ = msr.kl_matched_lines({0: standing, 1: moving}, "learned", "text2grad", "scalar_sum")
+    assert ("Goal met (ahead on >= 4 of 5 seeds: yes, no late decline (<= 0.02): yes, KL no larger: yes). Text2Grad "
+            "ends +0.000 from the start policy's score, the baseline -0.020: the goal is met without Text2Grad "
+            "improving on the start policy by 0.01 or more. Given a looser penalty") in lines[1]
+    assert "KL no larger: yes). Given a looser penalty" in lines[2]  # 0.02 above the start: an improvement
+    assert lines[3].endswith("The goal is met on instance(s) 0, 1 of 2. On instance(s) 0 it is met without Text2Grad "
+                             "improving on the start policy by 0.01 or more.")
+    # the frontier: ahead at both of the baseline's points on both instances, above the start only on instance 1
+    lines, numbers = msr.frontier_dominance_lines({0: standing, 1: moving}, "learned", "text2grad", "scalar_sum")
+    assert lines[1].endswith("Text2Grad is ahead at no larger KL at 2 of the baseline's 2 points; at 0 of those 2 it "
+                             "also improves on the start policy (0.300) by 0.01 or more.")
+    assert lines[2].endswith("at 2 of those 2 it also improves on the start policy (0.300) by 0.01 or more.")
+    assert lines[3] == ("Over the 2 instances Text2Grad is ahead at no larger KL at 4 of the baseline's 4 frontier "
+                        "points, improving on its start policy by 0.01 or more at 2 of those 4.")
+    assert (numbers["ahead"], numbers["ahead_improving"]) == (4, 2)
+    # a study that did not record the start policy's test score counts nothing it cannot know
+    del standing["sft"]
+    assert msr.frontier_dominance(standing, "learned", "text2grad", "scalar_sum")["ahead_improving"] is None
+    assert msr.kl_matched(standing, "learned", "text2grad", "scalar_sum")["improves_on_start"] is None
+
+
 def test_a_defended_text2grad_is_also_held_to_the_information_matched_baseline_with_the_same_defence():
     assert msr.kl_baselines("text2grad") == (None, "scalar_sum")
     assert msr.kl_baselines("text2grad+refresh") == (None, "scalar_sum", "scalar_sum+refresh")

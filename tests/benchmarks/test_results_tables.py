@@ -232,11 +232,13 @@ def test_the_studies_of_one_policy_are_summed_up_together_with_an_exact_sign_tes
         "all 9 seed pairs it is ahead on 5 and behind on 3 (mean paired difference +0.061; exact two-sided sign test "
         "p = 0.727).")
     # the baseline's own frontier where a study ran one: Text2Grad held to the KL of each of its points
-    assert rt.across_studies_sentence("P", [first, second], [{"0": (1, 2), "1": (2, 2)}, None]).endswith(
+    assert rt.across_studies_sentence("P", [first, second], [{"0": (1, 2, 0), "1": (2, 2, 2)}, None]).endswith(
         "p = 0.727); held to the KL of each point of the baseline's own KL frontier (1 study with one), ahead at 3 of "
-        "4 points.")
-    assert rt._frontier_clause([None, None]) == "" and rt._frontier_clause([{"0": (1, 2)}]).endswith(
-        "frontier, ahead at 1 of 2 points")
+        "4 points, at 2 of those 3 also improving on its start policy by 0.01 or more.")
+    assert rt._frontier_clause([None, None]) == "" and rt._frontier_clause([{"0": (1, 2, 1)}]).endswith(
+        "frontier, ahead at 1 of 2 points, at 1 of those 1 also improving on its start policy by 0.01 or more")
+    # a study that did not record whether it improved on its start: the count of points ahead only
+    assert rt._frontier_clause([{"0": (1, 2, None)}, {"0": (1, 1, 1)}]).endswith("ahead at 2 of 3 points")
     assert rt.sign_test_p(5, 0) == 0.0625 and rt.sign_test_p(3, 3) == 1.0 and math.isnan(rt.sign_test_p(0, 0))
 
 
@@ -321,9 +323,11 @@ def test_a_pooled_study_row_says_how_often_text2grad_is_ahead_held_to_each_point
     study = json.loads((folder / "study.json").read_text())
     numbers = study["pooled"]["learned"]["frontier_dominance_scalar_sum"]["text2grad"]
     (_, result, _, _), heads = rt.pooled_study_rows(folder, study)
-    count = f"{numbers['ahead']}/{numbers['points']}"
-    assert f"learned: Text2Grad held to each of scalar_sum's frontier points, ahead at {count}" in heads.split("; ")
+    count = f"{numbers['ahead']}/{numbers['points']} ({numbers['ahead_improving']} of them above its start policy"
+    assert f"learned: Text2Grad held to each of scalar_sum's frontier points, ahead at {count} by 0.01 or more)" \
+        in heads.split("; ")
     assert (f"learned critic, Text2Grad held to the KL of each point of the information-matched baseline's own KL "
-            f"frontier: ahead at {numbers['ahead']} of {numbers['points']} points over 3 instances") in result
+            f"frontier: ahead at {numbers['ahead']} of {numbers['points']} points over 3 instances, at "
+            f"{numbers['ahead_improving']} of those also above its start policy by 0.01 or more") in result
     del study["pooled"]["learned"]["frontier_dominance_scalar_sum"]  # a study whose baseline ran no frontier
     assert "scalar_sum's frontier points" not in rt.pooled_study_rows(folder, study)[1]
