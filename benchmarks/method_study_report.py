@@ -481,7 +481,7 @@ def paragraphs(lines: Sequence[str]) -> str:
 
 
 def markdown(study: Mapping[str, Any]) -> str:
-    summ, sft = study["final"], study["sft"].get("test", {}).get("fact_score", float("nan"))
+    summ, sft = study["final"], start_test_score(study)
     knobs = sorted({k for v in study.get("sweep", {}).values() for k in v.get("knobs", [])})
     cfg = study["config"]
     lines = [f"Policy: {cfg.get('policy', 'tiny Llama')}. Test fact score ({cfg.get('n_test', 100)} posts, greedy) after "
@@ -961,6 +961,11 @@ PENALTY_BINDS_NATS = 0.05
 START_GAIN = 0.01
 
 
+def start_test_score(study: Mapping[str, Any]) -> float:
+    """The start (SFT) policy's test fact score, NaN where the study did not record it."""
+    return study.get("sft", {}).get("test", {}).get("fact_score", math.nan)
+
+
 def improves_on_start(final_mean: float, sft: float) -> bool | None:
     """Whether a mean final score is at least `START_GAIN` above the start policy's ``sft`` (None when the start
     policy's test score was not recorded)."""
@@ -1049,7 +1054,7 @@ def kl_matched(study: Mapping[str, Any], arm: str, method: str = "text2grad",
             "base_setting": base.get("kl_setting"),
             "base_looser": looser_penalty(base_points, base_pick),
             "base_faster": larger_step(base_points, base_pick),
-            "sft": (sft := study.get("sft", {}).get("test", {}).get("fact_score", math.nan)),
+            "sft": (sft := start_test_score(study)),
             "improves_on_start": improves_on_start(pick["final_mean_ci"][0], sft) if pick else None,
             # its KL condition holds by construction
             **(goal_conditions(pair, fall) if pair else {"ahead_goal": False, "no_late_decline": False, "kl_goal": True})}
@@ -1276,7 +1281,7 @@ def frontier_dominance(study: Mapping[str, Any], arm: str, method: str, against:
         pick = validation_pick([p for p in mine if p["kl_end"][0] <= base["kl_end"][0]])
         rows.append({"base_point": base, "point": pick, "pair": paired(pick["final"], base["final"]) if pick else None})
     ahead = [r for r in rows if r["pair"] is not None and r["pair"]["mean"] > TIE]
-    sft = study.get("sft", {}).get("test", {}).get("fact_score", math.nan)
+    sft = start_test_score(study)
     return {"baseline": f"{arm}/{against}", "rows": rows, "ahead": len(ahead), "sft": sft,
             "ahead_improving": None if math.isnan(sft) else
             sum(bool(improves_on_start(r["point"]["final_mean_ci"][0], sft)) for r in ahead)}

@@ -178,14 +178,14 @@ def pooled_study_rows(folder: Path, study: dict[str, Any]) -> tuple[Row, str]:
             for method, numbers in entry.get(f"frontier_dominance{suffix}", {}).items():
                 name = _variant_name(method)
                 improving = numbers.get("ahead_improving")
+                counted = bool(numbers["ahead"]) and improving is not None
                 parts.append(f"{arm} critic, {name} held to the KL of each point of {who}'s own KL frontier: ahead "
                              f"at {numbers['ahead']} of {numbers['points']} points over {len(numbers['instances'])} "
                              "instances" + (f", at {improving} of those also above its start policy by {START_GAIN} "
-                                            "or more" if numbers["ahead"] and improving is not None else ""))
+                                            "or more" if counted else ""))
                 heads.append(f"{arm}: {name} held to each of {short}'s frontier points, ahead at "
                              f"{numbers['ahead']}/{numbers['points']}"
-                             + (f" ({improving} of them above its start policy by {START_GAIN} or more)"
-                                if numbers["ahead"] and improving is not None else ""))
+                             + (f" ({improving} of them above its start policy by {START_GAIN} or more)" if counted else ""))
     result = "final test fact score (mean over seeds):<br>" + "<br>".join(parts)
     return (what, result, conditions(study), command(study)), "; ".join(heads)
 
