@@ -1338,6 +1338,9 @@ DEFENCE_CONTROLS = (
      "Text2Grad with the same ensemble, never refreshed"),
     ("text2grad+ensemble_refresh", "text2grad+refresh", "combination_vs_refresh",
      "Text2Grad with the same refresh of one reward model"),
+    # not equal information: the refresh adds annotations of its own (offline_matched is the control for that)
+    ("text2grad+refresh", "text2grad", "refresh_vs_none",
+     "Text2Grad with the same reward model, never refreshed (fewer annotations in all)"),
 )
 
 

@@ -1586,13 +1586,20 @@ def test_each_defence_is_compared_with_the_run_that_differs_only_by_it_seed_by_s
     # the combination against each defence alone: the same ensemble never refreshed, the same refresh of one model
     studies[0]["final"]["learned/text2grad+ensemble_refresh"] = run("text2grad+ensemble_refresh", [0.4, 0.2, 0.6])
     by_control = {}
-    for defended, control, key, what in msr.DEFENCE_CONTROLS[2:]:
+    for defended, control, key, what in msr.DEFENCE_CONTROLS[2:4]:
         assert defended == "text2grad+ensemble_refresh"
         lines, numbers = msr.control_lines(studies, "learned", defended, control, what)
         by_control[control] = numbers["instances"][0]["diffs"]
         assert lines[0] == f"Text2Grad + ensemble_refresh against {what}, at the end:"
     assert by_control["text2grad+ensemble"] == pytest.approx([0.3, 0.0, 0.3])
     assert by_control["text2grad+refresh"] == pytest.approx([-0.1, -0.2, 0.3])
+    # the refresh against the same reward model never refreshed: plain Text2Grad, on instance 0 only here
+    defended, control, key, what = msr.DEFENCE_CONTROLS[4]
+    assert (defended, control, key) == ("text2grad+refresh", "text2grad", "refresh_vs_none")
+    lines, numbers = msr.control_lines(studies, "learned", defended, control, what)
+    assert lines[0] == ("Text2Grad + refresh against Text2Grad with the same reward model, never refreshed (fewer "
+                        "annotations in all), at the end:")
+    assert numbers["instances"][0]["diffs"] == pytest.approx([0.2, 0.1, 0.0]) and list(numbers["instances"]) == [0]
     # with each run's final KL: said per instance, and whether the defence holds the policy nearer the start
     for ts, (defended_kl, control_kl) in {0: (0.4, 0.9), 1: (1.9, 0.8)}.items():
         studies[ts]["final"]["learned/text2grad+refresh"]["kl_end"] = (defended_kl, 0.1)
