@@ -27,6 +27,12 @@ def test_the_committed_tables_are_what_the_result_files_give():
     assert rt.main(["--check"]) == 0
 
 
+def test_the_tables_use_the_study_reports_own_rules():
+    # results_tables keeps copies so that it does not import the report's plotting stack: they must not drift
+    from benchmarks import method_study_report as msr
+    assert (rt.TIE, rt.START_GAIN) == (msr.TIE, msr.START_GAIN)
+
+
 def test_check_fails_on_a_hand_edited_figure(tmp_path, monkeypatch, capsys):
     readme = tmp_path / "README.md"
     table = rt.tables()["readme"]
