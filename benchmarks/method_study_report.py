@@ -1167,6 +1167,7 @@ def kl_on_validation(study: Mapping[str, Any], arm: str, method: str = "text2gra
                                                         sft.get("n_false", math.nan))),
             "edges": pick_edges(pick, points), "base_edges": pick_edges(base, base_points),
             "runner_up": runner_up(pick, points), "base_runner_up": runner_up(base, base_points),
+            "sft": start_test_score(study),
             **goal_conditions(pair, fall, (pick["kl_end"][0], base["kl_end"][0]))}
 
 
@@ -1208,17 +1209,26 @@ def runner_up(pick: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> M
 
 
 def edge_words(who: str, edges: Sequence[str], pick: Mapping[str, Any] | None = None,
-               second: Mapping[str, Any] | None = None) -> str:
+               second: Mapping[str, Any] | None = None, start: float = math.nan) -> str:
     """" X's pick is at the largest learning rate tried: the grid does not bracket it." (empty without edges), and
     with the ``second`` best setting (`runner_up`) how far below ``pick`` it is on validation: a small margin says a
-    step past the edge is unlikely to change the choice by much, a large one that the grid should be extended."""
+    step past the edge is unlikely to change the choice by much, a large one that the grid should be extended.
+    At the smallest learning rate tried, with the start policy's test score ``start``, it also says where that edge
+    leads: a learning rate of 0 never moves the policy, so smaller steps tend to the start policy, and how far the
+    pick's final score and KL already are from it bounds what the unexplored side can still tell apart."""
     if not edges:
         return ""
     text = f" {who[0].upper()}{who[1:]}'s pick is at {' and '.join(edges)}: the grid does not bracket it"
     if pick is None or second is None:
-        return text + "."
-    return (text + f"; the next-best setting tried ({second['kl_setting']}) is "
-            f"{pick['val_end_mean'] - second['val_end_mean']:.3f} below it on validation.")
+        text += "."
+    else:
+        text += (f"; the next-best setting tried ({second['kl_setting']}) is "
+                 f"{pick['val_end_mean'] - second['val_end_mean']:.3f} below it on validation.")
+    if "the smallest learning rate tried" in edges and pick is not None and not math.isnan(start):
+        text += (f" Smaller steps tend to the start policy (a learning rate of 0 never moves it; {start:.3f} on "
+                 f"test): this pick ends {pick['final_mean_ci'][0] - start:+.3f} from it, at KL "
+                 f"{pick['kl_end'][0]:.2f} nats.")
+    return text
 
 
 def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method: str = "text2grad",
@@ -1241,8 +1251,8 @@ def kl_on_validation_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, m
             f"{method_label(c['baseline'].split('/')[1])} at KL {b['kl_setting']} at {_pm(b['final_mean_ci'])} with "
             f"{b['kl_end'][0]:.2f}; paired difference {paired_words(c['pair'])}; {name}'s largest fall from its best "
             f"validation point to its last is {worst}. Goal {goal_verdict(c)} ("
-            f"{goal_checklist(c, c['pair']['n'])})." + edge_words(name, c["edges"], p, c["runner_up"])
-            + edge_words("the baseline", c["base_edges"], b, c["base_runner_up"]))
+            f"{goal_checklist(c, c['pair']['n'])})." + edge_words(name, c["edges"], p, c["runner_up"], c["sft"])
+            + edge_words("the baseline", c["base_edges"], b, c["base_runner_up"], c["sft"]))
         if c["score_sources"] is not None:
             lines.append(f"Task instance {ts}, {where_words(name, c['score_sources'])}")
     pooled = pool_pairs({ts: c["pair"] for ts, c in per.items()})

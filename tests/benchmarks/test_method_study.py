@@ -1328,6 +1328,15 @@ def test_a_validation_pick_at_the_edge_of_the_grid_is_named_with_the_knob_and_th
     assert msr.edge_words("Text2Grad", ["the largest learning rate tried"]) == (
         " Text2Grad's pick is at the largest learning rate tried: the grid does not bracket it.")
     assert msr.edge_words("the baseline", []) == ""
+    # at the smallest step, where that edge leads: a learning rate of 0 leaves the start policy where it is
+    low_run = {**low, "final_mean_ci": (0.25, 0.01), "kl_end": (0.004, 0.001)}
+    assert msr.edge_words("the baseline", ["the smallest learning rate tried"], low_run, mid, start=0.26) == (
+        " The baseline's pick is at the smallest learning rate tried: the grid does not bracket it; the next-best "
+        "setting tried (fixed 0.1) is 0.000 below it on validation. Smaller steps tend to the start policy (a "
+        "learning rate of 0 never moves it; 0.260 on test): this pick ends -0.010 from it, at KL 0.00 nats.")
+    # the other edges lead nowhere known, and without the start policy's score there is nothing to add
+    assert "start policy" not in msr.edge_words("Text2Grad", ["the largest learning rate tried"], low_run, mid, 0.26)
+    assert "start policy" not in msr.edge_words("X", ["the smallest learning rate tried"], low_run, mid)
     # the runner-up is the best other setting run on as many seeds (a one-seed point does not compete)
     one_seed = {**point("fixed 0.3", 1e-5), "seeds": [0, 1], "val_end_mean": 0.9}
     second = {**point("fixed 1", 1e-5), "val_end_mean": 0.6}  # above low's 0.5
