@@ -46,6 +46,7 @@ CRITIC_FREE = {"scalar_bt": "learned", "scalar_task": "oracle"}
 ARM_INFORMATION = {"learned": 0, "oracle": 1}
 LAMBDAS = (0.0, 0.95, 1.0)
 KL_COEFS = (0.05, 0.1, 0.3, 1.0)  # the fixed-coefficient sweep, beside the adaptive controller
+SMALLEST_LR_EDGE = "the smallest learning rate tried"  # the edge that leads towards the start policy (lr 0)
 N_FACTS = len(SLOTS)  # the task's key facts: fact score = recall - false facts / N_FACTS
 
 @dataclass(frozen=True)
@@ -1126,7 +1127,7 @@ def pick_edges(pick: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> 
     edges = []
     for values, mine, axis_end, low, high in (
             (sorted({p["lr"] for p in points if p.get("lr") is not None}), pick.get("lr"), None,
-             "the smallest learning rate tried", "the largest learning rate tried"),
+             SMALLEST_LR_EDGE, "the largest learning rate tried"),
             (sorted({c for p in points if (c := fixed_coefficient(p["kl_setting"])) is not None}),
              fixed_coefficient(pick["kl_setting"]), 0.0, "the weakest fixed KL penalty tried",
              "the strongest fixed KL penalty tried")):
@@ -1214,8 +1215,8 @@ def edge_words(who: str, edges: Sequence[str], pick: Mapping[str, Any] | None = 
     with the ``second`` best setting (`runner_up`) how far below ``pick`` it is on validation: a small margin says a
     step past the edge is unlikely to change the choice by much, a large one that the grid should be extended.
     At the smallest learning rate tried, with the start policy's test score ``start``, it also says where that edge
-    leads: a learning rate of 0 never moves the policy, so smaller steps tend to the start policy, and how far the
-    pick's final score and KL already are from it bounds what the unexplored side can still tell apart."""
+    leads: a learning rate of 0 never moves the policy, so smaller steps tend to the start policy; how far the
+    pick's final score and KL already are from it shows how little room that side of the grid has left."""
     if not edges:
         return ""
     text = f" {who[0].upper()}{who[1:]}'s pick is at {' and '.join(edges)}: the grid does not bracket it"
@@ -1224,7 +1225,7 @@ def edge_words(who: str, edges: Sequence[str], pick: Mapping[str, Any] | None = 
     else:
         text += (f"; the next-best setting tried ({second['kl_setting']}) is "
                  f"{pick['val_end_mean'] - second['val_end_mean']:.3f} below it on validation.")
-    if "the smallest learning rate tried" in edges and pick is not None and not math.isnan(start):
+    if SMALLEST_LR_EDGE in edges and pick is not None and not math.isnan(start):
         text += (f" Smaller steps tend to the start policy (a learning rate of 0 never moves it; {start:.3f} on "
                  f"test): this pick ends {pick['final_mean_ci'][0] - start:+.3f} from it, at KL "
                  f"{pick['kl_end'][0]:.2f} nats.")
