@@ -37,7 +37,7 @@ Bradley-Terry baseline asks for them. Methods (PPO reward modes of `policy_optim
 ``--variants`` adds the defences against reward-model exploitation (`VARIANTS`: a reward-model ensemble, an on-policy
 reward-model refresh, both) as learned-arm methods ``text2grad+<variant>`` and ``scalar_sum+<variant>``, and the
 refresh's equal-annotation control ``offline_matched`` (the reward model trained offline on as many more annotations,
-for as many more steps, as the refresh adds over a run).
+for as many more steps, as the refresh adds over a run: the SFT policy's samples on the prompts the refresh annotates).
 ``--task_seeds`` runs the whole study on several task instances, each in ``<output_dir>/task_seed<N>``, and reports
 each instance and all pooled (`benchmarks/method_study_report.py` holds the statistics and the report).
 
@@ -251,8 +251,9 @@ def refresh_budget(iterations: int, batch_size: int, every: int | None = None,
 
 def _offline_matched(ctx: StudyContext) -> dict[str, Any]:
     """The refresh's equal-annotation control: no refresh, but a reward model trained offline on as many more
-    annotations, for as many more steps, as the refresh adds over the run (`refresh_budget`). What is left of the
-    refresh's gain over this is the on-policy sampling of its annotations."""
+    annotations, for as many more steps, as the refresh adds over the run (`refresh_budget`); the extra annotations are
+    the SFT policy's samples on the RL prompts, the prompts the refresh annotates. What is left of the refresh's gain
+    over this is the on-policy sampling of its annotations."""
     return {"critic": "reward_model", "critic_kwargs": _rm_critic_kwargs(ctx.rm_offline_matched, ctx)}
 
 
@@ -912,9 +913,12 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
     rm_offline_matched = ""
     if any(m.partition("+")[2] == "offline_matched" for m in learned):
         extra, steps = refresh_budget(args.iterations, args.batch_size or cfg.ppo_batch_size)
-        matched_cfg = replace(cfg, n_annotations=cfg.n_annotations + extra, rm_steps=cfg.rm_steps + steps)
-        print(f"[study] offline_matched: the reward model on {matched_cfg.n_annotations} annotations for "
-              f"{matched_cfg.rm_steps} steps ({extra} annotations and {steps} steps more, as the refresh adds)")
+        # the extra annotations are start-policy samples on the prompts the refresh annotates (raising n_annotations
+        # would add none once the train split is used up: one response per post)
+        matched_cfg = replace(cfg, rm_extra_policy_samples=extra, rm_steps=cfg.rm_steps + steps)
+        print(f"[study] offline_matched: the reward model on its offline annotations plus {extra} SFT-policy samples "
+              f"on the RL prompts, for {matched_cfg.rm_steps} steps ({extra} annotations and {steps} steps more, as "
+              "the refresh adds)")
         rm_offline_matched = str(qs.stage_reward_model(matched_cfg, data, sft, rm_base, shared / "text2grad_rm_offline_matched",
                                                        stages)[0])
     if "dense" in learned:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from peft import LoraConfig, get_peft_model
 
 from text2grad.apps.quickstart import pipeline
@@ -70,3 +72,72 @@ def test_a_lora_sft_policy_is_merged_before_the_reward_model_trains_on_it(monkey
     pipeline.stage_reward_model(given, pipeline.stage_data(given, tmp_path / "out2"), sft2, sft2, tmp_path / "out2",
                                 pipeline.StageClock(pipeline.STAGES))
     assert trained_on == [tmp_path / "base"] and not (tmp_path / "policy2" / "sft-merged").exists()
+
+
+def _annotate_everything(monkeypatch) -> list[dict]:
+    """Fake annotation CLI, reward-model training and sampling for `stage_reward_model`; returns the calls made to
+    the annotation CLI ({"rows": what it was asked to annotate, "kwargs": its critic kwargs})."""
+    calls: list[dict] = []
+
+    def phases(module: str, argv: list[str]) -> None:
+        flag = dict(zip(argv, argv[1:]))
+        if module == "annotation.cli":
+            rows = list(iter_jsonl(flag["--dataset_path"]))
+            calls.append({"rows": rows, "kwargs": json.loads(flag["--critic_kwargs"])})
+            write_jsonl(Path(flag["--output"]), [{**r, "critique": "ok", "good_spans": [], "poor_spans": []} for r in rows])
+
+    monkeypatch.setattr(pipeline, "_call", phases)
+    monkeypatch.setattr(pipeline, "generate_responses",
+                        lambda path, prompts, *a, **k: [Generation([1], [2], f"sample of {p[:12]}", True) for p in prompts])
+    return calls
+
+
+def test_extra_policy_samples_are_annotated_on_the_rl_prompts_on_top_of_the_same_offline_annotations(monkeypatch, tmp_path,
+                                                                                                      bpe_tokenizer, tiny_llama):
+    """The reward-model refresh's equal-annotation control: as many more SFT-policy samples as asked, on the RL prompts
+    in turn, checked against the RL posts' facts, and every annotation of the run without them still there."""
+    tiny_llama.save_pretrained(tmp_path / "sft")
+    bpe_tokenizer.save_pretrained(tmp_path / "sft")
+    calls = _annotate_everything(monkeypatch)
+    runs, data, trained_on = {}, {}, {}
+    for extra in (0, 30):
+        cfg = resolve(QuickstartConfig(preset="ci", output_dir=str(tmp_path / f"out{extra}"), cache_dir=str(tmp_path / "cache"),
+                                       n_train=200, n_rl=20, n_annotations=100, rm_extra_policy_samples=extra))
+        data[extra] = pipeline.stage_data(cfg, tmp_path / f"out{extra}")
+        model, _ = pipeline.stage_reward_model(cfg, data[extra], tmp_path / "sft", tmp_path / "sft", tmp_path / f"out{extra}",
+                                               pipeline.StageClock(pipeline.STAGES))
+        runs[extra], trained_on[extra] = calls[-1], list(iter_jsonl(model.parent / "rm_train.jsonl"))
+    base, more = runs[0], runs[30]
+    assert len(calls) == 2  # the run with extra samples is not the cached run without them
+    assert len(base["rows"]) == 100 and len(more["rows"]) == 130
+    assert len(trained_on[30]) == len(trained_on[0]) + 30  # every extra sample adds to training, none to the held-out
+    assert {r["id"] for r in base["rows"]} < {r["id"] for r in more["rows"]}
+    added = [r for r in more["rows"] if r["id"] not in {b["id"] for b in base["rows"]}]
+    rl = list(iter_jsonl(data[30]["rl"]))
+    assert len(rl) < 30  # so the RL prompts are taken again from the first
+    assert sorted(r["prompt"] for r in added) == sorted(rl[i % len(rl)]["prompt"] for i in range(30))
+    assert all(r["response"].startswith("sample of ") for r in added)  # the SFT policy's, not noisy summaries
+    assert base["kwargs"] == {"data_path": str(data[0]["train"])}
+    assert more["kwargs"] == {"data_path": [str(data[30]["train"]), str(data[30]["rl"])]}
+
+
+def test_more_annotations_than_training_posts_says_how_many_are_annotated(monkeypatch, tmp_path, capsys, bpe_tokenizer,
+                                                                          tiny_llama):
+    """One response per training post: asking for more than the split holds annotates the split, and says so."""
+    tiny_llama.save_pretrained(tmp_path / "sft")
+    bpe_tokenizer.save_pretrained(tmp_path / "sft")
+    calls = _annotate_everything(monkeypatch)
+    cfg = resolve(QuickstartConfig(preset="ci", output_dir=str(tmp_path / "out"), cache_dir=str(tmp_path / "cache"),
+                                   n_train=24, n_annotations=30))
+    pipeline.stage_reward_model(cfg, pipeline.stage_data(cfg, tmp_path / "out"), tmp_path / "sft", tmp_path / "sft",
+                                tmp_path / "out", pipeline.StageClock(pipeline.STAGES))
+    rows = calls[-1]["rows"]
+    assert len(rows) == 24
+    assert sum(r["id"].startswith("policy-") for r in rows) == 15 and sum(r["id"].startswith("noisy-") for r in rows) == 9
+    assert ("annotating 15 SFT-policy samples and 9 noisy summaries: n_annotations 30 is capped at the 24 training "
+            "posts, one response each") in capsys.readouterr().out
+
+
+def test_a_negative_number_of_extra_policy_samples_is_refused():
+    with pytest.raises(ValueError, match="rm_extra_policy_samples must be >= 0"):
+        resolve(QuickstartConfig(preset="ci", rm_extra_policy_samples=-1))

@@ -277,6 +277,8 @@ def stage_reward_model(
     key = {"sft": str(sft.resolve()), "rm_base": str(rm_base.resolve()), "grounded": cfg.grounded_spans, "critic": cfg.critic, "critic_kwargs": cfg.critic_kwargs, "ann": cfg.annotation_args,
            "n": cfg.n_annotations, "p_wrong": cfg.rm_p_wrong, "base": cfg.rm_base_model, "steps": cfg.rm_steps, "lr": cfg.rm_learning_rate,
            "args": cfg.rm_args, "seed": cfg.seed, "v": 3}
+    if cfg.rm_extra_policy_samples:  # (the key of a run without them stays as it was)
+        key["extra_policy_samples"] = cfg.rm_extra_policy_samples
     if cfg.use_chat_template:  # templated samples and RM inputs (the key of a plain run stays as it was)
         key["chat_template"] = True
     path = _cache_root(cfg) / f"reward_model-{config_fingerprint(key)}"
@@ -287,6 +289,11 @@ def stage_reward_model(
         rng.shuffle(train)
         n_policy = cfg.n_annotations // 2
         n_noisy = cfg.n_annotations - n_policy
+        if n_policy + n_noisy > len(train):  # one response per post: the split caps the noisy half first
+            n_policy, n_noisy = min(n_policy, len(train)), max(0, len(train) - n_policy)
+            print(f"annotating {n_policy} SFT-policy samples and {n_noisy} noisy summaries: n_annotations "
+                  f"{cfg.n_annotations} is capped at the {len(train)} training posts, one response each (more posts: "
+                  "n_train; more policy samples, on the RL prompts: rm_extra_policy_samples)", flush=True)
         print(f"sampling {n_policy} summaries from the SFT policy (temperature 1) to annotate ...", flush=True)
         picked = train[:n_policy]
         samples = [g.text for g in generate_responses(sft, [r["prompt"] for r in picked], cfg.response_length, True, cfg.seed,
@@ -299,10 +306,23 @@ def stage_reward_model(
             {"id": f"policy-{r['id']}", "prompt": r["prompt"], "response": s} for r, s in zip(picked, samples)
         ] + [{"id": f"noisy-{r['id']}", "prompt": r["prompt"], "response": noisy_summary(rng, r["facts"], hard, p_repeat=0.2)}
              for r in train[n_policy : n_policy + n_noisy]]
+        posts = [data["train"]]
+        if cfg.rm_extra_policy_samples:
+            rl = _read_jsonl(data["rl"])
+            extra = [rl[i % len(rl)] for i in range(cfg.rm_extra_policy_samples)]
+            print(f"sampling {len(extra)} more summaries from the SFT policy on the RL prompts to annotate ...", flush=True)
+            # another seed: a prompt also in the train split must not get the same sample twice
+            more = generate_responses(sft, [r["prompt"] for r in extra], cfg.response_length, True, cfg.seed + 1,
+                                      use_chat_template=cfg.use_chat_template)
+            to_annotate += [{"id": f"policy-rl{i}-{r['id']}", "prompt": r["prompt"], "response": g.text}
+                            for i, (r, g) in enumerate(zip(extra, more))]
+            posts.append(data["rl"])
         rng.shuffle(to_annotate)
         write_jsonl(tmp / "to_annotate.jsonl", to_annotate)
-        annotations = _annotate(cfg, tmp, data["train"])
-        n_eval = max(8, len(annotations) // 10)
+        annotations = _annotate(cfg, tmp, *posts)
+        # the held-out share of the annotations without the extra samples: those all add to the training set, as
+        # the refresh's annotations do
+        n_eval = max(8, (len(annotations) - cfg.rm_extra_policy_samples) // 10)
         write_jsonl(tmp / "rm_train.jsonl", annotations[n_eval:])
         write_jsonl(tmp / "rm_eval.jsonl", annotations[:n_eval])
         stages.start("reward model", f"{len(annotations) - n_eval} training / {n_eval} held-out annotations")
@@ -341,10 +361,11 @@ def _rm_prompt_format(cfg: QuickstartConfig) -> str:
     return "chat" if cfg.use_chat_template else "plain"
 
 
-def _annotate(cfg: QuickstartConfig, folder: Path, posts: Path) -> list[dict[str, Any]]:
+def _annotate(cfg: QuickstartConfig, folder: Path, *posts: Path) -> list[dict[str, Any]]:
     """``folder/to_annotate.jsonl`` critiqued by the annotation CLI into ``folder/annotations.jsonl`` (returned); the
-    default FactCritic reads the facts of ``posts``."""
-    kwargs = cfg.critic_kwargs if cfg.critic_kwargs is not None else {"data_path": str(posts)}
+    default FactCritic reads the facts of ``posts`` (the task files the responses' prompts come from)."""
+    kwargs = cfg.critic_kwargs if cfg.critic_kwargs is not None else {
+        "data_path": str(posts[0]) if len(posts) == 1 else [str(p) for p in posts]}
     _call("annotation.cli", [
         "--dataset_path", str(folder / "to_annotate.jsonl"), "--output", str(folder / "annotations.jsonl"),
         "--critic", cfg.critic, "--critic_kwargs", json.dumps(kwargs),

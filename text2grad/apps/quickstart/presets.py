@@ -32,7 +32,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     "default": dict(
         # SFT: the first 600 steps of a 1200-step decay (policy_sft_steps = sft_steps: the reward model starts from
-        # the PPO policy); 600 reward-model steps in length-grouped batches (1.5x faster than 1200/800)
+        # the PPO policy); 600 reward-model steps in length-grouped batches (1.5x faster than 1200/800). 3,000
+        # annotations are capped at the 2,000 train posts: 1,500 policy samples and 500 noisy summaries.
         n_train=2000, n_rl=256, n_eval=100, vocab_size=800, hidden_size=128, num_layers=2, intermediate_size=0, sft_steps=600,
         policy_sft_steps=600, sft_learning_rate=3e-3, sft_decay_steps=1200, n_annotations=3000, rm_steps=600,
         rm_learning_rate=2e-3, ppo_iterations=30,
@@ -120,6 +121,8 @@ def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
         raise ValueError(f"modes must be a non-empty list of {', '.join(REWARD_MODES)}; got {out.modes}")
     if out.decode_threads < 0:
         raise ValueError(f"decode_threads must be >= 0 (0: torch's default); got {out.decode_threads}")
+    if out.rm_extra_policy_samples < 0:
+        raise ValueError(f"rm_extra_policy_samples must be >= 0 (0: none); got {out.rm_extra_policy_samples}")
     if out.ppo_iterations < 1 or out.eval_every < 1 or out.n_val < 1 or out.rm_refresh_steps < 1:
         raise ValueError("ppo_iterations, eval_every, n_val and rm_refresh_steps must be >= 1")
     if out.sft_decay_steps and out.sft_decay_steps < out.sft_steps:

@@ -79,7 +79,11 @@ class QuickstartConfig:
     critic_kwargs: dict[str, Any] | None = config_field(None, "Critic kwargs (default: the FactCritic reads the train split).")
     annotation_args: list[str] = config_field([], "Extra flags for annotation.cli (JSON list), e.g. for --critic llm: "
                                     "'[\"--model\", \"gpt-4o\", \"--dataset\", \"slf5k\"]'.")
-    n_annotations: int | None = config_field(None, "Responses to annotate (half SFT-policy samples, half noisy summaries).")
+    n_annotations: int | None = config_field(None, "Responses to annotate (half SFT-policy samples, half noisy summaries), "
+                                             "one per training post: at most as many as the train split holds.")
+    rm_extra_policy_samples: int = config_field(
+        0, "More SFT-policy samples to annotate on top of n_annotations, one per RL prompt in turn (the prompts PPO "
+        "samples on): what a reward-model refresh would annotate had the policy never moved.")
     rm_p_wrong: float = config_field(0.4, "Per-fact error rate of the generated half of the reward model's training responses.")
     rm_base_model: str | None = config_field(None, "Base of the reward model (default: the SFT policy).")
     reward_model: str | None = config_field(None, "An already trained reward model: skips annotation and RM training.")
