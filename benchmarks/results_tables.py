@@ -74,6 +74,9 @@ START_GAIN = 0.01
 
 BASELINE_NAMES = {"scalar_collapsed": "scalar PPO", "dense": "dense-label PPO", "scalar_bt": "scalar PPO (Bradley-Terry RM)",
                   "scalar_sum": "scalar PPO (summed span rewards)", "scalar_task": "scalar PPO (task score)"}
+# a defended baseline's defence, where its study name does not say it
+DEFENCE_NAMES = {"ensemble_refresh": "ensemble + refresh",
+                 "offline_matched": "the refresh's annotations offline"}
 
 
 def study_arm(study: dict[str, Any], arm: str) -> dict[str, Any] | None:
@@ -388,7 +391,7 @@ def _baseline_name(key: str) -> str:
     """'scalar PPO (Bradley-Terry RM)' for a study key 'learned/scalar_bt'; a defended baseline's defence follows
     ('learned/scalar_sum+refresh': 'scalar PPO (summed span rewards) + refresh')."""
     method, _, defence = key.split("/")[1].partition("+")
-    return BASELINE_NAMES.get(method, method) + (f" + {defence}" if defence else "")
+    return BASELINE_NAMES.get(method, method) + (f" + {DEFENCE_NAMES.get(defence, defence)}" if defence else "")
 
 
 TOY = "tiny Llama, toy task"
