@@ -306,20 +306,10 @@ def stage_reward_model(
             {"id": f"policy-{r['id']}", "prompt": r["prompt"], "response": s} for r, s in zip(picked, samples)
         ] + [{"id": f"noisy-{r['id']}", "prompt": r["prompt"], "response": noisy_summary(rng, r["facts"], hard, p_repeat=0.2)}
              for r in train[n_policy : n_policy + n_noisy]]
-        posts = [data["train"]]
-        if cfg.rm_extra_policy_samples:
-            rl = _read_jsonl(data["rl"])
-            extra = [rl[i % len(rl)] for i in range(cfg.rm_extra_policy_samples)]
-            print(f"sampling {len(extra)} more summaries from the SFT policy on the RL prompts to annotate ...", flush=True)
-            # another seed: a prompt also in the train split must not get the same sample twice
-            more = generate_responses(sft, [r["prompt"] for r in extra], cfg.response_length, True, cfg.seed + 1,
-                                      use_chat_template=cfg.use_chat_template)
-            to_annotate += [{"id": f"policy-rl{i}-{r['id']}", "prompt": r["prompt"], "response": g.text}
-                            for i, (r, g) in enumerate(zip(extra, more))]
-            posts.append(data["rl"])
+        to_annotate += _extra_policy_samples(cfg, data, sft)
         rng.shuffle(to_annotate)
         write_jsonl(tmp / "to_annotate.jsonl", to_annotate)
-        annotations = _annotate(cfg, tmp, *posts)
+        annotations = _annotate(cfg, tmp, *([data["train"], data["rl"]] if cfg.rm_extra_policy_samples else [data["train"]]))
         # the held-out share of the annotations without the extra samples: those all add to the training set, as
         # the refresh's annotations do
         n_eval = max(8, (len(annotations) - cfg.rm_extra_policy_samples) // 10)
@@ -352,6 +342,20 @@ def stage_reward_model(
             dst.parent.mkdir(parents=True, exist_ok=True)
             (shutil.copytree(src, dst, dirs_exist_ok=True) if src.is_dir() else shutil.copy(src, dst))
     return path / "model", _rm_report(path / "eval")
+
+
+def _extra_policy_samples(cfg: QuickstartConfig, data: dict[str, Path], sft: Path) -> list[dict[str, Any]]:
+    """``cfg.rm_extra_policy_samples`` more SFT-policy samples to annotate, one per RL prompt in turn."""
+    if not cfg.rm_extra_policy_samples:
+        return []
+    rl = _read_jsonl(data["rl"])
+    extra = [rl[i % len(rl)] for i in range(cfg.rm_extra_policy_samples)]
+    print(f"sampling {len(extra)} more summaries from the SFT policy on the RL prompts to annotate ...", flush=True)
+    # another seed: a prompt also in the train split must not get the same sample twice
+    more = generate_responses(sft, [r["prompt"] for r in extra], cfg.response_length, True, cfg.seed + 1,
+                              use_chat_template=cfg.use_chat_template)
+    return [{"id": f"policy-rl{i}-{r['id']}", "prompt": r["prompt"], "response": g.text}
+            for i, (r, g) in enumerate(zip(extra, more))]
 
 
 def _rm_prompt_format(cfg: QuickstartConfig) -> str:
