@@ -37,7 +37,8 @@ Bradley-Terry baseline asks for them. Methods (PPO reward modes of `policy_optim
 ``--variants`` adds the defences against reward-model exploitation (`VARIANTS`: a reward-model ensemble, an on-policy
 reward-model refresh, both) as learned-arm methods ``text2grad+<variant>`` and ``scalar_sum+<variant>``, and the
 refresh's equal-annotation control ``offline_matched`` (the reward model trained offline on as many more annotations,
-for as many more steps, as the refresh adds over a run: the SFT policy's samples on the prompts the refresh annotates).
+for as many more steps, as the refresh adds over a run: the SFT policy's samples on the prompts the refresh annotates)
+and its step control ``steps_matched`` (the reward model trained on its own annotations only, for as many more steps).
 ``--task_seeds`` runs the whole study on several task instances, each in ``<output_dir>/task_seed<N>``, and reports
 each instance and all pooled (`benchmarks/method_study_report.py` holds the statistics and the report).
 
@@ -192,6 +193,7 @@ class StudyContext:
     rm_ensemble: str = ""  # the reward-model ensemble (member-<k>/) of the ensemble variants
     rm_replay: str = ""  # the reward model's training annotations, replayed by the refresh variants
     rm_offline_matched: str = ""  # the reward model of the offline_matched variant (the refresh's control)
+    rm_steps_matched: str = ""  # the reward model of the steps_matched variant (the control's extra steps alone)
     sft_scores: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> scores
     start_fingerprint: str = ""  # `weights_fingerprint` of the SFT policy, recorded in every run's result
     sft_threads: int = 0  # the torch threads the SFT policy trained with (--sft_threads), recorded likewise
@@ -257,6 +259,13 @@ def _offline_matched(ctx: StudyContext) -> dict[str, Any]:
     return {"critic": "reward_model", "critic_kwargs": _rm_critic_kwargs(ctx.rm_offline_matched, ctx)}
 
 
+def _steps_matched(ctx: StudyContext) -> dict[str, Any]:
+    """The equal-annotation control's extra steps alone: a reward model trained on the base annotations only, for as
+    many more steps as the refresh adds (`refresh_budget`). offline_matched against this is what the extra
+    annotations add at equal steps; this against plain Text2Grad is what the steps add."""
+    return {"critic": "reward_model", "critic_kwargs": _rm_critic_kwargs(ctx.rm_steps_matched, ctx)}
+
+
 # Variants of a learned-arm method: PPOConfig fields (from the study's context) changed on top of its chosen setting,
 # here the defences against reward-model exploitation; a variant runs as its own method "<method>+<variant>" through
 # the sweep and final phases.
@@ -265,6 +274,7 @@ VARIANTS: dict[str, Callable[[StudyContext], dict[str, Any]]] = {
     "refresh": _refresh,
     "ensemble_refresh": lambda ctx: {**_ensemble(ctx), **_refresh(ctx)},
     "offline_matched": _offline_matched,
+    "steps_matched": _steps_matched,
 }
 ENSEMBLE_VARIANTS = ("ensemble", "ensemble_refresh")
 
@@ -910,9 +920,10 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         except Exception as exc:  # noqa: BLE001 - the ensemble variants are dropped (and said so), the study goes on
             print(f"[study] the reward-model ensemble could not be trained ({type(exc).__name__}: {exc}); the "
                   f"{', '.join(ENSEMBLE_VARIANTS)} variants are left out")
-    rm_offline_matched = ""
-    if any(m.partition("+")[2] == "offline_matched" for m in learned):
-        extra, steps = refresh_budget(args.iterations, args.batch_size or cfg.ppo_batch_size)
+    rm_offline_matched = rm_steps_matched = ""
+    variants = {m.partition("+")[2] for m in learned}
+    extra, steps = refresh_budget(args.iterations, args.batch_size or cfg.ppo_batch_size)
+    if "offline_matched" in variants:
         # the extra annotations are start-policy samples on the prompts the refresh annotates (raising n_annotations
         # would add none once the train split is used up: one response per post)
         matched_cfg = replace(cfg, rm_extra_policy_samples=extra, rm_steps=cfg.rm_steps + steps)
@@ -921,6 +932,12 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
               "the refresh adds)")
         rm_offline_matched = str(qs.stage_reward_model(matched_cfg, data, sft, rm_base, shared / "text2grad_rm_offline_matched",
                                                        stages)[0])
+    if "steps_matched" in variants:
+        steps_cfg = replace(cfg, rm_steps=cfg.rm_steps + steps)
+        print(f"[study] steps_matched: the reward model on its offline annotations only, for {steps_cfg.rm_steps} "
+              f"steps ({steps} more, as the refresh adds)")
+        rm_steps_matched = str(qs.stage_reward_model(steps_cfg, data, sft, rm_base, shared / "text2grad_rm_steps_matched",
+                                                     stages)[0])
     if "dense" in learned:
         dense_cfg = replace(cfg, critic="benchmarks.baselines:DenseFactCritic")
         dense_rm = str(qs.stage_reward_model(dense_cfg, data, sft, rm_base, shared / "dense_rm", stages)[0])
@@ -944,7 +961,7 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         response_length=cfg.response_length, kl_coef=cfg.kl_coef, target_kl=args.target_kl, out=str(out),
         kl_horizon=getattr(args, "kl_horizon", 10),
         use_chat_template=cfg.use_chat_template, ppo_fields=lora, rm_ensemble=rm_ensemble, rm_replay=rm_replay,
-        rm_offline_matched=rm_offline_matched,
+        rm_offline_matched=rm_offline_matched, rm_steps_matched=rm_steps_matched,
         checkpoint_runs=args.preset == "smollm2" if getattr(args, "checkpoint_runs", None) is None else args.checkpoint_runs,
     )
     ctx.sft_scores, ctx.start_fingerprint, ctx.sft_threads = sft_scores, fingerprint, sft_threads

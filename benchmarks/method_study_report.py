@@ -1349,6 +1349,11 @@ DEFENCE_CONTROLS = (
      "Text2Grad with the same ensemble, never refreshed"),
     ("text2grad+ensemble_refresh", "text2grad+refresh", "combination_vs_refresh",
      "Text2Grad with the same refresh of one reward model"),
+    # the equal-annotation control split in two: its extra annotations at equal steps, and its extra steps alone
+    ("text2grad+offline_matched", "text2grad+steps_matched", "annotations_vs_steps",
+     "Text2Grad with a reward model trained as many steps on the base annotations only (Text2Grad + steps_matched)"),
+    ("text2grad+steps_matched", "text2grad", "steps_vs_none",
+     "Text2Grad with the base reward model (as many annotations, fewer steps)"),
     # not equal information: the refresh adds annotations of its own (offline_matched is the control for that)
     ("text2grad+refresh", "text2grad", "refresh_vs_none",
      "Text2Grad with the same reward model, never refreshed (fewer annotations in all)"),

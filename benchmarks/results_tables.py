@@ -76,7 +76,8 @@ BASELINE_NAMES = {"scalar_collapsed": "scalar PPO", "dense": "dense-label PPO", 
                   "scalar_sum": "scalar PPO (summed span rewards)", "scalar_task": "scalar PPO (task score)"}
 # a defended baseline's defence, where its study name does not say it
 DEFENCE_NAMES = {"ensemble_refresh": "ensemble + refresh",
-                 "offline_matched": "the refresh's annotations offline"}
+                 "offline_matched": "the refresh's annotations offline",
+                 "steps_matched": "the refresh's steps offline"}
 
 
 def study_arm(study: dict[str, Any], arm: str) -> dict[str, Any] | None:

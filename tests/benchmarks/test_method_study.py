@@ -280,19 +280,21 @@ def test_a_variant_is_its_method_with_its_fields_changed(monkeypatch):
         ms.split_method("text2grad+nothing")
 
 
-@pytest.mark.parametrize("variant", ["ensemble", "refresh", "ensemble_refresh", "offline_matched"])
+@pytest.mark.parametrize("variant", ["ensemble", "refresh", "ensemble_refresh", "offline_matched", "steps_matched"])
 def test_the_defence_variants_are_valid_ppo_configs_changing_only_the_critic_side(variant):
     ctx = ms.StudyContext(sft="sft", rl="rl.jsonl", val_records=[], test_records=[], rm="shared/rm/model",
                           dense_rm="", scalar_rm="", iterations=90, eval_every=15, batch_size=16, response_length=40,
                           kl_coef=0.1, target_kl=6.0, out="out", rm_ensemble="shared/ens/model",
-                          rm_replay="shared/rm/rm_train.jsonl", rm_offline_matched="shared/matched/model")
+                          rm_replay="shared/rm/rm_train.jsonl", rm_offline_matched="shared/matched/model",
+                          rm_steps_matched="shared/steps/model")
     s = ms.Setting(1e-4, "fixed", 0.0)
     plain = ms._ppo_config(ctx, ms.RunSpec("learned", "text2grad", s, 0, "final"), "r")
     varied = ms._ppo_config(ctx, ms.RunSpec("learned", f"text2grad+{variant}", s, 0, "final"), "r")
     changed = {k for k in vars(plain) if getattr(plain, k) != getattr(varied, k)}
     ensemble = {"critic", "critic_kwargs"} if "ensemble" in variant else set()
-    if variant == "offline_matched":  # the same critic, another reward model
-        assert changed == {"critic_kwargs"} and varied.critic_kwargs == {**plain.critic_kwargs, "path": "shared/matched/model"}
+    if variant.endswith("_matched"):  # the same critic, another reward model
+        path = {"offline_matched": "shared/matched/model", "steps_matched": "shared/steps/model"}[variant]
+        assert changed == {"critic_kwargs"} and varied.critic_kwargs == {**plain.critic_kwargs, "path": path}
         return
     refresh = {"rm_refresh_every", "rm_refresh_critic", "rm_refresh_critic_kwargs", "rm_refresh_replay"} if "refresh" in variant else set()
     assert changed == ensemble | refresh
@@ -1569,6 +1571,41 @@ def test_the_refresh_control_gets_as_many_annotations_and_steps_as_the_refresh_a
     assert ms.refresh_budget(90, 16, steps_per_refresh=ms.PPOConfig().rm_refresh_steps) == ms.refresh_budget(90, 16)
 
 
+def test_the_refresh_controls_train_their_reward_models_with_the_refreshs_extra_annotations_and_steps(tmp_path, monkeypatch):
+    """offline_matched: the base annotations plus the refresh's 96 SFT-policy samples, for its 120 more steps;
+    steps_matched: the base annotations only, for as many more steps; each in a folder of its own."""
+    trained = {}
+
+    def stage_reward_model(cfg, data, sft, rm_base, folder, stages):
+        trained[Path(folder).name] = cfg
+        return Path(folder) / "model", None
+
+    (tmp_path / "split.jsonl").write_text("")
+    monkeypatch.setattr(ms.qs, "stage_data", lambda cfg, shared: {"val": tmp_path / "split.jsonl", "rl": "rl.jsonl",
+                                                                   "eval": tmp_path / "split.jsonl"})
+    monkeypatch.setattr(ms.qs, "stage_policy", lambda cfg, data: ("sft", "sft"))
+    monkeypatch.setattr(ms.qs, "stage_reward_model", stage_reward_model)
+    monkeypatch.setattr(ms, "is_adapter_only", lambda path: False)
+    monkeypatch.setattr(ms, "load_tokenizer", lambda path: None)
+    monkeypatch.setattr(ms, "load_causal_lm", lambda path: torch.nn.Linear(1, 1))
+    monkeypatch.setattr(ms, "_greedy", lambda *a: ({"fact_score": 0.0}, []))
+    monkeypatch.setattr(ms, "check_same_start", lambda *a: None)
+    monkeypatch.setenv("TEXT2GRAD_CACHE", str(tmp_path / "cache"))
+    args = argparse.Namespace(output_dir=str(tmp_path / "study"), task_seed=0, preset="ci", rm_annotations=0,
+                              iterations=90, batch_size=16, eval_every=15, target_kl=6.0)
+    ctx = ms.build_context(args, [("learned", "text2grad"), ("learned", "text2grad+offline_matched"),
+                                  ("learned", "text2grad+steps_matched")])
+    base, annotations, steps = (trained[name] for name in ("text2grad_rm", "text2grad_rm_offline_matched",
+                                                            "text2grad_rm_steps_matched"))
+    assert (annotations.rm_extra_policy_samples, annotations.rm_steps) == (96, base.rm_steps + 120)
+    assert (steps.rm_extra_policy_samples, steps.rm_steps) == (0, base.rm_steps + 120)
+    assert replace(steps, rm_steps=base.rm_steps) == base  # nothing else differs
+    assert ctx.rm_steps_matched.endswith("text2grad_rm_steps_matched/model") and ctx.rm_offline_matched != ctx.rm_steps_matched
+    trained.clear()
+    ctx = ms.build_context(args, [("learned", "text2grad")])  # no control asked for: none trained
+    assert set(trained) == {"text2grad_rm"} and ctx.rm_steps_matched == ctx.rm_offline_matched == ""
+
+
 def test_each_defence_is_compared_with_the_run_that_differs_only_by_it_seed_by_seed():
     def run(method, finals):
         return {"method": method, "arm": "learned", "final": dict(enumerate(finals))}
@@ -1603,7 +1640,7 @@ def test_each_defence_is_compared_with_the_run_that_differs_only_by_it_seed_by_s
     assert by_control["text2grad+ensemble"] == pytest.approx([0.3, 0.0, 0.3])
     assert by_control["text2grad+refresh"] == pytest.approx([-0.1, -0.2, 0.3])
     # the refresh against the same reward model never refreshed: plain Text2Grad, on instance 0 only here
-    defended, control, key, what = msr.DEFENCE_CONTROLS[4]
+    defended, control, key, what = msr.DEFENCE_CONTROLS[-1]
     assert (defended, control, key) == ("text2grad+refresh", "text2grad", "refresh_vs_none")
     lines, numbers = msr.control_lines(studies, "learned", defended, control, what)
     assert lines[0] == ("Text2Grad + refresh against Text2Grad with the same reward model, never refreshed (fewer "
@@ -1639,6 +1676,25 @@ def test_each_defence_is_compared_with_the_run_that_differs_only_by_it_seed_by_s
     studies[0]["final"]["learned/text2grad+refresh"]["reward_signal"]["reward/score_mean"] = 0.5
     assert not any("from good to poor" in x for x in
                    msr.control_lines(studies, "learned", *msr.DEFENCE_CONTROLS[0][:2], msr.DEFENCE_CONTROLS[0][3])[0])
+
+
+def test_the_equal_annotation_control_is_split_into_its_extra_annotations_and_its_extra_steps():
+    def run(method, finals):
+        return {"method": method, "arm": "learned", "final": dict(enumerate(finals))}
+    final = {f"learned/{m}": run(m, finals) for m, finals in {"text2grad": [0.1, 0.1, 0.1],
+                                                               "text2grad+steps_matched": [0.2, 0.3, 0.1],
+                                                               "text2grad+offline_matched": [0.2, 0.2, 0.2]}.items()}
+    controls = {key: (defended, control, what) for defended, control, key, what in msr.DEFENCE_CONTROLS}
+    defended, control, what = controls["annotations_vs_steps"]
+    assert (defended, control) == ("text2grad+offline_matched", "text2grad+steps_matched")
+    lines, numbers = msr.control_lines({1: {"final": final}}, "learned", defended, control, what)
+    assert lines[0] == ("Text2Grad + offline_matched against Text2Grad with a reward model trained as many steps on the "
+                        "base annotations only (Text2Grad + steps_matched), at the end:")
+    assert numbers["instances"][1]["diffs"] == pytest.approx([0.0, -0.1, 0.1])
+    defended, control, what = controls["steps_vs_none"]
+    lines, numbers = msr.control_lines({1: {"final": final}}, "learned", defended, control, what)
+    assert lines[0].startswith("Text2Grad + steps_matched against Text2Grad with the base reward model")
+    assert numbers["instances"][1]["diffs"] == pytest.approx([0.1, 0.2, 0.0])
 
 
 # ------------------------------------------------------------------------------------------------
