@@ -920,24 +920,23 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         except Exception as exc:  # noqa: BLE001 - the ensemble variants are dropped (and said so), the study goes on
             print(f"[study] the reward-model ensemble could not be trained ({type(exc).__name__}: {exc}); the "
                   f"{', '.join(ENSEMBLE_VARIANTS)} variants are left out")
-    rm_offline_matched = rm_steps_matched = ""
-    variants = {m.partition("+")[2] for m in learned}
+    # the refresh's controls: its extra annotations and steps offline, and its extra steps alone
     extra, steps = refresh_budget(args.iterations, args.batch_size or cfg.ppo_batch_size)
-    if "offline_matched" in variants:
+    controls = {
         # the extra annotations are start-policy samples on the prompts the refresh annotates (raising n_annotations
         # would add none once the train split is used up: one response per post)
-        matched_cfg = replace(cfg, rm_extra_policy_samples=extra, rm_steps=cfg.rm_steps + steps)
-        print(f"[study] offline_matched: the reward model on its offline annotations plus {extra} SFT-policy samples "
-              f"on the RL prompts, for {matched_cfg.rm_steps} steps ({extra} annotations and {steps} steps more, as "
-              "the refresh adds)")
-        rm_offline_matched = str(qs.stage_reward_model(matched_cfg, data, sft, rm_base, shared / "text2grad_rm_offline_matched",
-                                                       stages)[0])
-    if "steps_matched" in variants:
-        steps_cfg = replace(cfg, rm_steps=cfg.rm_steps + steps)
-        print(f"[study] steps_matched: the reward model on its offline annotations only, for {steps_cfg.rm_steps} "
-              f"steps ({steps} more, as the refresh adds)")
-        rm_steps_matched = str(qs.stage_reward_model(steps_cfg, data, sft, rm_base, shared / "text2grad_rm_steps_matched",
-                                                     stages)[0])
+        "offline_matched": (replace(cfg, rm_extra_policy_samples=extra, rm_steps=cfg.rm_steps + steps),
+                            f"its offline annotations plus {extra} SFT-policy samples on the RL prompts"),
+        "steps_matched": (replace(cfg, rm_steps=cfg.rm_steps + steps), "its offline annotations only"),
+    }
+    control_rms = {name: "" for name in controls}
+    for name, (control_cfg, annotations) in controls.items():
+        if any(m.partition("+")[2] == name for m in learned):
+            print(f"[study] {name}: the reward model on {annotations}, for {control_cfg.rm_steps} steps ("
+                  f"{control_cfg.rm_extra_policy_samples} annotations and {steps} steps beyond the base reward model's; "
+                  f"the refresh adds {extra} and {steps})")
+            control_rms[name] = str(qs.stage_reward_model(control_cfg, data, sft, rm_base, shared / f"text2grad_rm_{name}",
+                                                          stages)[0])
     if "dense" in learned:
         dense_cfg = replace(cfg, critic="benchmarks.baselines:DenseFactCritic")
         dense_rm = str(qs.stage_reward_model(dense_cfg, data, sft, rm_base, shared / "dense_rm", stages)[0])
@@ -961,7 +960,7 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         response_length=cfg.response_length, kl_coef=cfg.kl_coef, target_kl=args.target_kl, out=str(out),
         kl_horizon=getattr(args, "kl_horizon", 10),
         use_chat_template=cfg.use_chat_template, ppo_fields=lora, rm_ensemble=rm_ensemble, rm_replay=rm_replay,
-        rm_offline_matched=rm_offline_matched, rm_steps_matched=rm_steps_matched,
+        rm_offline_matched=control_rms["offline_matched"], rm_steps_matched=control_rms["steps_matched"],
         checkpoint_runs=args.preset == "smollm2" if getattr(args, "checkpoint_runs", None) is None else args.checkpoint_runs,
     )
     ctx.sft_scores, ctx.start_fingerprint, ctx.sft_threads = sft_scores, fingerprint, sft_threads
