@@ -38,7 +38,9 @@ Bradley-Terry baseline asks for them. Methods (PPO reward modes of `policy_optim
 reward-model refresh, both) as learned-arm methods ``text2grad+<variant>`` and ``scalar_sum+<variant>``, and the
 refresh's equal-annotation control ``offline_matched`` (the reward model trained offline on as many more annotations,
 for as many more steps, as the refresh adds over a run: the SFT policy's samples on the prompts the refresh annotates)
-and its step control ``steps_matched`` (the reward model trained on its own annotations only, for as many more steps).
+and its step control ``steps_matched`` (the reward model trained on its own annotations only, for as many more steps)
+and kind control ``swap_matched`` (the control's samples in place of as many noisy summaries, for as many more steps),
+and ``prompts_matched`` (as swap_matched, with noisy summaries of the same RL posts in place of the policy's samples).
 ``--task_seeds`` runs the whole study on several task instances, each in ``<output_dir>/task_seed<N>``, and reports
 each instance and all pooled (`benchmarks/method_study_report.py` holds the statistics and the report).
 
@@ -194,6 +196,8 @@ class StudyContext:
     rm_replay: str = ""  # the reward model's training annotations, replayed by the refresh variants
     rm_offline_matched: str = ""  # the reward model of the offline_matched variant (the refresh's control)
     rm_steps_matched: str = ""  # the reward model of the steps_matched variant (the control's extra steps alone)
+    rm_swap_matched: str = ""  # the reward model of the swap_matched variant (the control's extra samples' kind alone)
+    rm_prompts_matched: str = ""  # the reward model of the prompts_matched variant (the control's RL prompts alone)
     sft_scores: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> scores
     start_fingerprint: str = ""  # `weights_fingerprint` of the SFT policy, recorded in every run's result
     sft_threads: int = 0  # the torch threads the SFT policy trained with (--sft_threads), recorded likewise
@@ -266,6 +270,21 @@ def _steps_matched(ctx: StudyContext) -> dict[str, Any]:
     return {"critic": "reward_model", "critic_kwargs": _rm_critic_kwargs(ctx.rm_steps_matched, ctx)}
 
 
+def _swap_matched(ctx: StudyContext) -> dict[str, Any]:
+    """The equal-annotation control's extra samples by their kind alone: its SFT-policy samples on the RL prompts in
+    place of as many noisy summaries, for as many more steps, so the reward model trains on as many annotations as the
+    base one. offline_matched against this is what the samples add by their number; this against steps_matched is
+    what they add by their kind."""
+    return {"critic": "reward_model", "critic_kwargs": _rm_critic_kwargs(ctx.rm_swap_matched, ctx)}
+
+
+def _prompts_matched(ctx: StudyContext) -> dict[str, Any]:
+    """swap_matched with noisy summaries of the same RL posts in place of the SFT policy's samples: the reward model
+    has seen the prompts PPO trains on, but not the start policy's own mistakes there. swap_matched against this is
+    what the policy's samples add over covering their prompts; this against steps_matched is what the coverage adds."""
+    return {"critic": "reward_model", "critic_kwargs": _rm_critic_kwargs(ctx.rm_prompts_matched, ctx)}
+
+
 # Variants of a learned-arm method: PPOConfig fields (from the study's context) changed on top of its chosen setting,
 # here the defences against reward-model exploitation; a variant runs as its own method "<method>+<variant>" through
 # the sweep and final phases.
@@ -275,6 +294,8 @@ VARIANTS: dict[str, Callable[[StudyContext], dict[str, Any]]] = {
     "ensemble_refresh": lambda ctx: {**_ensemble(ctx), **_refresh(ctx)},
     "offline_matched": _offline_matched,
     "steps_matched": _steps_matched,
+    "swap_matched": _swap_matched,
+    "prompts_matched": _prompts_matched,
 }
 ENSEMBLE_VARIANTS = ("ensemble", "ensemble_refresh")
 
@@ -920,7 +941,8 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         except Exception as exc:  # noqa: BLE001 - the ensemble variants are dropped (and said so), the study goes on
             print(f"[study] the reward-model ensemble could not be trained ({type(exc).__name__}: {exc}); the "
                   f"{', '.join(ENSEMBLE_VARIANTS)} variants are left out")
-    # the refresh's controls: its extra annotations and steps offline, and its extra steps alone
+    # the refresh's controls: its extra annotations and steps offline, its extra steps alone, its extra annotations'
+    # kind alone (in place of as many noisy summaries), and their prompts alone (noisy summaries of the same posts)
     extra, steps = refresh_budget(args.iterations, args.batch_size or cfg.ppo_batch_size)
     controls = {
         # the extra annotations are start-policy samples on the prompts the refresh annotates (raising n_annotations
@@ -928,12 +950,21 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         "offline_matched": (replace(cfg, rm_extra_policy_samples=extra, rm_steps=cfg.rm_steps + steps),
                             f"its offline annotations plus {extra} SFT-policy samples on the RL prompts"),
         "steps_matched": (replace(cfg, rm_steps=cfg.rm_steps + steps), "its offline annotations only"),
+        "swap_matched": (replace(cfg, rm_extra_policy_samples=extra, rm_extra_replace_noisy=True,
+                                 rm_steps=cfg.rm_steps + steps),
+                         f"its offline annotations with {extra} SFT-policy samples on the RL prompts in place of as "
+                         "many noisy summaries"),
+        "prompts_matched": (replace(cfg, rm_extra_noisy_summaries=extra, rm_extra_replace_noisy=True,
+                                    rm_steps=cfg.rm_steps + steps),
+                            f"its offline annotations with {extra} noisy summaries of the RL posts in place of as many "
+                            "of the training posts'"),
     }
     control_rms = {name: "" for name in controls}
     for name, (control_cfg, annotations) in controls.items():
         if any(m.partition("+")[2] == name for m in learned):
-            print(f"[study] {name}: the reward model on {annotations}, for {control_cfg.rm_steps} steps ("
-                  f"{control_cfg.rm_extra_policy_samples} annotations and {steps} steps beyond the base reward model's; "
+            more = 0 if control_cfg.rm_extra_replace_noisy else control_cfg.rm_extra_policy_samples
+            print(f"[study] {name}: the reward model on {annotations}, for {control_cfg.rm_steps} steps ({more} "
+                  f"annotations and {steps} steps beyond the base reward model's; "
                   f"the refresh adds {extra} and {steps})")
             control_rms[name] = str(qs.stage_reward_model(control_cfg, data, sft, rm_base, shared / f"text2grad_rm_{name}",
                                                           stages)[0])
@@ -961,6 +992,7 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         kl_horizon=getattr(args, "kl_horizon", 10),
         use_chat_template=cfg.use_chat_template, ppo_fields=lora, rm_ensemble=rm_ensemble, rm_replay=rm_replay,
         rm_offline_matched=control_rms["offline_matched"], rm_steps_matched=control_rms["steps_matched"],
+        rm_swap_matched=control_rms["swap_matched"], rm_prompts_matched=control_rms["prompts_matched"],
         checkpoint_runs=args.preset == "smollm2" if getattr(args, "checkpoint_runs", None) is None else args.checkpoint_runs,
     )
     ctx.sft_scores, ctx.start_fingerprint, ctx.sft_threads = sft_scores, fingerprint, sft_threads

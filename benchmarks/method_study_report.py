@@ -1354,6 +1354,16 @@ DEFENCE_CONTROLS = (
      "Text2Grad with a reward model trained as many steps on the base annotations only (Text2Grad + steps_matched)"),
     ("text2grad+steps_matched", "text2grad", "steps_vs_none",
      "Text2Grad with the base reward model (as many annotations, fewer steps)"),
+    # the extra annotations split in two: their number (noisy summaries back in) and their kind at equal number
+    ("text2grad+offline_matched", "text2grad+swap_matched", "count_vs_kind",
+     "Text2Grad with the same samples in place of as many noisy summaries (Text2Grad + swap_matched)"),
+    ("text2grad+swap_matched", "text2grad+steps_matched", "kind_vs_steps",
+     "Text2Grad with a reward model trained as many steps on the base annotations only (Text2Grad + steps_matched)"),
+    # and their kind at equal number split again: the start policy's samples there, and the RL prompts they cover
+    ("text2grad+swap_matched", "text2grad+prompts_matched", "samples_vs_prompts",
+     "Text2Grad with noisy summaries of the same RL posts in place of those samples (Text2Grad + prompts_matched)"),
+    ("text2grad+prompts_matched", "text2grad+steps_matched", "prompts_vs_steps",
+     "Text2Grad with a reward model trained as many steps on the base annotations only (Text2Grad + steps_matched)"),
     # not equal information: the refresh adds annotations of its own (offline_matched is the control for that)
     ("text2grad+refresh", "text2grad", "refresh_vs_none",
      "Text2Grad with the same reward model, never refreshed (fewer annotations in all)"),

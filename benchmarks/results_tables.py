@@ -77,7 +77,9 @@ BASELINE_NAMES = {"scalar_collapsed": "scalar PPO", "dense": "dense-label PPO", 
 # a defended baseline's defence, where its study name does not say it
 DEFENCE_NAMES = {"ensemble_refresh": "ensemble + refresh",
                  "offline_matched": "the refresh's annotations offline",
-                 "steps_matched": "the refresh's steps offline"}
+                 "steps_matched": "the refresh's steps offline",
+                 "swap_matched": "the refresh's samples in place of noisy ones",
+                 "prompts_matched": "noisy summaries of the refresh's prompts"}
 
 
 def study_arm(study: dict[str, Any], arm: str) -> dict[str, Any] | None:

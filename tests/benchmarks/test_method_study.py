@@ -280,20 +280,23 @@ def test_a_variant_is_its_method_with_its_fields_changed(monkeypatch):
         ms.split_method("text2grad+nothing")
 
 
-@pytest.mark.parametrize("variant", ["ensemble", "refresh", "ensemble_refresh", "offline_matched", "steps_matched"])
+@pytest.mark.parametrize("variant", ["ensemble", "refresh", "ensemble_refresh", "offline_matched", "steps_matched",
+                                     "swap_matched", "prompts_matched"])
 def test_the_defence_variants_are_valid_ppo_configs_changing_only_the_critic_side(variant):
     ctx = ms.StudyContext(sft="sft", rl="rl.jsonl", val_records=[], test_records=[], rm="shared/rm/model",
                           dense_rm="", scalar_rm="", iterations=90, eval_every=15, batch_size=16, response_length=40,
                           kl_coef=0.1, target_kl=6.0, out="out", rm_ensemble="shared/ens/model",
                           rm_replay="shared/rm/rm_train.jsonl", rm_offline_matched="shared/matched/model",
-                          rm_steps_matched="shared/steps/model")
+                          rm_steps_matched="shared/steps/model", rm_swap_matched="shared/swap/model",
+                          rm_prompts_matched="shared/prompts/model")
     s = ms.Setting(1e-4, "fixed", 0.0)
     plain = ms._ppo_config(ctx, ms.RunSpec("learned", "text2grad", s, 0, "final"), "r")
     varied = ms._ppo_config(ctx, ms.RunSpec("learned", f"text2grad+{variant}", s, 0, "final"), "r")
     changed = {k for k in vars(plain) if getattr(plain, k) != getattr(varied, k)}
     ensemble = {"critic", "critic_kwargs"} if "ensemble" in variant else set()
     if variant.endswith("_matched"):  # the same critic, another reward model
-        path = {"offline_matched": "shared/matched/model", "steps_matched": "shared/steps/model"}[variant]
+        path = {"offline_matched": "shared/matched/model", "steps_matched": "shared/steps/model",
+                "swap_matched": "shared/swap/model", "prompts_matched": "shared/prompts/model"}[variant]
         assert changed == {"critic_kwargs"} and varied.critic_kwargs == {**plain.critic_kwargs, "path": path}
         return
     refresh = {"rm_refresh_every", "rm_refresh_critic", "rm_refresh_critic_kwargs", "rm_refresh_replay"} if "refresh" in variant else set()
@@ -1573,7 +1576,9 @@ def test_the_refresh_control_gets_as_many_annotations_and_steps_as_the_refresh_a
 
 def test_the_refresh_controls_train_their_reward_models_with_the_refreshs_extra_annotations_and_steps(tmp_path, monkeypatch):
     """offline_matched: the base annotations plus the refresh's 96 SFT-policy samples, for its 120 more steps;
-    steps_matched: the base annotations only, for as many more steps; each in a folder of its own."""
+    steps_matched: the base annotations only, for as many more steps; swap_matched: the same 96 samples in place of as
+    many noisy summaries, for as many more steps; prompts_matched: noisy summaries of the same RL posts in their place;
+    each in a folder of its own."""
     trained = {}
 
     def stage_reward_model(cfg, data, sft, rm_base, folder, stages):
@@ -1594,16 +1599,23 @@ def test_the_refresh_controls_train_their_reward_models_with_the_refreshs_extra_
     args = argparse.Namespace(output_dir=str(tmp_path / "study"), task_seed=0, preset="ci", rm_annotations=0,
                               iterations=90, batch_size=16, eval_every=15, target_kl=6.0)
     ctx = ms.build_context(args, [("learned", "text2grad"), ("learned", "text2grad+offline_matched"),
-                                  ("learned", "text2grad+steps_matched")])
-    base, annotations, steps = (trained[name] for name in ("text2grad_rm", "text2grad_rm_offline_matched",
-                                                            "text2grad_rm_steps_matched"))
+                                  ("learned", "text2grad+steps_matched"), ("learned", "scalar_sum+swap_matched"),
+                                  ("learned", "text2grad+prompts_matched")])
+    base, annotations, steps, swap, prompts = (trained[f"text2grad_rm{name}"] for name in (
+        "", "_offline_matched", "_steps_matched", "_swap_matched", "_prompts_matched"))
     assert (annotations.rm_extra_policy_samples, annotations.rm_steps) == (96, base.rm_steps + 120)
     assert (steps.rm_extra_policy_samples, steps.rm_steps) == (0, base.rm_steps + 120)
     assert replace(steps, rm_steps=base.rm_steps) == base  # nothing else differs
+    assert replace(swap, rm_extra_replace_noisy=False) == annotations  # the same samples, none added
+    assert swap.rm_extra_replace_noisy and not annotations.rm_extra_replace_noisy
+    assert ctx.rm_swap_matched.endswith("text2grad_rm_swap_matched/model")
+    assert replace(prompts, rm_extra_noisy_summaries=0, rm_extra_policy_samples=96) == swap  # the same 96 prompts
+    assert ctx.rm_prompts_matched.endswith("text2grad_rm_prompts_matched/model")
     assert ctx.rm_steps_matched.endswith("text2grad_rm_steps_matched/model") and ctx.rm_offline_matched != ctx.rm_steps_matched
     trained.clear()
     ctx = ms.build_context(args, [("learned", "text2grad")])  # no control asked for: none trained
-    assert set(trained) == {"text2grad_rm"} and ctx.rm_steps_matched == ctx.rm_offline_matched == ""
+    assert set(trained) == {"text2grad_rm"}
+    assert ctx.rm_steps_matched == ctx.rm_offline_matched == ctx.rm_swap_matched == ctx.rm_prompts_matched == ""
 
 
 def test_each_defence_is_compared_with_the_run_that_differs_only_by_it_seed_by_seed():
@@ -1695,6 +1707,35 @@ def test_the_equal_annotation_control_is_split_into_its_extra_annotations_and_it
     lines, numbers = msr.control_lines({1: {"final": final}}, "learned", defended, control, what)
     assert lines[0].startswith("Text2Grad + steps_matched against Text2Grad with the base reward model")
     assert numbers["instances"][1]["diffs"] == pytest.approx([0.1, 0.2, 0.0])
+
+
+def test_the_extra_annotations_are_split_into_their_number_and_their_kind():
+    def run(method, finals):
+        return {"method": method, "arm": "learned", "final": dict(enumerate(finals))}
+    final = {f"learned/{m}": run(m, finals) for m, finals in {"text2grad+steps_matched": [0.2, 0.3, 0.1],
+                                                               "text2grad+swap_matched": [0.25, 0.1, 0.1],
+                                                               "text2grad+offline_matched": [0.2, 0.2, 0.2]}.items()}
+    controls = {key: (defended, control, what) for defended, control, key, what in msr.DEFENCE_CONTROLS}
+    defended, control, what = controls["count_vs_kind"]
+    assert (defended, control) == ("text2grad+offline_matched", "text2grad+swap_matched")
+    lines, numbers = msr.control_lines({1: {"final": final}}, "learned", defended, control, what)
+    assert lines[0] == ("Text2Grad + offline_matched against Text2Grad with the same samples in place of as many noisy "
+                        "summaries (Text2Grad + swap_matched), at the end:")
+    assert numbers["instances"][1]["diffs"] == pytest.approx([-0.05, 0.1, 0.1])
+    defended, control, what = controls["kind_vs_steps"]
+    assert (defended, control) == ("text2grad+swap_matched", "text2grad+steps_matched")
+    lines, numbers = msr.control_lines({1: {"final": final}}, "learned", defended, control, what)
+    assert numbers["instances"][1]["diffs"] == pytest.approx([0.05, -0.2, 0.0])
+    final["learned/text2grad+prompts_matched"] = run("text2grad+prompts_matched", [0.15, 0.1, 0.3])
+    defended, control, what = controls["samples_vs_prompts"]
+    assert (defended, control) == ("text2grad+swap_matched", "text2grad+prompts_matched")
+    lines, numbers = msr.control_lines({1: {"final": final}}, "learned", defended, control, what)
+    assert lines[0].startswith("Text2Grad + swap_matched against Text2Grad with noisy summaries of the same RL posts")
+    assert numbers["instances"][1]["diffs"] == pytest.approx([0.1, 0.0, -0.2])
+    defended, control, what = controls["prompts_vs_steps"]
+    assert (defended, control) == ("text2grad+prompts_matched", "text2grad+steps_matched")
+    assert msr.control_lines({1: {"final": final}}, "learned", defended, control, what)[1]["instances"][1]["diffs"] \
+        == pytest.approx([-0.05, -0.2, 0.2])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,53 @@ def test_extra_policy_samples_are_annotated_on_the_rl_prompts_on_top_of_the_same
     assert more["kwargs"] == {"data_path": [str(data[30]["train"]), str(data[30]["rl"])]}
 
 
+def test_extra_policy_samples_in_place_of_noisy_summaries_keep_the_annotation_count(monkeypatch, tmp_path, bpe_tokenizer,
+                                                                                     tiny_llama):
+    """The control's samples by their kind alone: the same RL-prompt samples, but as many noisy summaries fewer, so the
+    reward model trains and is evaluated on as many annotations as the run without them; and its prompts alone: noisy
+    summaries of the same RL posts in their place."""
+    tiny_llama.save_pretrained(tmp_path / "sft")
+    bpe_tokenizer.save_pretrained(tmp_path / "sft")
+    calls = _annotate_everything(monkeypatch)
+    rows, sizes = {}, {}
+    for name, fields in (("base", {}), ("added", {"rm_extra_policy_samples": 30}),
+                         ("swapped", {"rm_extra_policy_samples": 30, "rm_extra_replace_noisy": True}),
+                         ("prompts", {"rm_extra_noisy_summaries": 30, "rm_extra_replace_noisy": True})):
+        cfg = resolve(QuickstartConfig(preset="ci", output_dir=str(tmp_path / name), cache_dir=str(tmp_path / "cache"),
+                                       n_train=200, n_rl=20, n_annotations=100, **fields))
+        model, _ = pipeline.stage_reward_model(cfg, pipeline.stage_data(cfg, tmp_path / name), tmp_path / "sft",
+                                               tmp_path / "sft", tmp_path / name, pipeline.StageClock(pipeline.STAGES))
+        rows[name] = {r["id"]: r for r in calls[-1]["rows"]}
+        sizes[name] = tuple(sum(1 for _ in iter_jsonl(model.parent / f)) for f in ("rm_train.jsonl", "rm_eval.jsonl"))
+    assert len(calls) == 4  # each its own reward model
+    kinds = {name: Counter(i.split("-")[0] + ("-rl" if "-rl" in i else "") for i in ids) for name, ids in rows.items()}
+    assert kinds["base"] == {"policy": 50, "noisy": 50}
+    assert kinds["swapped"] == {"policy": 50, "policy-rl": 30, "noisy": 20}
+    assert kinds["prompts"] == {"policy": 50, "noisy-rl": 30, "noisy": 20}
+    assert sizes["swapped"] == sizes["prompts"] == sizes["base"] and sizes["added"][0] == sizes["base"][0] + 30
+    prompts_of = {name: sorted(r["prompt"] for i, r in rows[name].items() if "-rl" in i) for name in ("swapped", "prompts")}
+    assert prompts_of["swapped"] == prompts_of["prompts"]  # the same RL posts, noisy summaries in place of samples
+    assert not any(r["response"].startswith("sample of ") for i, r in rows["prompts"].items() if "-rl" in i)
+    assert [[Path(f).name for f in c["kwargs"]["data_path"]] for c in calls[1:]] == [["train.jsonl", "rl.jsonl"]] * 3
+    assert set(rows["swapped"]) - set(rows["base"]) == set(rows["added"]) - set(rows["base"])  # the same extra samples
+    assert set(rows["swapped"]) < set(rows["added"])  # and the first 20 noisy summaries, unchanged
+
+
+def test_more_extra_samples_than_noisy_summaries_to_replace_is_refused_before_sampling(monkeypatch, tmp_path,
+                                                                                         bpe_tokenizer, tiny_llama):
+    tiny_llama.save_pretrained(tmp_path / "sft")
+    bpe_tokenizer.save_pretrained(tmp_path / "sft")
+    calls = _annotate_everything(monkeypatch)
+    cfg = resolve(QuickstartConfig(preset="ci", output_dir=str(tmp_path / "out"), cache_dir=str(tmp_path / "cache"),
+                                   n_train=200, n_rl=20, n_annotations=100, rm_extra_policy_samples=51,
+                                   rm_extra_replace_noisy=True))
+    with pytest.raises(ValueError, match="51 extra RL-prompt annotations cannot take the place of 50 noisy summaries of "
+                                         "training posts; ask for at most 50"):
+        pipeline.stage_reward_model(cfg, pipeline.stage_data(cfg, tmp_path / "out"), tmp_path / "sft", tmp_path / "sft",
+                                    tmp_path / "out", pipeline.StageClock(pipeline.STAGES))
+    assert calls == []
+
+
 def test_more_annotations_than_training_posts_says_how_many_are_annotated(monkeypatch, tmp_path, capsys, bpe_tokenizer,
                                                                           tiny_llama):
     """One response per training post: asking for more than the split holds annotates the split, and says so."""
@@ -141,3 +189,11 @@ def test_more_annotations_than_training_posts_says_how_many_are_annotated(monkey
 def test_a_negative_number_of_extra_policy_samples_is_refused():
     with pytest.raises(ValueError, match="rm_extra_policy_samples must be >= 0"):
         resolve(QuickstartConfig(preset="ci", rm_extra_policy_samples=-1))
+
+
+def test_replacing_noisy_summaries_without_extra_samples_is_refused():
+    with pytest.raises(ValueError, match="rm_extra_replace_noisy needs rm_extra_policy_samples or "
+                                         "rm_extra_noisy_summaries > 0"):
+        resolve(QuickstartConfig(preset="ci", rm_extra_replace_noisy=True))
+    with pytest.raises(ValueError, match="rm_extra_noisy_summaries must be >= 0"):
+        resolve(QuickstartConfig(preset="ci", rm_extra_noisy_summaries=-1))

@@ -279,6 +279,10 @@ def stage_reward_model(
            "args": cfg.rm_args, "seed": cfg.seed, "v": 3}
     if cfg.rm_extra_policy_samples:  # (the key of a run without them stays as it was)
         key["extra_policy_samples"] = cfg.rm_extra_policy_samples
+    if cfg.rm_extra_noisy_summaries:
+        key["extra_noisy_summaries"] = cfg.rm_extra_noisy_summaries
+    if cfg.rm_extra_replace_noisy:
+        key["extra_replaces_noisy"] = True
     if cfg.use_chat_template:  # templated samples and RM inputs (the key of a plain run stays as it was)
         key["chat_template"] = True
     path = _cache_root(cfg) / f"reward_model-{config_fingerprint(key)}"
@@ -294,6 +298,15 @@ def stage_reward_model(
             print(f"annotating {n_policy} SFT-policy samples and {n_noisy} noisy summaries: n_annotations "
                   f"{cfg.n_annotations} is capped at the {len(train)} training posts, one response each (more posts: "
                   "n_train; more policy samples, on the RL prompts: rm_extra_policy_samples)", flush=True)
+        n_extra = cfg.rm_extra_policy_samples + cfg.rm_extra_noisy_summaries
+        if cfg.rm_extra_replace_noisy:  # the annotation count stays; what the extra annotations are is what changes
+            if n_extra > n_noisy:
+                raise ValueError(f"rm_extra_replace_noisy: {n_extra} extra RL-prompt annotations cannot take the place "
+                                 f"of {n_noisy} noisy summaries of training posts; ask for at most {n_noisy} "
+                                 "(rm_extra_policy_samples + rm_extra_noisy_summaries), or raise n_annotations (or n_train)")
+            n_noisy -= n_extra
+            print(f"the {n_extra} extra RL-prompt annotations take the place of as many noisy summaries of training "
+                  f"posts: {n_noisy} of those are annotated", flush=True)
         print(f"sampling {n_policy} summaries from the SFT policy (temperature 1) to annotate ...", flush=True)
         picked = train[:n_policy]
         samples = [g.text for g in generate_responses(sft, [r["prompt"] for r in picked], cfg.response_length, True, cfg.seed,
@@ -306,13 +319,14 @@ def stage_reward_model(
             {"id": f"policy-{r['id']}", "prompt": r["prompt"], "response": s} for r, s in zip(picked, samples)
         ] + [{"id": f"noisy-{r['id']}", "prompt": r["prompt"], "response": noisy_summary(rng, r["facts"], hard, p_repeat=0.2)}
              for r in train[n_policy : n_policy + n_noisy]]
-        to_annotate += _extra_policy_samples(cfg, data, sft)
+        to_annotate += _extra_rl_annotations(cfg, data, sft, hard)
         rng.shuffle(to_annotate)
         write_jsonl(tmp / "to_annotate.jsonl", to_annotate)
-        annotations = _annotate(cfg, tmp, *([data["train"], data["rl"]] if cfg.rm_extra_policy_samples else [data["train"]]))
+        annotations = _annotate(cfg, tmp, *([data["train"], data["rl"]] if n_extra else [data["train"]]))
         # the held-out share of the annotations without the extra samples: those all add to the training set, as
-        # the refresh's annotations do
-        n_eval = max(8, (len(annotations) - cfg.rm_extra_policy_samples) // 10)
+        # the refresh's annotations do (in place of noisy summaries, they leave both sets' sizes as they were)
+        added = 0 if cfg.rm_extra_replace_noisy else n_extra
+        n_eval = max(8, (len(annotations) - added) // 10)
         write_jsonl(tmp / "rm_train.jsonl", annotations[n_eval:])
         write_jsonl(tmp / "rm_eval.jsonl", annotations[:n_eval])
         stages.start("reward model", f"{len(annotations) - n_eval} training / {n_eval} held-out annotations")
@@ -344,18 +358,26 @@ def stage_reward_model(
     return path / "model", _rm_report(path / "eval")
 
 
-def _extra_policy_samples(cfg: QuickstartConfig, data: dict[str, Path], sft: Path) -> list[dict[str, Any]]:
-    """``cfg.rm_extra_policy_samples`` more SFT-policy samples to annotate, one per RL prompt in turn."""
-    if not cfg.rm_extra_policy_samples:
-        return []
+def _extra_rl_annotations(cfg: QuickstartConfig, data: dict[str, Path], sft: Path,
+                          hard: TaskConfig) -> list[dict[str, Any]]:
+    """``cfg.rm_extra_policy_samples`` more SFT-policy samples and ``cfg.rm_extra_noisy_summaries`` more noisy
+    summaries (at the reward model's error rates, ``hard``) to annotate, each on the RL prompts in turn from the first."""
     rl = _read_jsonl(data["rl"])
-    extra = [rl[i % len(rl)] for i in range(cfg.rm_extra_policy_samples)]
-    print(f"sampling {len(extra)} more summaries from the SFT policy on the RL prompts to annotate ...", flush=True)
-    # another seed: a prompt also in the train split must not get the same sample twice
-    more = generate_responses(sft, [r["prompt"] for r in extra], cfg.response_length, True, cfg.seed + 1,
-                              use_chat_template=cfg.use_chat_template)
-    return [{"id": f"policy-rl{i}-{r['id']}", "prompt": r["prompt"], "response": g.text}
-            for i, (r, g) in enumerate(zip(extra, more))]
+    out = []
+    if cfg.rm_extra_policy_samples:
+        extra = [rl[i % len(rl)] for i in range(cfg.rm_extra_policy_samples)]
+        print(f"sampling {len(extra)} more summaries from the SFT policy on the RL prompts to annotate ...", flush=True)
+        # another seed: a prompt also in the train split must not get the same sample twice
+        more = generate_responses(sft, [r["prompt"] for r in extra], cfg.response_length, True, cfg.seed + 1,
+                                  use_chat_template=cfg.use_chat_template)
+        out += [{"id": f"policy-rl{i}-{r['id']}", "prompt": r["prompt"], "response": g.text}
+                for i, (r, g) in enumerate(zip(extra, more))]
+    if cfg.rm_extra_noisy_summaries:
+        rng = random.Random(cfg.seed + 1)  # its own: the training posts' noisy summaries stay as they were
+        posts = [rl[i % len(rl)] for i in range(cfg.rm_extra_noisy_summaries)]
+        out += [{"id": f"noisy-rl{i}-{r['id']}", "prompt": r["prompt"],
+                 "response": noisy_summary(rng, r["facts"], hard, p_repeat=0.2)} for i, r in enumerate(posts)]
+    return out
 
 
 def _rm_prompt_format(cfg: QuickstartConfig) -> str:

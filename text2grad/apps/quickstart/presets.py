@@ -123,6 +123,11 @@ def resolve(cfg: QuickstartConfig) -> QuickstartConfig:
         raise ValueError(f"decode_threads must be >= 0 (0: torch's default); got {out.decode_threads}")
     if out.rm_extra_policy_samples < 0:
         raise ValueError(f"rm_extra_policy_samples must be >= 0 (0: none); got {out.rm_extra_policy_samples}")
+    if out.rm_extra_noisy_summaries < 0:
+        raise ValueError(f"rm_extra_noisy_summaries must be >= 0 (0: none); got {out.rm_extra_noisy_summaries}")
+    if out.rm_extra_replace_noisy and not (out.rm_extra_policy_samples or out.rm_extra_noisy_summaries):
+        raise ValueError("rm_extra_replace_noisy needs rm_extra_policy_samples or rm_extra_noisy_summaries > 0 (the "
+                         "annotations that take the noisy summaries' place); got 0 and 0")
     if out.ppo_iterations < 1 or out.eval_every < 1 or out.n_val < 1 or out.rm_refresh_steps < 1:
         raise ValueError("ppo_iterations, eval_every, n_val and rm_refresh_steps must be >= 1")
     if out.sft_decay_steps and out.sft_decay_steps < out.sft_steps:

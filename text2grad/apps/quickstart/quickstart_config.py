@@ -84,6 +84,12 @@ class QuickstartConfig:
     rm_extra_policy_samples: int = config_field(
         0, "More SFT-policy samples to annotate on top of n_annotations, one per RL prompt in turn (the prompts PPO "
         "samples on): what a reward-model refresh would annotate had the policy never moved.")
+    rm_extra_noisy_summaries: int = config_field(
+        0, "More noisy summaries to annotate, of the RL posts in turn (the prompts rm_extra_policy_samples covers): "
+        "the RL prompts covered without the policy's samples.")
+    rm_extra_replace_noisy: bool = config_field(
+        False, "The extra RL-prompt annotations (rm_extra_policy_samples, rm_extra_noisy_summaries) take the place of "
+        "as many noisy summaries of training posts, so the reward model trains on as many annotations as without them.")
     rm_p_wrong: float = config_field(0.4, "Per-fact error rate of the generated half of the reward model's training responses.")
     rm_base_model: str | None = config_field(None, "Base of the reward model (default: the SFT policy).")
     reward_model: str | None = config_field(None, "An already trained reward model: skips annotation and RM training.")
