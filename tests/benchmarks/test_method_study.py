@@ -1690,52 +1690,38 @@ def test_each_defence_is_compared_with_the_run_that_differs_only_by_it_seed_by_s
                    msr.control_lines(studies, "learned", *msr.DEFENCE_CONTROLS[0][:2], msr.DEFENCE_CONTROLS[0][3])[0])
 
 
-def test_the_equal_annotation_control_is_split_into_its_extra_annotations_and_its_extra_steps():
-    def run(method, finals):
-        return {"method": method, "arm": "learned", "final": dict(enumerate(finals))}
-    final = {f"learned/{m}": run(m, finals) for m, finals in {"text2grad": [0.1, 0.1, 0.1],
-                                                               "text2grad+steps_matched": [0.2, 0.3, 0.1],
-                                                               "text2grad+offline_matched": [0.2, 0.2, 0.2]}.items()}
-    controls = {key: (defended, control, what) for defended, control, key, what in msr.DEFENCE_CONTROLS}
-    defended, control, what = controls["annotations_vs_steps"]
-    assert (defended, control) == ("text2grad+offline_matched", "text2grad+steps_matched")
-    lines, numbers = msr.control_lines({1: {"final": final}}, "learned", defended, control, what)
-    assert lines[0] == ("Text2Grad + offline_matched against Text2Grad with a reward model trained as many steps on the "
-                        "base annotations only (Text2Grad + steps_matched), at the end:")
-    assert numbers["instances"][1]["diffs"] == pytest.approx([0.0, -0.1, 0.1])
-    defended, control, what = controls["steps_vs_none"]
-    lines, numbers = msr.control_lines({1: {"final": final}}, "learned", defended, control, what)
-    assert lines[0].startswith("Text2Grad + steps_matched against Text2Grad with the base reward model")
-    assert numbers["instances"][1]["diffs"] == pytest.approx([0.1, 0.2, 0.0])
+# each split of the equal-annotation control: (key, defended, control, the first words of its header, diffs seed by
+# seed over the final scores below)
+CONTROL_SPLITS = [
+    ("annotations_vs_steps", "text2grad+offline_matched", "text2grad+steps_matched",
+     "Text2Grad + offline_matched against Text2Grad with a reward model trained as many steps on the base annotations "
+     "only (Text2Grad + steps_matched), at the end:", [0.0, -0.1, 0.1]),
+    ("steps_vs_none", "text2grad+steps_matched", "text2grad",
+     "Text2Grad + steps_matched against Text2Grad with the base reward model", [0.1, 0.2, 0.0]),
+    ("count_vs_kind", "text2grad+offline_matched", "text2grad+swap_matched",
+     "Text2Grad + offline_matched against Text2Grad with the same samples in place of as many noisy summaries "
+     "(Text2Grad + swap_matched), at the end:", [-0.05, 0.1, 0.1]),
+    ("kind_vs_steps", "text2grad+swap_matched", "text2grad+steps_matched",
+     "Text2Grad + swap_matched against Text2Grad with a reward model trained as many steps", [0.05, -0.2, 0.0]),
+    ("samples_vs_prompts", "text2grad+swap_matched", "text2grad+prompts_matched",
+     "Text2Grad + swap_matched against Text2Grad with noisy summaries of the same RL posts", [0.1, 0.0, -0.2]),
+    ("prompts_vs_steps", "text2grad+prompts_matched", "text2grad+steps_matched",
+     "Text2Grad + prompts_matched against Text2Grad with a reward model trained as many steps", [-0.05, -0.2, 0.2]),
+]
 
 
-def test_the_extra_annotations_are_split_into_their_number_and_their_kind():
-    def run(method, finals):
-        return {"method": method, "arm": "learned", "final": dict(enumerate(finals))}
-    final = {f"learned/{m}": run(m, finals) for m, finals in {"text2grad+steps_matched": [0.2, 0.3, 0.1],
-                                                               "text2grad+swap_matched": [0.25, 0.1, 0.1],
-                                                               "text2grad+offline_matched": [0.2, 0.2, 0.2]}.items()}
-    controls = {key: (defended, control, what) for defended, control, key, what in msr.DEFENCE_CONTROLS}
-    defended, control, what = controls["count_vs_kind"]
-    assert (defended, control) == ("text2grad+offline_matched", "text2grad+swap_matched")
-    lines, numbers = msr.control_lines({1: {"final": final}}, "learned", defended, control, what)
-    assert lines[0] == ("Text2Grad + offline_matched against Text2Grad with the same samples in place of as many noisy "
-                        "summaries (Text2Grad + swap_matched), at the end:")
-    assert numbers["instances"][1]["diffs"] == pytest.approx([-0.05, 0.1, 0.1])
-    defended, control, what = controls["kind_vs_steps"]
-    assert (defended, control) == ("text2grad+swap_matched", "text2grad+steps_matched")
-    lines, numbers = msr.control_lines({1: {"final": final}}, "learned", defended, control, what)
-    assert numbers["instances"][1]["diffs"] == pytest.approx([0.05, -0.2, 0.0])
-    final["learned/text2grad+prompts_matched"] = run("text2grad+prompts_matched", [0.15, 0.1, 0.3])
-    defended, control, what = controls["samples_vs_prompts"]
-    assert (defended, control) == ("text2grad+swap_matched", "text2grad+prompts_matched")
-    lines, numbers = msr.control_lines({1: {"final": final}}, "learned", defended, control, what)
-    assert lines[0].startswith("Text2Grad + swap_matched against Text2Grad with noisy summaries of the same RL posts")
-    assert numbers["instances"][1]["diffs"] == pytest.approx([0.1, 0.0, -0.2])
-    defended, control, what = controls["prompts_vs_steps"]
-    assert (defended, control) == ("text2grad+prompts_matched", "text2grad+steps_matched")
-    assert msr.control_lines({1: {"final": final}}, "learned", defended, control, what)[1]["instances"][1]["diffs"] \
-        == pytest.approx([-0.05, -0.2, 0.2])
+@pytest.mark.parametrize("key,defended,control,header,diffs", CONTROL_SPLITS, ids=[c[0] for c in CONTROL_SPLITS])
+def test_the_equal_annotation_control_is_split_into_its_steps_number_kind_and_prompts(key, defended, control, header,
+                                                                                        diffs):
+    finals = {"text2grad": [0.1, 0.1, 0.1], "text2grad+steps_matched": [0.2, 0.3, 0.1],
+              "text2grad+offline_matched": [0.2, 0.2, 0.2], "text2grad+swap_matched": [0.25, 0.1, 0.1],
+              "text2grad+prompts_matched": [0.15, 0.1, 0.3]}
+    final = {f"learned/{m}": {"method": m, "arm": "learned", "final": dict(enumerate(f))} for m, f in finals.items()}
+    controls = {k: (d, c, what) for d, c, k, what in msr.DEFENCE_CONTROLS}
+    assert controls[key][:2] == (defended, control)
+    lines, numbers = msr.control_lines({1: {"final": final}}, "learned", *controls[key])
+    assert lines[0].startswith(header)
+    assert numbers["instances"][1]["diffs"] == pytest.approx(diffs)
 
 
 # ------------------------------------------------------------------------------------------------
