@@ -40,7 +40,8 @@ refresh's equal-annotation control ``offline_matched`` (the reward model trained
 for as many more steps, as the refresh adds over a run: the SFT policy's samples on the prompts the refresh annotates)
 and its step control ``steps_matched`` (the reward model trained on its own annotations only, for as many more steps)
 and kind control ``swap_matched`` (the control's samples in place of as many noisy summaries, for as many more steps),
-and ``prompts_matched`` (as swap_matched, with noisy summaries of the same RL posts in place of the policy's samples).
+and ``prompts_matched`` (as swap_matched, with noisy summaries of the same RL posts in place of the policy's samples);
+``rl_covered`` annotates a noisy summary of every RL post in place of as many others, at the base reward model's steps.
 ``--task_seeds`` runs the whole study on several task instances, each in ``<output_dir>/task_seed<N>``, and reports
 each instance and all pooled (`benchmarks/method_study_report.py` holds the statistics and the report).
 
@@ -198,6 +199,7 @@ class StudyContext:
     rm_steps_matched: str = ""  # the reward model of the steps_matched variant (the control's extra steps alone)
     rm_swap_matched: str = ""  # the reward model of the swap_matched variant (the control's extra samples' kind alone)
     rm_prompts_matched: str = ""  # the reward model of the prompts_matched variant (the control's RL prompts alone)
+    rm_rl_covered: str = ""  # the reward model of the rl_covered variant (every RL post annotated, nothing added)
     sft_scores: dict[str, dict[str, float]] = field(default_factory=dict)  # split -> scores
     start_fingerprint: str = ""  # `weights_fingerprint` of the SFT policy, recorded in every run's result
     sft_threads: int = 0  # the torch threads the SFT policy trained with (--sft_threads), recorded likewise
@@ -285,6 +287,13 @@ def _prompts_matched(ctx: StudyContext) -> dict[str, Any]:
     return {"critic": "reward_model", "critic_kwargs": _rm_critic_kwargs(ctx.rm_prompts_matched, ctx)}
 
 
+def _rl_covered(ctx: StudyContext) -> dict[str, Any]:
+    """prompts_matched carried to every RL post and nothing added: a noisy summary of each post PPO trains on, in place
+    of as many of the training posts', for the base reward model's steps. Against plain Text2Grad this is what the
+    choice of posts to annotate does, at equal annotations and steps."""
+    return {"critic": "reward_model", "critic_kwargs": _rm_critic_kwargs(ctx.rm_rl_covered, ctx)}
+
+
 # Variants of a learned-arm method: PPOConfig fields (from the study's context) changed on top of its chosen setting,
 # here the defences against reward-model exploitation; a variant runs as its own method "<method>+<variant>" through
 # the sweep and final phases.
@@ -296,6 +305,7 @@ VARIANTS: dict[str, Callable[[StudyContext], dict[str, Any]]] = {
     "steps_matched": _steps_matched,
     "swap_matched": _swap_matched,
     "prompts_matched": _prompts_matched,
+    "rl_covered": _rl_covered,
 }
 ENSEMBLE_VARIANTS = ("ensemble", "ensemble_refresh")
 
@@ -941,8 +951,9 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         except Exception as exc:  # noqa: BLE001 - the ensemble variants are dropped (and said so), the study goes on
             print(f"[study] the reward-model ensemble could not be trained ({type(exc).__name__}: {exc}); the "
                   f"{', '.join(ENSEMBLE_VARIANTS)} variants are left out")
-    # the refresh's controls: its extra annotations and steps offline, its extra steps alone, its extra annotations'
-    # kind alone (in place of as many noisy summaries), and their prompts alone (noisy summaries of the same posts)
+    # the reward models of the annotation variants: the refresh's controls (its extra annotations and steps offline,
+    # its extra steps alone, its extra annotations' kind alone in place of as many noisy summaries, and their prompts
+    # alone: noisy summaries of the same posts), and every RL post annotated
     extra, steps = refresh_budget(args.iterations, args.batch_size or cfg.ppo_batch_size)
     controls = {
         # the extra annotations are start-policy samples on the prompts the refresh annotates (raising n_annotations
@@ -958,13 +969,17 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
                                     rm_steps=cfg.rm_steps + steps),
                             f"its offline annotations with {extra} noisy summaries of the RL posts in place of as many "
                             "of the training posts'"),
+        # not a control of the refresh: the same count and steps as the base reward model, every RL post among them
+        "rl_covered": (replace(cfg, rm_extra_noisy_summaries=cfg.n_rl, rm_extra_replace_noisy=True),
+                       f"its offline annotations with a noisy summary of each of the {cfg.n_rl} RL posts in place of as "
+                       "many of the training posts'"),
     }
     control_rms = {name: "" for name in controls}
     for name, (control_cfg, annotations) in controls.items():
         if any(m.partition("+")[2] == name for m in learned):
             more = 0 if control_cfg.rm_extra_replace_noisy else control_cfg.rm_extra_policy_samples
             print(f"[study] {name}: the reward model on {annotations}, for {control_cfg.rm_steps} steps ({more} "
-                  f"annotations and {steps} steps beyond the base reward model's; "
+                  f"annotations and {control_cfg.rm_steps - cfg.rm_steps} steps beyond the base reward model's; "
                   f"the refresh adds {extra} and {steps})")
             control_rms[name] = str(qs.stage_reward_model(control_cfg, data, sft, rm_base, shared / f"text2grad_rm_{name}",
                                                           stages)[0])
@@ -993,6 +1008,7 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         use_chat_template=cfg.use_chat_template, ppo_fields=lora, rm_ensemble=rm_ensemble, rm_replay=rm_replay,
         rm_offline_matched=control_rms["offline_matched"], rm_steps_matched=control_rms["steps_matched"],
         rm_swap_matched=control_rms["swap_matched"], rm_prompts_matched=control_rms["prompts_matched"],
+        rm_rl_covered=control_rms["rl_covered"],
         checkpoint_runs=args.preset == "smollm2" if getattr(args, "checkpoint_runs", None) is None else args.checkpoint_runs,
     )
     ctx.sft_scores, ctx.start_fingerprint, ctx.sft_threads = sft_scores, fingerprint, sft_threads

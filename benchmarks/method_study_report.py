@@ -1364,6 +1364,9 @@ DEFENCE_CONTROLS = (
      "Text2Grad with noisy summaries of the same RL posts in place of those samples (Text2Grad + prompts_matched)"),
     ("text2grad+prompts_matched", "text2grad+steps_matched", "prompts_vs_steps",
      "Text2Grad with a reward model trained as many steps on the base annotations only (Text2Grad + steps_matched)"),
+    # which posts the base annotations cover, at equal count and steps
+    ("text2grad+rl_covered", "text2grad", "rl_covered_vs_none",
+     "Text2Grad with the base reward model (as many annotations and steps, no RL post among them)"),
     # not equal information: the refresh adds annotations of its own (offline_matched is the control for that)
     ("text2grad+refresh", "text2grad", "refresh_vs_none",
      "Text2Grad with the same reward model, never refreshed (fewer annotations in all)"),

@@ -79,7 +79,8 @@ DEFENCE_NAMES = {"ensemble_refresh": "ensemble + refresh",
                  "offline_matched": "the refresh's annotations offline",
                  "steps_matched": "the refresh's steps offline",
                  "swap_matched": "the refresh's samples in place of noisy ones",
-                 "prompts_matched": "noisy summaries of the refresh's prompts"}
+                 "prompts_matched": "noisy summaries of the refresh's prompts",
+                 "rl_covered": "every RL post annotated"}
 
 
 def study_arm(study: dict[str, Any], arm: str) -> dict[str, Any] | None:

@@ -281,22 +281,23 @@ def test_a_variant_is_its_method_with_its_fields_changed(monkeypatch):
 
 
 @pytest.mark.parametrize("variant", ["ensemble", "refresh", "ensemble_refresh", "offline_matched", "steps_matched",
-                                     "swap_matched", "prompts_matched"])
+                                     "swap_matched", "prompts_matched", "rl_covered"])
 def test_the_defence_variants_are_valid_ppo_configs_changing_only_the_critic_side(variant):
     ctx = ms.StudyContext(sft="sft", rl="rl.jsonl", val_records=[], test_records=[], rm="shared/rm/model",
                           dense_rm="", scalar_rm="", iterations=90, eval_every=15, batch_size=16, response_length=40,
                           kl_coef=0.1, target_kl=6.0, out="out", rm_ensemble="shared/ens/model",
                           rm_replay="shared/rm/rm_train.jsonl", rm_offline_matched="shared/matched/model",
                           rm_steps_matched="shared/steps/model", rm_swap_matched="shared/swap/model",
-                          rm_prompts_matched="shared/prompts/model")
+                          rm_prompts_matched="shared/prompts/model", rm_rl_covered="shared/covered/model")
     s = ms.Setting(1e-4, "fixed", 0.0)
     plain = ms._ppo_config(ctx, ms.RunSpec("learned", "text2grad", s, 0, "final"), "r")
     varied = ms._ppo_config(ctx, ms.RunSpec("learned", f"text2grad+{variant}", s, 0, "final"), "r")
     changed = {k for k in vars(plain) if getattr(plain, k) != getattr(varied, k)}
     ensemble = {"critic", "critic_kwargs"} if "ensemble" in variant else set()
-    if variant.endswith("_matched"):  # the same critic, another reward model
+    if variant.endswith(("_matched", "_covered")):  # the same critic, another reward model
         path = {"offline_matched": "shared/matched/model", "steps_matched": "shared/steps/model",
-                "swap_matched": "shared/swap/model", "prompts_matched": "shared/prompts/model"}[variant]
+                "swap_matched": "shared/swap/model", "prompts_matched": "shared/prompts/model",
+                "rl_covered": "shared/covered/model"}[variant]
         assert changed == {"critic_kwargs"} and varied.critic_kwargs == {**plain.critic_kwargs, "path": path}
         return
     refresh = {"rm_refresh_every", "rm_refresh_critic", "rm_refresh_critic_kwargs", "rm_refresh_replay"} if "refresh" in variant else set()
@@ -1600,9 +1601,9 @@ def test_the_refresh_controls_train_their_reward_models_with_the_refreshs_extra_
                               iterations=90, batch_size=16, eval_every=15, target_kl=6.0)
     ctx = ms.build_context(args, [("learned", "text2grad"), ("learned", "text2grad+offline_matched"),
                                   ("learned", "text2grad+steps_matched"), ("learned", "scalar_sum+swap_matched"),
-                                  ("learned", "text2grad+prompts_matched")])
-    base, annotations, steps, swap, prompts = (trained[f"text2grad_rm{name}"] for name in (
-        "", "_offline_matched", "_steps_matched", "_swap_matched", "_prompts_matched"))
+                                  ("learned", "text2grad+prompts_matched"), ("learned", "text2grad+rl_covered")])
+    base, annotations, steps, swap, prompts, covered = (trained[f"text2grad_rm{name}"] for name in (
+        "", "_offline_matched", "_steps_matched", "_swap_matched", "_prompts_matched", "_rl_covered"))
     assert (annotations.rm_extra_policy_samples, annotations.rm_steps) == (96, base.rm_steps + 120)
     assert (steps.rm_extra_policy_samples, steps.rm_steps) == (0, base.rm_steps + 120)
     assert replace(steps, rm_steps=base.rm_steps) == base  # nothing else differs
@@ -1611,11 +1612,16 @@ def test_the_refresh_controls_train_their_reward_models_with_the_refreshs_extra_
     assert ctx.rm_swap_matched.endswith("text2grad_rm_swap_matched/model")
     assert replace(prompts, rm_extra_noisy_summaries=0, rm_extra_policy_samples=96) == swap  # the same 96 prompts
     assert ctx.rm_prompts_matched.endswith("text2grad_rm_prompts_matched/model")
+    # every RL post, at the base reward model's annotation count and steps
+    assert replace(covered, rm_extra_noisy_summaries=0, rm_extra_replace_noisy=False) == base
+    assert covered.rm_extra_noisy_summaries == base.n_rl > 0 and covered.rm_extra_replace_noisy
+    assert ctx.rm_rl_covered.endswith("text2grad_rm_rl_covered/model")
     assert ctx.rm_steps_matched.endswith("text2grad_rm_steps_matched/model") and ctx.rm_offline_matched != ctx.rm_steps_matched
     trained.clear()
     ctx = ms.build_context(args, [("learned", "text2grad")])  # no control asked for: none trained
     assert set(trained) == {"text2grad_rm"}
     assert ctx.rm_steps_matched == ctx.rm_offline_matched == ctx.rm_swap_matched == ctx.rm_prompts_matched == ""
+    assert ctx.rm_rl_covered == ""
 
 
 def test_each_defence_is_compared_with_the_run_that_differs_only_by_it_seed_by_seed():
@@ -1707,6 +1713,8 @@ CONTROL_SPLITS = [
      "Text2Grad + swap_matched against Text2Grad with noisy summaries of the same RL posts", [0.1, 0.0, -0.2]),
     ("prompts_vs_steps", "text2grad+prompts_matched", "text2grad+steps_matched",
      "Text2Grad + prompts_matched against Text2Grad with a reward model trained as many steps", [-0.05, -0.2, 0.2]),
+    ("rl_covered_vs_none", "text2grad+rl_covered", "text2grad",
+     "Text2Grad + rl_covered against Text2Grad with the base reward model (as many annotations and steps", [0.3, 0.0, 0.1]),
 ]
 
 
@@ -1715,7 +1723,7 @@ def test_the_equal_annotation_control_is_split_into_its_steps_number_kind_and_pr
                                                                                         diffs):
     finals = {"text2grad": [0.1, 0.1, 0.1], "text2grad+steps_matched": [0.2, 0.3, 0.1],
               "text2grad+offline_matched": [0.2, 0.2, 0.2], "text2grad+swap_matched": [0.25, 0.1, 0.1],
-              "text2grad+prompts_matched": [0.15, 0.1, 0.3]}
+              "text2grad+prompts_matched": [0.15, 0.1, 0.3], "text2grad+rl_covered": [0.4, 0.1, 0.2]}
     final = {f"learned/{m}": {"method": m, "arm": "learned", "final": dict(enumerate(f))} for m, f in finals.items()}
     controls = {k: (d, c, what) for d, c, k, what in msr.DEFENCE_CONTROLS}
     assert controls[key][:2] == (defended, control)

@@ -176,6 +176,7 @@ def test_the_headline_compares_text2grad_with_the_information_matched_baseline_o
     assert rt._baseline_name("learned/scalar_sum+steps_matched").endswith(" + the refresh's steps offline")
     assert rt._baseline_name("learned/scalar_sum+swap_matched").endswith(" + the refresh's samples in place of noisy ones")
     assert rt._baseline_name("learned/scalar_sum+prompts_matched").endswith(" + noisy summaries of the refresh's prompts")
+    assert rt._baseline_name("learned/scalar_sum+rl_covered").endswith(" + every RL post annotated")
     assert "| 0 (0.340) | 0.424 | 0.347 | +0.077 [+0.058, +0.096], ahead on 5 of 5 | 0.99 vs 0.01 |" in rows[0]
     assert rows[2].endswith("| scalar PPO (Bradley-Terry RM) -0.330 |")  # at the validation-picked KL, as both sides
     assert "| 0 (0.362) | 0.450 | 0.400 | +0.050 [+0.020, +0.080], ahead on 2 of 3 | 5.00 vs 6.00 | " \
