@@ -955,7 +955,7 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
     # its extra steps alone, its extra annotations' kind alone in place of as many noisy summaries, and their prompts
     # alone: noisy summaries of the same posts), and every RL post annotated
     extra, steps = refresh_budget(args.iterations, args.batch_size or cfg.ppo_batch_size)
-    controls = {
+    annotation_variants = {
         # the extra annotations are start-policy samples on the prompts the refresh annotates (raising n_annotations
         # would add none once the train split is used up: one response per post)
         "offline_matched": (replace(cfg, rm_extra_policy_samples=extra, rm_steps=cfg.rm_steps + steps),
@@ -974,14 +974,14 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
                        f"its offline annotations with a noisy summary of each of the {cfg.n_rl} RL posts in place of as "
                        "many of the training posts'"),
     }
-    control_rms = {name: "" for name in controls}
-    for name, (control_cfg, annotations) in controls.items():
+    variant_rms = {name: "" for name in annotation_variants}
+    for name, (variant_cfg, annotations) in annotation_variants.items():
         if any(m.partition("+")[2] == name for m in learned):
-            more = 0 if control_cfg.rm_extra_replace_noisy else control_cfg.rm_extra_policy_samples
-            print(f"[study] {name}: the reward model on {annotations}, for {control_cfg.rm_steps} steps ({more} "
-                  f"annotations and {control_cfg.rm_steps - cfg.rm_steps} steps beyond the base reward model's; "
+            more = 0 if variant_cfg.rm_extra_replace_noisy else variant_cfg.rm_extra_policy_samples
+            print(f"[study] {name}: the reward model on {annotations}, for {variant_cfg.rm_steps} steps ({more} "
+                  f"annotations and {variant_cfg.rm_steps - cfg.rm_steps} steps beyond the base reward model's; "
                   f"the refresh adds {extra} and {steps})")
-            control_rms[name] = str(qs.stage_reward_model(control_cfg, data, sft, rm_base, shared / f"text2grad_rm_{name}",
+            variant_rms[name] = str(qs.stage_reward_model(variant_cfg, data, sft, rm_base, shared / f"text2grad_rm_{name}",
                                                           stages)[0])
     if "dense" in learned:
         dense_cfg = replace(cfg, critic="benchmarks.baselines:DenseFactCritic")
@@ -1006,9 +1006,9 @@ def build_context(args: argparse.Namespace, keys: Sequence[tuple[str, str]]) -> 
         response_length=cfg.response_length, kl_coef=cfg.kl_coef, target_kl=args.target_kl, out=str(out),
         kl_horizon=getattr(args, "kl_horizon", 10),
         use_chat_template=cfg.use_chat_template, ppo_fields=lora, rm_ensemble=rm_ensemble, rm_replay=rm_replay,
-        rm_offline_matched=control_rms["offline_matched"], rm_steps_matched=control_rms["steps_matched"],
-        rm_swap_matched=control_rms["swap_matched"], rm_prompts_matched=control_rms["prompts_matched"],
-        rm_rl_covered=control_rms["rl_covered"],
+        rm_offline_matched=variant_rms["offline_matched"], rm_steps_matched=variant_rms["steps_matched"],
+        rm_swap_matched=variant_rms["swap_matched"], rm_prompts_matched=variant_rms["prompts_matched"],
+        rm_rl_covered=variant_rms["rl_covered"],
         checkpoint_runs=args.preset == "smollm2" if getattr(args, "checkpoint_runs", None) is None else args.checkpoint_runs,
     )
     ctx.sft_scores, ctx.start_fingerprint, ctx.sft_threads = sft_scores, fingerprint, sft_threads
