@@ -1338,6 +1338,8 @@ def frontier_dominance_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str,
     return lines, {"instances": per, "ahead": ahead, "points": points, "ahead_improving": ahead_improving}
 
 
+# the control several splits of the equal-annotation control are measured against
+_STEPS_MATCHED = "Text2Grad with a reward model trained as many steps on the base annotations only (Text2Grad + steps_matched)"
 # Each defence against the run that differs from it only by the defence, seed by seed at their chosen settings:
 # (defended method, control, key in study.json, what the comparison isolates)
 DEFENCE_CONTROLS = (
@@ -1351,19 +1353,19 @@ DEFENCE_CONTROLS = (
      "Text2Grad with the same refresh of one reward model"),
     # the equal-annotation control split in two: its extra annotations at equal steps, and its extra steps alone
     ("text2grad+offline_matched", "text2grad+steps_matched", "annotations_vs_steps",
-     "Text2Grad with a reward model trained as many steps on the base annotations only (Text2Grad + steps_matched)"),
+     _STEPS_MATCHED),
     ("text2grad+steps_matched", "text2grad", "steps_vs_none",
      "Text2Grad with the base reward model (as many annotations, fewer steps)"),
     # the extra annotations split in two: their number (noisy summaries back in) and their kind at equal number
     ("text2grad+offline_matched", "text2grad+swap_matched", "count_vs_kind",
      "Text2Grad with the same samples in place of as many noisy summaries (Text2Grad + swap_matched)"),
     ("text2grad+swap_matched", "text2grad+steps_matched", "kind_vs_steps",
-     "Text2Grad with a reward model trained as many steps on the base annotations only (Text2Grad + steps_matched)"),
+     _STEPS_MATCHED),
     # and their kind at equal number split again: the start policy's samples there, and the RL prompts they cover
     ("text2grad+swap_matched", "text2grad+prompts_matched", "samples_vs_prompts",
      "Text2Grad with noisy summaries of the same RL posts in place of those samples (Text2Grad + prompts_matched)"),
     ("text2grad+prompts_matched", "text2grad+steps_matched", "prompts_vs_steps",
-     "Text2Grad with a reward model trained as many steps on the base annotations only (Text2Grad + steps_matched)"),
+     _STEPS_MATCHED),
     # which posts the base annotations cover, at equal count and steps
     ("text2grad+rl_covered", "text2grad", "rl_covered_vs_none",
      "Text2Grad with the base reward model (as many annotations and steps, no RL post among them)"),

@@ -363,9 +363,10 @@ def _extra_rl_annotations(cfg: QuickstartConfig, data: dict[str, Path], sft: Pat
     """``cfg.rm_extra_policy_samples`` more SFT-policy samples and ``cfg.rm_extra_noisy_summaries`` more noisy
     summaries (at the reward model's error rates, ``hard``) to annotate, each on the RL prompts in turn from the first."""
     rl = _read_jsonl(data["rl"])
+    in_turn = lambda n: [rl[i % len(rl)] for i in range(n)]  # noqa: E731 - the RL posts from the first, again if need be
     out = []
     if cfg.rm_extra_policy_samples:
-        extra = [rl[i % len(rl)] for i in range(cfg.rm_extra_policy_samples)]
+        extra = in_turn(cfg.rm_extra_policy_samples)
         print(f"sampling {len(extra)} more summaries from the SFT policy on the RL prompts to annotate ...", flush=True)
         # another seed: a prompt also in the train split must not get the same sample twice
         more = generate_responses(sft, [r["prompt"] for r in extra], cfg.response_length, True, cfg.seed + 1,
@@ -374,7 +375,7 @@ def _extra_rl_annotations(cfg: QuickstartConfig, data: dict[str, Path], sft: Pat
                 for i, (r, g) in enumerate(zip(extra, more))]
     if cfg.rm_extra_noisy_summaries:
         rng = random.Random(cfg.seed + 1)  # its own: the training posts' noisy summaries stay as they were
-        posts = [rl[i % len(rl)] for i in range(cfg.rm_extra_noisy_summaries)]
+        posts = in_turn(cfg.rm_extra_noisy_summaries)
         out += [{"id": f"noisy-rl{i}-{r['id']}", "prompt": r["prompt"],
                  "response": noisy_summary(rng, r["facts"], hard, p_repeat=0.2)} for i, r in enumerate(posts)]
     return out
