@@ -1366,6 +1366,9 @@ DEFENCE_CONTROLS = (
      "Text2Grad with noisy summaries of the same RL posts in place of those samples (Text2Grad + prompts_matched)"),
     ("text2grad+prompts_matched", "text2grad+steps_matched", "prompts_vs_steps",
      _STEPS_MATCHED),
+    # the swap against the base recipe whole: what a user switching to it gets (its kind and its extra steps together)
+    ("text2grad+swap_matched", "text2grad", "swap_vs_none",
+     "Text2Grad with the base reward model (as many annotations, fewer steps, none of them on the RL prompts)"),
     # which posts the base annotations cover, at equal count and steps
     ("text2grad+rl_covered", "text2grad", "rl_covered_vs_none",
      "Text2Grad with the base reward model (as many annotations and steps, no RL post among them)"),

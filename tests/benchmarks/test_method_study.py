@@ -1713,6 +1713,9 @@ CONTROL_SPLITS = [
      "Text2Grad + swap_matched against Text2Grad with noisy summaries of the same RL posts", [0.1, 0.0, -0.2]),
     ("prompts_vs_steps", "text2grad+prompts_matched", "text2grad+steps_matched",
      "Text2Grad + prompts_matched against Text2Grad with a reward model trained as many steps", [-0.05, -0.2, 0.2]),
+    ("swap_vs_none", "text2grad+swap_matched", "text2grad",
+     "Text2Grad + swap_matched against Text2Grad with the base reward model (as many annotations, fewer steps",
+     [0.15, 0.0, 0.0]),
     ("rl_covered_vs_none", "text2grad+rl_covered", "text2grad",
      "Text2Grad + rl_covered against Text2Grad with the base reward model (as many annotations and steps", [0.3, 0.0, 0.1]),
 ]
