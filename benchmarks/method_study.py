@@ -294,6 +294,8 @@ def _rl_covered(ctx: StudyContext) -> dict[str, Any]:
     return {"critic": "reward_model", "critic_kwargs": _rm_critic_kwargs(ctx.rm_rl_covered, ctx)}
 
 
+# The methods a variant can be added to: Text2Grad and its information-matched baseline.
+VARIANT_METHODS = ("text2grad", "scalar_sum")
 # Variants of a learned-arm method: PPOConfig fields (from the study's context) changed on top of its chosen setting,
 # here the defences against reward-model exploitation; a variant runs as its own method "<method>+<variant>" through
 # the sweep and final phases.
@@ -693,14 +695,15 @@ def points_on_instance(points: Sequence[tuple[str, float, float, tuple[int, ...]
     return [(m, lr, c) for m, lr, c, only in points if only is None or task_seed in only]
 
 
-def method_keys(arms: Sequence[str], methods: Sequence[str], variants: Sequence[str] = ()) -> list[tuple[str, str]]:
+def method_keys(arms: Sequence[str], methods: Sequence[str], variants: Sequence[str] = (),
+                variant_methods: Sequence[str] = VARIANT_METHODS) -> list[tuple[str, str]]:
     """(arm, method) pairs: every method under every arm, but the critic-free ones (`CRITIC_FREE`) once, under
     their own arm (scalar_bt: learned, scalar_task: oracle) and only when that arm is studied; then each variant
-    ``method+variant`` of Text2Grad and the information-matched scalar_sum in the learned arm (the variants are
-    defences of a learned reward model)."""
+    ``method+variant`` of those of ``methods`` in ``variant_methods`` (Text2Grad and the information-matched
+    scalar_sum) in the learned arm (the variants are defences of a learned reward model)."""
     keys = [(a, m) for a in arms for m in methods if m not in CRITIC_FREE]
     keys += [(CRITIC_FREE[m], m) for m in methods if m in CRITIC_FREE and CRITIC_FREE[m] in arms]
-    keys += [("learned", f"{m}+{v}") for v in variants if "learned" in arms for m in methods if m in ("text2grad", "scalar_sum")]
+    keys += [("learned", f"{m}+{v}") for v in variants if "learned" in arms for m in methods if m in variant_methods]
     return keys
 
 
@@ -1201,6 +1204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "(e.g. benchmarks/results/method_study_v2), to commit them")
     parser.add_argument("--variants", nargs="*", default=[], choices=list(VARIANTS),
                         help="variants of text2grad and scalar_sum to add as methods (PPOConfig fields of VARIANTS)")
+    parser.add_argument("--variant_methods", nargs="+", default=list(VARIANT_METHODS), choices=list(VARIANT_METHODS),
+                        help="which of --methods get the --variants (default both: a defended Text2Grad is compared "
+                             "with scalar_sum under the same defence; text2grad alone where that pair is not run)")
     parser.add_argument("--iterations", type=int, default=90, help="PPO iterations per run (x --batch_size rollouts)")
     parser.add_argument("--eval_every", type=int, default=15)
     parser.add_argument("--sweep_knobs", nargs="+", default=["lambda", "lr", "kl"], choices=["lambda", "lr", "kl"],
@@ -1239,7 +1245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=max(1, len(os.sched_getaffinity(0))), help="runs at a time (one thread each)")
     args = parser.parse_args(argv)
     try:
-        keys = method_keys(args.arms, args.methods, args.variants)
+        keys = method_keys(args.arms, args.methods, args.variants, args.variant_methods)
         frontier_keys(keys, args.frontier_methods)
         args.frontier_points = parse_frontier_points(args.frontier_points, keys,
                                                      args.task_seeds if args.task_seeds else [args.task_seed])
@@ -1346,7 +1352,7 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
     study (also written there as study.json, study.md and the plots). ``--phases report`` alone trains nothing: it
     reads whatever runs have finished (a study still running, or one copied back with --resume_from)."""
     t0 = time.perf_counter()
-    keys = method_keys(args.arms, args.methods, args.variants)
+    keys = method_keys(args.arms, args.methods, args.variants, args.variant_methods)
     base = Setting(lr=args.base_lr, kl="fixed", lam=args.base_lambda)
     study_path = Path(args.output_dir) / "study.json"
     study: dict[str, Any] = json.loads(study_path.read_text()) if study_path.is_file() else {}

@@ -275,6 +275,9 @@ def test_a_variant_is_its_method_with_its_fields_changed(monkeypatch):
     varied = ms._ppo_config(ctx, ms.RunSpec("learned", "text2grad+whitened", s, 0, "final"), "r")
     assert {k for k in vars(plain) if getattr(plain, k) != getattr(varied, k)} == {"whiten_rewards"}
     assert ("learned", "scalar_sum+whitened") in ms.method_keys(["learned"], ["text2grad", "scalar_sum"], ["whitened"])
+    # --variant_methods text2grad: the variant for Text2Grad only (scalar_sum is still run plain)
+    assert ms.method_keys(["learned"], ["text2grad", "scalar_sum"], ["whitened"], ["text2grad"]) == [
+        ("learned", "text2grad"), ("learned", "scalar_sum"), ("learned", "text2grad+whitened")]
     assert ms.method_label("text2grad+whitened") == "Text2Grad (span rewards) + whitened"
     with pytest.raises(ValueError, match="unknown method 'text2grad\\+nothing'"):
         ms.split_method("text2grad+nothing")
