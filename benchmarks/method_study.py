@@ -296,6 +296,7 @@ def _rl_covered(ctx: StudyContext) -> dict[str, Any]:
 
 # The methods a variant can be added to: Text2Grad and its information-matched baseline.
 VARIANT_METHODS = ("text2grad", "scalar_sum")
+
 # Variants of a learned-arm method: PPOConfig fields (from the study's context) changed on top of its chosen setting,
 # here the defences against reward-model exploitation; a variant runs as its own method "<method>+<variant>" through
 # the sweep and final phases.
