@@ -1081,7 +1081,8 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
             low = c["lowest"]
             lines.append(f"Task instance {ts}: none of the {c['tried']} KL settings tried stays within the baseline's "
                          f"({base}) {c['budget']:.2f} nats; the lowest, {low['kl_setting']}, ends at "
-                         f"{low['kl_end'][0]:.2f} nats with {_pm(low['final_mean_ci'])}.{looser}")
+                         f"{low['kl_end'][0]:.2f} nats with {_pm(low['final_mean_ci'])}."
+                         + (f" {_unmoved_baseline_sentence(c)}" if _baseline_unmoved(c) else "") + looser)
             continue
         worst = largest_fall(p.get("val_fall", {}))
         lines.append(f"Task instance {ts}: KL {p['kl_setting']} ends at {_pm(p['final_mean_ci'])} with KL "
@@ -1100,11 +1101,32 @@ def kl_matched_lines(studies: Mapping[Any, Mapping[str, Any]], arm: str, method:
                         else f"The goal is met on none of the {len(per)} instances.")
                      + (f" On instance(s) {', '.join(flat)} it is met without {name} improving on the start policy "
                         f"by {START_GAIN} or more." if flat else ""))
-    if len(matched) < len(per):
-        missing = [str(ts) for ts in per if ts not in matched]
+    unmoved = [str(ts) for ts, c in per.items() if c["pair"] is None and _baseline_unmoved(c)]
+    missing = [str(ts) for ts, c in per.items() if c["pair"] is None and not _baseline_unmoved(c)]
+    if missing:
         lines.append(f"On instance(s) {', '.join(missing)} no {name} setting tried stays within the baseline's KL, "
                      f"so there the comparison at matched KL is still open.")
+    if unmoved:
+        lines.append(f"On instance(s) {', '.join(unmoved)} the baseline's policy has not measurably left its start "
+                     f"(mean final KL at or below 0), so there the KL condition leaves {name} no room to learn: it "
+                     f"holds only for a policy that stays where it started.")
     return lines, {"instances": per, "pooled": pooled if matched else None}
+
+
+def _baseline_unmoved(c: Mapping[str, Any]) -> bool:
+    """Whether the baseline of a KL-matched comparison (`kl_matched`) ends at a mean final KL at or below 0. Its KL
+    is the mean over the last rollouts of log pi(y) - log pi_start(y), whose expectation is 0 for the start policy
+    itself and positive for any other, so such a budget is met, in expectation, by standing still only."""
+    return c["budget"] <= 0
+
+
+def _unmoved_baseline_sentence(c: Mapping[str, Any]) -> str:
+    """Where `_baseline_unmoved`: what the baseline's score did, so that a KL budget nothing can meet reads as
+    the baseline not learning, not as a setting left untried."""
+    score = "" if math.isnan(c["sft"]) else (f" (it ends {c['base'][0] - c['sft']:+.3f} from the start policy's "
+                                             f"{c['sft']:.3f})")
+    return (f"That is at or below 0, the start policy's own value: the baseline's policy has not measurably "
+            f"moved{score}, so only a setting that does not learn could stay within it.")
 
 
 def _no_gain_sentence(c: Mapping[str, Any], name: str) -> str:

@@ -1459,6 +1459,34 @@ def test_held_to_a_baseline_that_a_looser_penalty_does_not_move_the_report_says_
         "it moves 0.56 nats further from the start policy, and its score changes by +0.030.")
 
 
+def test_held_to_a_baseline_that_never_left_its_start_the_report_says_the_kl_condition_leaves_no_room():
+    """A baseline whose mean final KL is at or below 0 (here -0.01 nats, 0.002 below the start policy) has not moved:
+    no Text2Grad setting that learns can stay within it, and the report says that instead of calling the comparison
+    open; an instance whose baseline did move (0.04 nats) is still called open."""
+    text2grad = [_point("fixed 0.1", [0, 1], 0.40, [0.42, 0.41], 0.92), _point("fixed 1", [0, 1], 0.33, [0.36, 0.35], 0.14)]
+
+    def study(base_kl):
+        base = {**_point("fixed 0.1", [0, 1], 0.30, [0.338, 0.338], base_kl), "chosen": True}
+        return {"kl_frontier": {"learned/text2grad": text2grad, "learned/scalar_sum": [base]},
+                "final": {"learned/scalar_sum": {"method": "scalar_sum", "arm": "learned", "final_mean_ci": (0.338, 0.0),
+                                                 "kl_end": (base_kl, 0.0), "final": {0: 0.338, 1: 0.338}}},
+                "sft": {"test": {"fact_score": 0.34}}}
+
+    lines, numbers = msr.kl_matched_lines({0: study(-0.01), 1: study(0.04)}, "learned", "text2grad", "scalar_sum")
+    assert [c["point"] for c in numbers["instances"].values()] == [None, None]
+    assert lines[1].endswith("-0.01 nats; the lowest, fixed 1, ends at 0.14 nats with 0.355 ± 0.000. That is at or "
+                             "below 0, the start policy's own value: the baseline's policy has not measurably moved (it "
+                             "ends -0.002 from the start policy's 0.340), so only a setting that does not learn could "
+                             "stay within it.")
+    assert "start policy's own value" not in lines[2]
+    assert lines[3:] == [
+        "On instance(s) 1 no Text2Grad setting tried stays within the baseline's KL, so there the comparison at matched "
+        "KL is still open.",
+        "On instance(s) 0 the baseline's policy has not measurably left its start (mean final KL at or below 0), so "
+        "there the KL condition leaves Text2Grad no room to learn: it holds only for a policy that stays where it "
+        "started."]
+
+
 def test_held_to_a_baselines_kl_the_baseline_sits_at_its_own_validation_pick_not_the_sweeps_setting():
     """The sweep chose the baseline's fixed 0.1 (0.04 nats), but its own validation score picks fixed 0.03 (0.60
     nats), as a user tuning it would: Text2Grad is held to 0.60 nats, and the looser-penalty sentence starts there."""
