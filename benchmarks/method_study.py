@@ -50,7 +50,9 @@ directly, which isolates credit assignment; ``learned`` = the generative reward 
 annotations gives it, as in the paper.
 
 Phases (each resumable: a run whose ``result.json`` exists is not run again; with ``--checkpoint_runs``, on by
-default for ``--preset smollm2``, a run killed midway resumes from its last evaluation point):
+default for ``--preset smollm2``, a run killed midway resumes from its last evaluation point). Several study processes
+may share one folder and one task instance (e.g. one run each, ``--seeds 3 --jobs 1``, queued n at a time): each run
+writes only its own folder, and the instance's data and reports are replaced whole, never torn:
 
 - ``sweep``: per (arm, method) a coordinate search on the VALIDATION split, seed ``--sweep_seed``: GAE lambda in
   {0, 0.95, 1.0} at the base setting, then the learning rate around the base at the best lambda, then KL control:
@@ -141,7 +143,7 @@ from benchmarks.method_study_report import (  # noqa: E402
     SCALAR_METHODS, Setting, choose, control_lines, edge_lines, end_score, early_stopped, frontier_plot, grid_position,
     frontier_dominance_lines, kl_baselines, kl_matched_lines, matched_baseline, matched_comparisons,
     kl_on_validation_lines, markdown, matched_on_validation, mean_ci95, method_label, paper_comparison, plot,
-    pooled_lines, pooled_markdown, summarize_ablations, summarize_final, summarize_frontier,
+    pooled_lines, pooled_markdown, summarize_ablations, summarize_final, summarize_frontier, write_whole,
 )
 
 
@@ -519,10 +521,7 @@ def run_one(ctx: StudyContext, spec: RunSpec) -> dict[str, Any]:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    tmp.replace(path)
+    write_whole(path, json.dumps(obj, indent=1, default=str))
 
 
 def _load_result(ctx: StudyContext, spec: RunSpec) -> dict[str, Any] | None:
@@ -550,8 +549,7 @@ def copy_results(src: Path, dst: Path, reports: bool = False) -> int:
         target = Path(dst) / rel
         if target.exists() and not (reports and path.name in REPORT_FILES):
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target)
+        write_whole(target, path.read_bytes())  # whole: processes resuming side by side copy the same files
         copied += 1
     return copied
 
@@ -1321,7 +1319,7 @@ def write_pooled_report(studies: Mapping[int, Mapping[str, Any]], out: Path, com
     _write_json(out / "study.json", study)
     frontier_plot(studies, out / "frontier.png")
     md = pooled_markdown(studies, pooled, command, machine=shared.get("machine"))
-    (out / "study.md").write_text(md + "\n")
+    write_whole(out / "study.md", md + "\n")
     print(md)
     return study
 
@@ -1439,7 +1437,7 @@ def run_instance(args: argparse.Namespace, command: str) -> dict[str, Any]:
         plot(study["final"], Path(args.output_dir) / "curves.png")
         frontier_plot({args.task_seed: study}, Path(args.output_dir) / "frontier.png")
     md = markdown(study)
-    (Path(args.output_dir) / "study.md").write_text(md + "\n")
+    write_whole(Path(args.output_dir) / "study.md", md + "\n")
     print(md)
     return study
 

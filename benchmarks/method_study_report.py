@@ -7,10 +7,12 @@ calls these; tests/benchmarks/test_method_study.py checks them on hand-made resu
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import statistics
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -65,6 +67,30 @@ class Setting:
     @property
     def kl_tag(self) -> str:
         return self.kl if self.kl_coef is None else f"{self.kl}{self.kl_coef:g}"
+
+
+def write_whole(path: Path, content: str | bytes) -> None:
+    """Replace ``path`` with ``content`` in one step: written to a file of this call's own, then renamed over it, so
+    study processes writing the same report at once each leave a whole file, never a torn mix."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        if isinstance(content, bytes):
+            tmp.write_bytes(content)
+        else:
+            tmp.write_text(content)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def save_figure(fig, png: Path, **kwargs: Any) -> None:
+    """``fig.savefig`` as one whole-file write (``write_whole``)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", **kwargs)
+    write_whole(png, buf.getvalue())
 
 
 def method_label(name: str) -> str:
@@ -644,7 +670,7 @@ def plot(summary: Mapping[str, Any], png: Path) -> None:
         ax.set_ylabel("test fact score")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    save_figure(fig, png, dpi=110)
     plt.close(fig)
 
 
@@ -1497,7 +1523,7 @@ def frontier_plot(studies: Mapping[Any, Mapping[str, Any]], png: Path) -> None:
         ax.set_ylabel("test fact score at the end")
         ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))  # beside the points, not over them
     fig.tight_layout()
-    fig.savefig(png, dpi=110, bbox_inches="tight")  # the legend sits outside the axes
+    save_figure(fig, png, dpi=110, bbox_inches="tight")  # the legend sits outside the axes
     plt.close(fig)
 
 
@@ -1599,9 +1625,9 @@ def regenerate(folder: Path) -> str:
     if study.get("final"):
         study["matched"] = matched_comparisons(study)
         study["matched_on_validation"] = matched_on_validation(study)
-    path.write_text(json.dumps(study, indent=1, default=str))
+    write_whole(path, json.dumps(study, indent=1, default=str))
     md = markdown(study)
-    (Path(folder) / "study.md").write_text(md + "\n")
+    write_whole(Path(folder) / "study.md", md + "\n")
     return md
 
 

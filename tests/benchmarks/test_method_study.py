@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -1980,3 +1981,28 @@ def test_a_section_with_nothing_to_say_leaves_no_gap_in_the_report():
     md = msr.markdown(study)
     assert "\n\n\n" not in md and not md.startswith("\n") and not md.endswith("\n")
     assert "\n\nText2Grad against the information-matched baseline:\n" in md  # paragraphs still apart
+
+
+def test_study_processes_writing_one_report_at_once_each_leave_it_whole(tmp_path):
+    # several study processes on one task instance rewrite its study.md, study.json and plots as they finish
+    path, start, errors = tmp_path / "study.md", threading.Barrier(4), []
+    versions = [f"report of writer {w}\n" * (2000 + 500 * w) for w in range(4)]
+
+    def write_many(text):
+        start.wait()
+        try:
+            for _ in range(60):
+                msr.write_whole(path, text)
+        except OSError as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=write_many, args=(v,)) for v in versions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and path.read_text() in versions
+    msr.write_whole(tmp_path / "plot.png", b"\x89PNG")
+    assert (tmp_path / "plot.png").read_bytes() == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plot.png", "study.md"]
+

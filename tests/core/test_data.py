@@ -1,6 +1,7 @@
 """Loading records from JSONL / JSON / datasets directories, with clear errors."""
 
 import json
+import threading
 
 import datasets
 import pytest
@@ -16,6 +17,29 @@ def test_jsonl_json_and_field_map(tmp_path):
         out = load_records(tmp_path / path, field_map={"prompt": "post", "response": "summary"}, required=("prompt", "response"))
         assert [r["prompt"] for r in out] == ["p1", "p2"] and out[1]["response"] == "s2"
     assert len(load_records(tmp_path / "d.jsonl", limit=1)) == 1
+
+
+def test_writers_of_the_same_file_at_once_neither_fail_nor_tear_it(tmp_path):
+    # two study processes on one task instance both write its data files; each must land whole
+    path, start, errors = tmp_path / "d.jsonl", threading.Barrier(4), []
+    versions = [[{"writer": w, "line": i, "text": "x" * 200} for i in range(50)] for w in range(4)]
+
+    def write_many(records):
+        start.wait()
+        try:
+            for _ in range(100):
+                write_jsonl(path, records)
+        except OSError as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=write_many, args=(v,)) for v in versions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert list(iter_jsonl(path)) in versions
+    assert [p.name for p in tmp_path.iterdir()] == ["d.jsonl"]
 
 
 def test_missing_field_error_names_record_and_field(tmp_path):

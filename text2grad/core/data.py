@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import string
+import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -127,14 +128,19 @@ def record_id(record: Mapping[str, Any], index: int) -> str:
 
 
 def write_jsonl(path: str | Path, records: list[Mapping[str, Any]]) -> None:
-    """Write records atomically (a temp file then rename), so readers never see half a file."""
+    """Write records atomically (a temp file then rename), so readers never see half a file. Each call writes its own
+    temp file, so processes writing the same file at once (two study runs on one task instance) each land whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")  # a name of its own; the umask's permissions
+    try:
+        with tmp.open("x", encoding="utf-8") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def append_jsonl(fh, record: Mapping[str, Any]) -> None:
