@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from policy_optimization.trainer import NLGradientPPOTrainer  # noqa: E402
 from text2grad.apps.quickstart.task import TaskConfig, generate_task  # noqa: E402
 from text2grad.core.config import parse_config  # noqa: E402
 from text2grad.core.data import write_jsonl  # noqa: E402
+from tests.concurrent_writers import write_at_once  # noqa: E402
 
 
 def _curve(vals, tests=None):
@@ -1985,24 +1985,10 @@ def test_a_section_with_nothing_to_say_leaves_no_gap_in_the_report():
 
 def test_study_processes_writing_one_report_at_once_each_leave_it_whole(tmp_path):
     # several study processes on one task instance rewrite its study.md, study.json and plots as they finish
-    path, start, errors = tmp_path / "study.md", threading.Barrier(4), []
+    path = tmp_path / "study.md"
     versions = [f"report of writer {w}\n" * (2000 + 500 * w) for w in range(4)]
-
-    def write_many(text):
-        start.wait()
-        try:
-            for _ in range(60):
-                msr.write_whole(path, text)
-        except OSError as err:
-            errors.append(err)
-
-    threads = [threading.Thread(target=write_many, args=(v,)) for v in versions]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == [] and path.read_text() in versions
+    assert write_at_once(lambda text: msr.write_whole(path, text), versions, times=60) == []
+    assert path.read_text() in versions
     msr.write_whole(tmp_path / "plot.png", b"\x89PNG")
     assert (tmp_path / "plot.png").read_bytes() == b"\x89PNG"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plot.png", "study.md"]
-

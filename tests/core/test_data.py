@@ -1,11 +1,11 @@
 """Loading records from JSONL / JSON / datasets directories, with clear errors."""
 
 import json
-import threading
 
 import datasets
 import pytest
 
+from tests.concurrent_writers import write_at_once
 from text2grad.core.data import DataError, append_jsonl, iter_jsonl, load_records, record_id, render_template, write_jsonl
 
 
@@ -21,23 +21,9 @@ def test_jsonl_json_and_field_map(tmp_path):
 
 def test_writers_of_the_same_file_at_once_neither_fail_nor_tear_it(tmp_path):
     # two study processes on one task instance both write its data files; each must land whole
-    path, start, errors = tmp_path / "d.jsonl", threading.Barrier(4), []
+    path = tmp_path / "d.jsonl"
     versions = [[{"writer": w, "line": i, "text": "x" * 200} for i in range(50)] for w in range(4)]
-
-    def write_many(records):
-        start.wait()
-        try:
-            for _ in range(100):
-                write_jsonl(path, records)
-        except OSError as err:
-            errors.append(err)
-
-    threads = [threading.Thread(target=write_many, args=(v,)) for v in versions]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert write_at_once(lambda records: write_jsonl(path, records), versions, times=100) == []
     assert list(iter_jsonl(path)) in versions
     assert [p.name for p in tmp_path.iterdir()] == ["d.jsonl"]
 
