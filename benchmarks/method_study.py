@@ -132,7 +132,7 @@ from text2grad.apps.quickstart.quickstart_config import SMOLLM2, QuickstartConfi
 from text2grad.apps.quickstart.report import token_logprobs  # noqa: E402
 from text2grad.apps.quickstart.results import cpu_name, policy_prompts  # noqa: E402
 from text2grad.apps.quickstart.task import critique_summary, fact_accuracy  # noqa: E402
-from text2grad.core.data import iter_jsonl, write_jsonl  # noqa: E402
+from text2grad.core.data import iter_jsonl, write_jsonl, write_whole  # noqa: E402
 from text2grad.core.generation import generate  # noqa: E402
 from text2grad.core.modeling import is_adapter_only, load_causal_lm, load_tokenizer, merge_adapter_folder  # noqa: E402
 from text2grad.core.spans import decode_with_offsets, feedback_token_labels  # noqa: E402
@@ -143,7 +143,7 @@ from benchmarks.method_study_report import (  # noqa: E402
     SCALAR_METHODS, Setting, choose, control_lines, edge_lines, end_score, early_stopped, frontier_plot, grid_position,
     frontier_dominance_lines, kl_baselines, kl_matched_lines, matched_baseline, matched_comparisons,
     kl_on_validation_lines, markdown, matched_on_validation, mean_ci95, method_label, paper_comparison, plot,
-    pooled_lines, pooled_markdown, summarize_ablations, summarize_final, summarize_frontier, write_whole,
+    pooled_lines, pooled_markdown, summarize_ablations, summarize_final, summarize_frontier,
 )
 
 

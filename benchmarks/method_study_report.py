@@ -12,7 +12,6 @@ import json
 import math
 import statistics
 import sys
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -24,6 +23,7 @@ from scipy.stats import t as student_t
 
 from policy_optimization.ppo_config import PPOConfig
 from text2grad.apps.quickstart.task import SLOTS
+from text2grad.core.data import write_whole
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
@@ -67,23 +67,6 @@ class Setting:
     @property
     def kl_tag(self) -> str:
         return self.kl if self.kl_coef is None else f"{self.kl}{self.kl_coef:g}"
-
-
-def write_whole(path: Path, content: str | bytes) -> None:
-    """Replace ``path`` with ``content`` in one step: written to a file of this call's own, then renamed over it, so
-    study processes writing the same report at once each leave a whole file, never a torn mix."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        if isinstance(content, bytes):
-            tmp.write_bytes(content)
-        else:
-            tmp.write_text(content)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def save_figure(fig, png: Path, **kwargs: Any) -> None:

@@ -127,20 +127,27 @@ def record_id(record: Mapping[str, Any], index: int) -> str:
     return str(index)
 
 
-def write_jsonl(path: str | Path, records: list[Mapping[str, Any]]) -> None:
-    """Write records atomically (a temp file then rename), so readers never see half a file. Each call writes its own
-    temp file, so processes writing the same file at once (two study runs on one task instance) each land whole."""
+def write_whole(path: str | Path, content: str | bytes) -> None:
+    """Replace ``path`` with ``content`` in one step: written to a temp file of this call's own, then renamed over it,
+    so readers never see half a file, and processes writing the same file at once (two study runs on one task
+    instance) each leave a whole one, never a torn mix."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")  # a name of its own; the umask's permissions
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        with tmp.open("x", encoding="utf-8") as fh:
-            for rec in records:
-                fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        if isinstance(content, bytes):
+            tmp.write_bytes(content)
+        else:
+            tmp.write_text(content, encoding="utf-8")
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_jsonl(path: str | Path, records: list[Mapping[str, Any]]) -> None:
+    """Write records as one JSON object per line, whole (`write_whole`)."""
+    write_whole(path, "".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records))
 
 
 def append_jsonl(fh, record: Mapping[str, Any]) -> None:
