@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from text2grad.core.data import write_whole
+
 __all__ = ["RunReport", "earlier_totals", "write_report"]
 
 
@@ -139,7 +141,4 @@ def earlier_totals(report_path: Path, output: str) -> dict[str, float]:
 
 
 def write_report(path: Path, report: RunReport) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_whole(path, json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")

@@ -35,6 +35,7 @@ import torch
 
 from text2grad.core.cli import EXIT_FAILED, EXIT_OK, run_cli
 from text2grad.core.config import ConfigError, config_field
+from text2grad.core.data import write_whole
 
 __all__ = ["GPUCheckConfig", "Step", "default_steps", "machine", "main", "run_step", "run_steps"]
 
@@ -166,9 +167,7 @@ def run_step(step: Step, log: TextIO, cwd: Path = ROOT) -> dict[str, Any]:
 
 
 def _write_summary(path: Path, summary: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    tmp.replace(path)
+    write_whole(path, json.dumps(summary, indent=2, default=str) + "\n")
 
 
 def run_steps(steps: Sequence[Step], out: Path, facts: dict[str, Any], cwd: Path = ROOT) -> dict[str, Any]:

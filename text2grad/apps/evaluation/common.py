@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from text2grad.core.cli import EXIT_OK
 from text2grad.core.cli import run_cli as run_shared_cli
 from text2grad.core.config import ConfigError
+from text2grad.core.data import write_whole
 from text2grad.core.generation_backend import TextGenerator, load_text_generator
 from text2grad.core.placement import check_device
 
@@ -245,9 +246,7 @@ def write_report(
         "results": _json_safe(dict(results)),
         "rows": _json_safe([dict(r) for r in rows]),
     }
-    tmp = json_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    tmp.replace(json_path)
+    write_whole(json_path, json.dumps(payload, indent=2, ensure_ascii=False, default=str) + "\n")
     notes = results.get("notes") or []
     notes = [notes] if isinstance(notes, str) else list(notes)
     md = f"# {title or name}\n\n" + markdown_table(rows)

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from text2grad.core.data import write_jsonl
+from text2grad.core.data import write_jsonl, write_whole
 
 __all__ = ["OUTPUT_FILES", "split_by_key", "write_outputs", "conversation_reply"]
 
@@ -55,7 +55,5 @@ def write_outputs(output_dir: str | Path, files: Mapping[str, list[dict[str, Any
     for name in OUTPUT_FILES:
         write_jsonl(out / name, list(files.get(name, [])))
     report = {**report, "files": {name: len(files.get(name, [])) for name in OUTPUT_FILES}}
-    tmp = out / "prepare_report.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(out / "prepare_report.json")
+    write_whole(out / "prepare_report.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return out
