@@ -45,7 +45,7 @@ from reward_model.merge_config import MergeConfig
 from reward_model.serve_config import ServeCriticConfig
 from text2grad.core.cli import EXIT_FAILED, RunFailed, run_cli
 from text2grad.core.config import ConfigError
-from text2grad.core.placement import visible_gpus
+from text2grad.core.placement import NO_COMPILE_ENV, visible_gpus
 from text2grad.core.vllm_engine import REQUEST_LOGITS_PROCESSOR, lora_rank_slot, resolve_lora_mode
 
 __all__ = ["CriticServer", "ServedModel", "critic_settings", "prepare_model", "server_command", "server_environment", "main"]
@@ -114,8 +114,9 @@ def server_command(cfg: ServeCriticConfig, served: ServedModel, port: int, on_gp
 
 def server_environment(cfg: ServeCriticConfig, base: dict[str, str] | None = None) -> dict[str, str]:
     """The server's environment: the API key as ``VLLM_API_KEY``; the project first on ``PYTHONPATH`` (vLLM loads
-    the logits processor by name); on a CPU the KV-cache size and all of this process's cores for the engine
-    (vLLM would keep one for its scheduler), unless the environment already sets them."""
+    the logits processor by name); on a CPU the KV-cache size, all of this process's cores for the engine (vLLM
+    would keep one for its scheduler) and torch.compile off (as for the in-process engine:
+    `text2grad.core.placement.NO_COMPILE_ENV`), unless the environment already sets them."""
     env = dict(os.environ if base is None else base)
     env.pop("VLLM_API_KEY", None)
     key = env.get(cfg.api_key_env)
@@ -124,6 +125,7 @@ def server_environment(cfg: ServeCriticConfig, base: dict[str, str] | None = Non
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
     if not visible_gpus():
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb))
+        env.setdefault(NO_COMPILE_ENV, "1")
         if not env.get("VLLM_CPU_OMP_THREADS_BIND") and hasattr(os, "sched_getaffinity"):
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     return env

@@ -94,10 +94,11 @@ def test_sourcing_env_sh_makes_openmp_threads_sleep_unless_the_user_chose_a_poli
 
 def test_test_sh_treats_no_collected_tests_as_a_failure():
     _require_env_sh_venv()
-    # One small file keeps collection cheap; -k matches nothing in it, so pytest exits 5.
+    # One small file in one process (no workers to start) keeps collection cheap; -k matches nothing in it, so
+    # pytest exits 5.
     result = _bash(
         ["scripts/test.sh", "tests/test_repository_layout.py", "-p", "no:cacheprovider", "-k", "no_such_test_name_xyz"],
-        _repo_venv_env(),
+        {**_repo_venv_env(), "TEXT2GRAD_TEST_WORKERS": "0"},
     )
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert "pytest collected no tests; that is a failure, not a pass" in result.stderr

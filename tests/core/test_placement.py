@@ -251,14 +251,21 @@ def test_a_lone_process_engine_keeps_vllms_own_gpu_choice():
         (1, 2, [6, 2, 4, 8], 0.5, GIB // 4, (6, 8)),  # the affinity set in order
     ],
 )
-def test_cpu_engines_split_the_kv_cache_budget_and_the_cores(rank, processes, cores, budget, kv_bytes, bound):
+def test_cpu_engines_split_the_kv_cache_budget_and_the_cores(rank, processes, cores, budget, kv_bytes, bound, monkeypatch):
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
     placed = engine_placement(rank, processes, [], None, budget, cores)
     assert placed == EnginePlacement(None, None, None, kv_bytes, bound, pinned=processes > 1)
     assert placed.engine_kwargs() == {"kv_cache_memory_bytes": kv_bytes}
-    expected_env = {"VLLM_CPU_KVCACHE_SPACE": None}  # whole GiB per engine in vLLM's CPU build: split here instead
+    # whole GiB per engine in vLLM's CPU build: split here instead; and no torch.compile in the engine
+    expected_env = {"VLLM_CPU_KVCACHE_SPACE": None, "TORCHDYNAMO_DISABLE": "1"}
     if bound is not None:
         expected_env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, bound))
     assert placed.environment() == expected_env
+
+
+def test_a_cpu_engine_keeps_a_torch_compile_switch_the_user_set(monkeypatch):
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "0")
+    assert engine_placement(0, 1, [], None, 1.0, [0]).environment()["TORCHDYNAMO_DISABLE"] == "0"
 
 
 @pytest.mark.parametrize(

@@ -55,11 +55,15 @@ def test_the_key_travels_in_the_environment_and_cpu_settings_keep_the_users(monk
     assert env["VLLM_API_KEY"] == "secret-key" and env["PYTHONPATH"].endswith(os.pathsep + "/x")
     assert Path(env["PYTHONPATH"].split(os.pathsep)[0], "reward_model", "serve.py").is_file()  # the project first
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["VLLM_CPU_OMP_THREADS_BIND"]  # no GPU in this test process
-    kept = server_environment(cfg, {"VLLM_CPU_KVCACHE_SPACE": "5", "VLLM_CPU_OMP_THREADS_BIND": "0"})
+    assert env["TORCHDYNAMO_DISABLE"] == "1"  # the CPU engine runs without torch.compile
+    kept = server_environment(cfg, {"VLLM_CPU_KVCACHE_SPACE": "5", "VLLM_CPU_OMP_THREADS_BIND": "0",
+                                    "TORCHDYNAMO_DISABLE": "0"})
     assert "VLLM_API_KEY" not in kept and kept["VLLM_CPU_KVCACHE_SPACE"] == "5" and kept["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert kept["TORCHDYNAMO_DISABLE"] == "0"
     monkeypatch.setattr(serve, "visible_gpus", lambda: 1)  # a GPU engine gets no CPU settings
     on_gpu = server_environment(cfg, {})
     assert "VLLM_CPU_KVCACHE_SPACE" not in on_gpu and "VLLM_CPU_OMP_THREADS_BIND" not in on_gpu
+    assert "TORCHDYNAMO_DISABLE" not in on_gpu
 
 
 def test_the_printed_critic_settings_build_the_remote_reward_model(monkeypatch, tmp_path):

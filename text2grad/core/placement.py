@@ -205,6 +205,12 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
 # ---------------------------------------------------------------------------------------------------
 
 _GIB = 1 << 30
+# vLLM's CPU build runs the model eagerly here (enforce_eager) but still passes a few helpers through torch.compile,
+# whose inductor backend builds C++ with g++. The one our requests reach ranks each sampled token's log-probability
+# among the vocabulary's, an integer count that eager torch computes identically; with dynamo off an engine skips
+# that build (cold on a fresh machine) and dynamo's tracing in every engine process. A value set in the environment
+# is kept.
+NO_COMPILE_ENV = "TORCHDYNAMO_DISABLE"
 
 
 @dataclass(frozen=True)
@@ -244,10 +250,11 @@ class EnginePlacement:
     def environment(self) -> dict[str, str | None]:
         """Environment variables to hold while the engine starts (its processes inherit them); None removes one.
         vLLM's CPU build reads ``VLLM_CPU_KVCACHE_SPACE`` as whole GiB per engine and lets it override
-        ``kv_cache_memory_bytes``, so it is removed while the engine starts (its value is already split here)."""
+        ``kv_cache_memory_bytes``, so it is removed while the engine starts (its value is already split here). On a
+        CPU the engine also runs with torch.compile off (``NO_COMPILE_ENV``; see there why)."""
         if self.cpu_kv_cache_bytes is None:
             return {}
-        env: dict[str, str | None] = {"VLLM_CPU_KVCACHE_SPACE": None}
+        env: dict[str, str | None] = {"VLLM_CPU_KVCACHE_SPACE": None, NO_COMPILE_ENV: os.environ.get(NO_COMPILE_ENV, "1")}
         if self.cpu_cores is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in self.cpu_cores)
         return env
