@@ -126,8 +126,8 @@ _vllm_build() {
 # DeepSpeed's shared-memory all-reduce for processes on a CPU (its ShareMemCommBuilder op): DeepSpeed compiles it with
 # the system's C++ compiler at the first multi-process launch on a CPU (about 1.5 CPU-minutes, measured on 2 cores),
 # caching it in torch's extension folder (~/.cache/torch_extensions, or TORCH_EXTENSIONS_DIR). With the test extra
-# (the test suite launches such processes) env.sh builds it in the background while pip installs the rest, which
-# keeps one core busy; without it, or where it cannot be built, DeepSpeed does what it always does.
+# (the test suite launches such processes) env.sh builds it in the background on the core pip leaves idle while it
+# installs the rest; without that extra, or where it cannot be built, DeepSpeed does what it always does.
 _deepspeed_cpu_op_py='
 import sys, time
 started = time.perf_counter()
